@@ -1,0 +1,28 @@
+"""Typed errors: each names the field, tensor or limit at fault."""
+
+from checkpoints.errors import CheckpointError
+
+
+class JspecError(Exception):
+    """Base of every jspec error."""
+
+
+class ConfigError(JspecError, ValueError):
+    """An engine or model configuration is inconsistent or impossible."""
+
+
+class UnsupportedModelError(ConfigError):
+    """A checkpoint uses an architecture or a config field jspec does not implement."""
+
+
+class InvalidRequestError(JspecError, ValueError):
+    """A request (prompt, sampling parameters) is invalid; other requests are unaffected."""
+
+
+__all__ = [
+    "JspecError",
+    "ConfigError",
+    "UnsupportedModelError",
+    "InvalidRequestError",
+    "CheckpointError",
+]

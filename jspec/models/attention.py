@@ -1,0 +1,62 @@
+"""GQA self-attention over the paged KV cache (Llama, Qwen3, Qwen3-Next / Qwen3.5 gated)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jspec.config import ModelConfig
+from jspec.models import ops
+from jspec.models.batch import ForwardBatch
+from jspec.models.layers import Linear, RMSNorm
+from jspec.models.rope import apply_rope
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype):
+        h, g, d, e = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        self.num_heads, self.num_kv_heads, self.head_dim = h, g, d
+        self.output_gate = cfg.attn_output_gate
+        # Qwen3-Next / Qwen3.5 interleave per head [query D | gate D] in one q_proj.
+        q_out = h * d * (2 if self.output_gate else 1)
+        self.q_proj = Linear(e, q_out, bias=cfg.attention_bias, dtype=dtype)
+        self.k_proj = Linear(e, g * d, bias=cfg.attention_bias, dtype=dtype)
+        self.v_proj = Linear(e, g * d, bias=cfg.attention_bias, dtype=dtype)
+        self.o_proj = Linear(h * d, e, bias=cfg.attention_bias, dtype=dtype)
+        if cfg.qk_norm:
+            kw = dict(eps=cfg.rms_norm_eps, zero_centred=cfg.zero_centred_norm, dtype=dtype)
+            self.q_norm = RMSNorm(d, **kw)
+            self.k_norm = RMSNorm(d, **kw)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def __call__(self, x, cos_sin, kv, batch: ForwardBatch):
+        """x `[T, E]`; kv = (k_pages, v_pages). Returns (out `[T, E]`, new kv)."""
+        t = x.shape[0]
+        h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q = self.q_proj(x)
+        if self.output_gate:
+            q, gate = jnp.split(q.reshape(t, h, 2 * d), 2, axis=-1)
+            gate = gate.reshape(t, h * d)
+        else:
+            q = q.reshape(t, h, d)
+        k = self.k_proj(x).reshape(t, g, d)
+        v = self.v_proj(x).reshape(t, g, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = cos_sin
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+        k_pages, v_pages = ops.write_kv(kv[0], kv[1], k, v, batch.slot_mapping)
+        scale = d ** -0.5
+        if batch.mode == "decode":
+            o = ops.paged_decode(q, k_pages, v_pages, batch.page_table, batch.seq_lens, sm_scale=scale)
+        else:
+            o = ops.paged_attention(
+                q, k_pages, v_pages, batch.page_table, batch.seq_lens, batch.cu_q_lens, sm_scale=scale
+            )
+        o = o.reshape(t, h * d)
+        if self.output_gate:
+            o = o * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(o.dtype)
+        return self.o_proj(o), (k_pages, v_pages)

@@ -1,0 +1,121 @@
+"""Decoder-only causal LM covering every supported target family.
+
+One class, configured by `ModelConfig`: per layer a token mixer (paged attention or Gated
+DeltaNet) and a feed-forward block (SwiGLU or sparse MoE). Parameter paths equal Hugging Face names
+(`model.layers.3.self_attn.q_proj.weight`), so checkpoint mapping is nearly the identity.
+
+`CausalLM.__call__` is pure apart from returning new caches: it is traced once per bucket inside
+a jitted step (after `nnx.split`), never run eagerly in the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jspec.config import FULL_ATTENTION, ModelConfig
+from jspec.models.attention import Attention
+from jspec.models.batch import Caches, ForwardBatch
+from jspec.models.gdn import GatedDeltaNet
+from jspec.models.layers import Embedding, Linear, RMSNorm
+from jspec.models.mlp import MLP, SparseMoE
+from jspec.models.rope import rope_cos_sin
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, *, dtype):
+        norm = dict(eps=cfg.rms_norm_eps, zero_centred=cfg.zero_centred_norm, dtype=dtype)
+        self.is_attention = cfg.layer_types[layer_id] == FULL_ATTENTION
+        self.input_layernorm = RMSNorm(cfg.hidden_size, **norm)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, **norm)
+        if self.is_attention:
+            self.self_attn = Attention(cfg, dtype=dtype)
+        else:
+            self.linear_attn = GatedDeltaNet(cfg, dtype=dtype)
+        if cfg.moe_layers[layer_id]:
+            self.mlp = SparseMoE(cfg, dtype=dtype)
+        else:
+            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, dtype=dtype)
+
+
+class DecoderStack(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype):
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.layers = nnx.List([DecoderLayer(cfg, i, dtype=dtype) for i in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, zero_centred=cfg.zero_centred_norm, dtype=dtype)
+
+
+@dataclasses.dataclass
+class ForwardOutput:
+    """logits `[R, V]` float32 for the selected rows; final_hidden `[R, E]` (after the final norm);
+    aux_hidden `[R, len(capture), E]`: the residual stream entering each captured layer (index
+    `num_layers` is the un-normed output of the last layer), as HF's `output_hidden_states[i]`."""
+
+    logits: jax.Array | None
+    final_hidden: jax.Array
+    aux_hidden: jax.Array | None
+
+
+jax.tree_util.register_dataclass(ForwardOutput, data_fields=["logits", "final_hidden", "aux_hidden"], meta_fields=[])
+
+
+class CausalLM(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32):
+        self.config = cfg
+        self.model = DecoderStack(cfg, dtype=dtype)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False,
+                                                                    dtype=dtype)
+
+    def compute_logits(self, hidden):
+        if self.lm_head is None:
+            logits = self.model.embed_tokens.attend(hidden)
+        else:
+            logits = self.lm_head(hidden)
+        return logits.astype(jnp.float32)
+
+    def __call__(
+        self,
+        batch: ForwardBatch,
+        caches: Caches,
+        *,
+        logits_indices=None,
+        capture_layers: tuple[int, ...] = (),
+        compute_logits: bool = True,
+        input_embeds=None,
+    ) -> tuple[ForwardOutput, Caches]:
+        """Run the stack over the step's T tokens.
+
+        logits_indices `[R]`: rows whose outputs are wanted (e.g. each request's last token); None
+        keeps all T. input_embeds `[T, E]` replaces the token embedding (drafters feed their own).
+        """
+        cfg = self.config
+        x = self.model.embed_tokens(batch.input_ids) if input_embeds is None else input_embeds
+        cos_sin = rope_cos_sin(cfg.rope, batch.positions)
+        kv, conv, ssm = list(caches.kv), list(caches.conv), list(caches.ssm)
+        captured = {}
+        attn_i = gdn_i = 0
+        for i, layer in enumerate(self.model.layers):
+            if i in capture_layers:
+                captured[i] = x
+            h = layer.input_layernorm(x)
+            if layer.is_attention:
+                h, kv[attn_i] = layer.self_attn(h, cos_sin, kv[attn_i], batch)
+                attn_i += 1
+            else:
+                h, conv[gdn_i], ssm[gdn_i] = layer.linear_attn(h, conv[gdn_i], ssm[gdn_i], batch)
+                gdn_i += 1
+            x = x + h
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if cfg.num_hidden_layers in capture_layers:
+            captured[cfg.num_hidden_layers] = x
+
+        if logits_indices is not None:
+            x = x[logits_indices]
+            captured = {k: v[logits_indices] for k, v in captured.items()}
+        final = self.model.norm(x)
+        logits = self.compute_logits(final) if compute_logits else None
+        aux = jnp.stack([captured[i] for i in capture_layers], axis=1) if capture_layers else None
+        return ForwardOutput(logits=logits, final_hidden=final, aux_hidden=aux), Caches(kv=kv, conv=conv, ssm=ssm)

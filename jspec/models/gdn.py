@@ -1,0 +1,93 @@
+"""Gated DeltaNet token mixer (Qwen3-Next fused projections, Qwen3.5 split projections).
+
+The conv window and recurrent state live in the state pool (`Caches.conv`, `Caches.ssm`), one slot
+per request; the kernels behind `ops` read a request's slot and write its new state back.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jspec.config import ModelConfig
+from jspec.models import ops
+from jspec.models.batch import ForwardBatch
+from jspec.models.layers import GatedRMSNorm, Linear, _param
+
+
+class DepthwiseConv(nnx.Module):
+    """Holds the causal conv's weight in HF's Conv1d layout `[C, 1, K]`; the kernel applies it."""
+
+    def __init__(self, channels: int, width: int, *, dtype):
+        self.weight = _param((channels, 1, width), dtype)
+
+
+class GatedDeltaNet(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype):
+        e = cfg.hidden_size
+        self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.fused = cfg.gdn_fused_projections
+        key_dim, value_dim = self.hk * self.dk, self.hv * self.dv
+        conv_dim = 2 * key_dim + value_dim
+        if self.fused:
+            # Qwen3-Next: outputs grouped by key head, [q dk | k dk | v r*dv | z r*dv] and [b r | a r].
+            self.in_proj_qkvz = Linear(e, 2 * key_dim + 2 * value_dim, bias=False, dtype=dtype)
+            self.in_proj_ba = Linear(e, 2 * self.hv, bias=False, dtype=dtype)
+        else:
+            self.in_proj_qkv = Linear(e, conv_dim, bias=False, dtype=dtype)
+            self.in_proj_z = Linear(e, value_dim, bias=False, dtype=dtype)
+            self.in_proj_b = Linear(e, self.hv, bias=False, dtype=dtype)
+            self.in_proj_a = Linear(e, self.hv, bias=False, dtype=dtype)
+        self.conv1d = DepthwiseConv(conv_dim, cfg.linear_conv_kernel_dim, dtype=dtype)
+        self.dt_bias = _param((self.hv,), dtype, 1.0)
+        self.A_log = _param((self.hv,), dtype)
+        self.norm = GatedRMSNorm(self.dv, eps=cfg.rms_norm_eps, dtype=dtype)
+        self.out_proj = Linear(value_dim, e, bias=False, dtype=dtype)
+
+    def _project(self, x):
+        """x `[T, E]` -> mixed qkv `[T, C]` (conv input, [q | k | v] flat), z `[T, Hv, dv]`, b, a `[T, Hv]`."""
+        t = x.shape[0]
+        hk, hv, dk, dv = self.hk, self.hv, self.dk, self.dv
+        if self.fused:
+            r = hv // hk
+            qkvz = self.in_proj_qkvz(x).reshape(t, hk, 2 * dk + 2 * r * dv)
+            q, k, v, z = jnp.split(qkvz, [dk, 2 * dk, 2 * dk + r * dv], axis=-1)
+            ba = self.in_proj_ba(x).reshape(t, hk, 2 * r)
+            b, a = jnp.split(ba, 2, axis=-1)
+            mixed = jnp.concatenate([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], axis=-1)
+            return mixed, z.reshape(t, hv, dv), b.reshape(t, hv), a.reshape(t, hv)
+        mixed = self.in_proj_qkv(x)
+        z = self.in_proj_z(x).reshape(t, hv, dv)
+        return mixed, z, self.in_proj_b(x), self.in_proj_a(x)
+
+    def _gates(self, b, a):
+        beta = jax.nn.sigmoid(b.astype(jnp.float32))
+        g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(
+            a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+        )
+        return g, beta
+
+    def _split_heads(self, mixed):
+        t = mixed.shape[0]
+        key_dim = self.hk * self.dk
+        q, k, v = jnp.split(mixed, [key_dim, 2 * key_dim], axis=-1)
+        return q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk), v.reshape(t, self.hv, self.dv)
+
+    def __call__(self, x, conv_pool, ssm_pool, batch: ForwardBatch):
+        """x `[T, E]` -> (out `[T, E]`, conv_pool, ssm_pool)."""
+        t = x.shape[0]
+        mixed, z, b, a = self._project(x)
+        weight = self.conv1d.weight[...][:, 0, :]
+        mixed, conv_pool = ops.causal_conv1d(
+            mixed, weight, conv_pool, batch.cu_q_lens, batch.state_slots, batch.has_initial_state
+        )
+        q, k, v = self._split_heads(mixed)
+        g, beta = self._gates(b, a)
+        core, ssm_pool = ops.gated_delta_rule(
+            q, k, v, g, beta, ssm_pool, batch.cu_q_lens, batch.state_slots, batch.has_initial_state,
+            decode=batch.mode == "decode",
+        )
+        out = self.norm(core.astype(x.dtype), z).reshape(t, self.hv * self.dv)
+        return self.out_proj(out), conv_pool, ssm_pool

@@ -1,0 +1,84 @@
+"""Feed-forward blocks: SwiGLU MLP and the sparse MoE block (top-k router, optional shared expert)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jspec.config import ModelConfig
+from jspec.models.layers import Linear, _param
+
+
+class MLP(nnx.Module):
+    def __init__(self, hidden: int, intermediate: int, *, bias: bool = False, dtype):
+        self.gate_proj = Linear(hidden, intermediate, bias=bias, dtype=dtype)
+        self.up_proj = Linear(hidden, intermediate, bias=bias, dtype=dtype)
+        self.down_proj = Linear(intermediate, hidden, bias=bias, dtype=dtype)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nnx.Module):
+    def __init__(self, hidden: int, num_experts: int, *, dtype):
+        self.weight = _param((num_experts, hidden), dtype)
+
+
+class Experts(nnx.Module):
+    """All experts' weights stacked, HF fused layout: gate_up_proj `[X, 2I, E]` (gate rows first),
+    down_proj `[X, E, I]`."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, *, dtype):
+        self.gate_up_proj = _param((num_experts, 2 * intermediate, hidden), dtype)
+        self.down_proj = _param((num_experts, hidden, intermediate), dtype)
+
+
+def _grouped_matmul(x, w, group_sizes):
+    """Rows of x `[M, in]` sorted by expert, w `[X, out, in]` -> `[M, out]` (one grouped GEMM)."""
+    dn = jax.lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(([1], [2]), ([], [])), lhs_ragged_dimensions=[0], rhs_group_dimensions=[0]
+    )
+    return jax.lax.ragged_dot_general(x, w, group_sizes, dn)
+
+
+class SparseMoE(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype):
+        e = cfg.hidden_size
+        self.top_k = cfg.num_experts_per_tok
+        self.num_experts = cfg.num_experts
+        self.norm_topk_prob = cfg.norm_topk_prob
+        self.gate = Router(e, cfg.num_experts, dtype=dtype)
+        self.experts = Experts(cfg.num_experts, e, cfg.moe_intermediate_size, dtype=dtype)
+        if cfg.shared_expert_intermediate_size:
+            self.shared_expert = MLP(e, cfg.shared_expert_intermediate_size, dtype=dtype)
+            self.shared_expert_gate = Linear(e, 1, bias=False, dtype=dtype)
+        else:
+            self.shared_expert = self.shared_expert_gate = None
+
+    def __call__(self, x):
+        t, e = x.shape
+        k = self.top_k
+        logits = jax.lax.dot_general(x, self.gate.weight[...], (((1,), (1,)), ((), ())))
+        probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+        weights, experts = jax.lax.top_k(probs, k)  # [T, K]
+        if self.norm_topk_prob:
+            weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+        weights = weights.astype(x.dtype)
+
+        # Sort the T*K (token, expert) pairs by expert so each expert's rows are contiguous.
+        flat_experts = experts.reshape(-1)
+        order = jnp.argsort(flat_experts, stable=True)
+        rows = x[order // k]
+        group_sizes = jnp.bincount(flat_experts, length=self.num_experts).astype(jnp.int32)
+        gate_up = _grouped_matmul(rows, self.experts.gate_up_proj[...], group_sizes)
+        gate, up = jnp.split(gate_up, 2, axis=-1)
+        hidden = jax.nn.silu(gate) * up
+        down = _grouped_matmul(hidden, self.experts.down_proj[...], group_sizes)  # [T*K, E]
+        down = down * weights.reshape(-1)[order][:, None]
+        out = jnp.zeros((t, e), jnp.float32).at[order // k].add(down.astype(jnp.float32)).astype(x.dtype)
+
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x)
+            out = out + jax.nn.sigmoid(self.shared_expert_gate(x).astype(jnp.float32)).astype(x.dtype) * shared
+        return out
