@@ -38,7 +38,7 @@ SPECS = {
     "qwen3_moe": (
         "Qwen3MoeConfig",
         "Qwen3MoeForCausalLM",
-        dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_experts=8,
+        dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_experts=8,
              num_experts_per_tok=2, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
              head_dim=16, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
              tie_word_embeddings=False),

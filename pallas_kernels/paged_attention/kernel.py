@@ -1,0 +1,233 @@
+"""The Pallas kernel behind decode, ragged extend, tree verify and DFlash blocks.
+
+One program = (query block i, KV head g, KV split s). It holds every query head of KV head g for
+the block's BQ new tokens as the rows of one matrix (`rows = BQ * H/G`, padded to a power of two
+of at least 16, the smallest MMA tile), so each K/V page is read once per KV head and verify with
+N draft tokens costs one decode-sized program, not N of them. It walks its split of the
+request's KV in steps of `block_kv` tokens with an online softmax, and writes either the final
+rows (one split) or (acc, max, sum) partials for `combine.py` (several splits).
+
+Each split runs two loops. The first covers KV steps that every row may see in full (the cached
+prefix up to the block's first token): no mask at all. The second covers the rest with the mask of
+`mask_mode`. Poisoned slots (other requests' pages, the tail of the last page, NaN allowed) only
+ever appear in the second loop, where logits are replaced (`where`, not multiply) by -inf and V
+rows by 0 before the products.
+
+Lowering: Triton (`plgpu.CompilerParams`), chosen because
+- the same `pl.pallas_call` runs in interpret mode on CPU, so the tested kernel is the shipped one;
+- K/V rows are gathered per token through the page table (`k_ref[slots, g, :]`), which the
+  Triton lowering turns into plain vectorised loads that its software pipeliner overlaps
+  (`num_stages`); Mosaic GPU wants rectangular TMA copies per page and cannot run on CPU.
+Measured against XLA and JAX's own Triton paged_attention in bench/kernels/paged_attention.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels.paged_attention.tuning import Config
+
+try:  # the Triton lowering's parameters (deprecated but present on jax 0.11)
+    from jax.experimental.pallas import triton as _pltriton
+
+    _TritonParams = _pltriton.CompilerParams
+except ImportError:  # pragma: no cover - only on a jax without the Triton backend
+    _TritonParams = None
+
+LOG2E = math.log2(math.e)
+MODE_CODES = {"causal": 0, "tree": 1, "full": 2}
+
+
+def _kernel(
+    blk_req_ref,  # [NB] request of each query block (B = unused block)
+    blk_q0_ref,  # [NB] first new-token index of the block within its request
+    cu_q_ref,  # [B + 1]
+    seq_lens_ref,  # [B]
+    page_table_ref,  # [B, Pmax]
+    tree_ref,  # [B, N, W] int32 bit-packed tree mask (unused unless mode is tree)
+    q_ref,  # [T, H, D]
+    k_ref,  # [P * L, G, D] (pages flattened into slots)
+    v_ref,  # [P * L, G, D]
+    o_ref,  # [M, D] block of [NB, G, S, M, D]
+    *stat_refs,  # ([M] max, [M] sum) blocks when splits > 1
+    mode: int,
+    cfg: Config,
+    group: int,
+    page_size: int,
+    scale_log2: float,
+    exact_f32: bool,
+):
+    i, g, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    batch, pages_per_seq = page_table_ref.shape
+    num_slots = k_ref.shape[0]
+    num_tokens = q_ref.shape[0]
+    rows, block_kv = cfg.rows, cfg.block_kv
+
+    b_raw = blk_req_ref[i]
+    live = b_raw < batch
+    b = jnp.minimum(b_raw, batch - 1)
+    q_start = cu_q_ref[b]
+    q_len = cu_q_ref[b + 1] - q_start
+    seq_len = jnp.where(live, seq_lens_ref[b], 0)
+    prefix = seq_len - q_len
+    j0 = blk_q0_ref[i]
+
+    r = jnp.arange(rows, dtype=jnp.int32)
+    j_row = j0 + r // group  # new-token index of each row
+    head = g * group + r % group
+    tok = jnp.clip(q_start + j_row, 0, num_tokens - 1)
+    q = q_ref[tok, head, :]  # [M, D]
+    q_pos = prefix + j_row  # each row's own KV index
+
+    # KV extent of this block, then of this split.
+    if mode == MODE_CODES["causal"]:
+        kv_end = jnp.minimum(seq_len, prefix + j0 + cfg.block_q)
+        free_end = prefix + j0 + 1  # every row sees [0, first row's own index]
+    elif mode == MODE_CODES["tree"]:
+        kv_end, free_end = seq_len, prefix
+    else:
+        kv_end, free_end = seq_len, seq_len
+    lo = s * (cfg.pages_per_split * page_size)
+    hi = jnp.minimum(lo + cfg.pages_per_split * page_size, kv_end)
+    n_steps = jnp.maximum(hi - lo + block_kv - 1, 0) // block_kv
+    n_free = jnp.clip(jnp.maximum(jnp.minimum(free_end, hi) - lo, 0) // block_kv, 0, n_steps)
+
+    if mode == MODE_CODES["tree"]:
+        n_new = tree_ref.shape[1]
+        j_tree = jnp.clip(j_row, 0, n_new - 1)
+        words = [tree_ref[b, j_tree, w] for w in range(tree_ref.shape[2])]  # each [M]
+
+    col = jnp.arange(block_kv, dtype=jnp.int32)
+    dot_kw = dict(allow_tf32=False) if exact_f32 else {}
+
+    def load_kv(start):
+        c = start + col
+        page = page_table_ref[b, jnp.minimum(c // page_size, pages_per_seq - 1)]
+        slot = jnp.clip(page, 0, num_slots // page_size - 1) * page_size + c % page_size
+        return c, k_ref[slot, g, :], v_ref[slot, g, :]  # [BK], [BK, D], [BK, D]
+
+    def softmax_step(carry, logits, v):
+        acc, m, l = carry
+        m_new = jnp.maximum(m, jnp.max(logits, axis=1))
+        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # fully masked row: keep p = 0, not NaN
+        p = jnp.exp2(logits - m_use[:, None])
+        alpha = jnp.exp2(m - m_use)
+        l = alpha * l + jnp.sum(p, axis=1)
+        acc = alpha[:, None] * acc + pl.dot(p.astype(v.dtype), v, **dot_kw)
+        return acc, m_new, l
+
+    def free_body(step, carry):
+        _, k, v = load_kv(lo + step * block_kv)
+        logits = pl.dot(q, k, trans_b=True, **dot_kw) * scale_log2
+        return softmax_step(carry, logits, v)
+
+    def masked_body(step, carry):
+        c, k, v = load_kv(lo + step * block_kv)
+        in_seq = c < seq_len  # [BK]
+        if mode == MODE_CODES["causal"]:
+            ok = (c[None, :] <= q_pos[:, None]) & in_seq[None, :]
+        elif mode == MODE_CODES["tree"]:
+            rel = c - prefix
+            rel_c = jnp.clip(rel, 0, n_new - 1)
+            word = words[0][:, None]
+            for w in range(1, len(words)):
+                word = jnp.where((rel_c >> 5)[None, :] == w, words[w][:, None], word)
+            bit = (word >> (rel_c & 31)[None, :]) & 1
+            ok = ((rel < 0)[None, :] | ((rel < n_new)[None, :] & (bit != 0))) & in_seq[None, :]
+        else:
+            ok = jnp.broadcast_to(in_seq[None, :], (rows, block_kv))
+        logits = pl.dot(q, k, trans_b=True, **dot_kw) * scale_log2
+        logits = jnp.where(ok, logits, -jnp.inf)
+        v = jnp.where(in_seq[:, None], v, jnp.zeros_like(v))
+        return softmax_step(carry, logits, v)
+
+    carry = (
+        jnp.zeros((rows, q.shape[-1]), jnp.float32),
+        jnp.full((rows,), -jnp.inf, jnp.float32),
+        jnp.zeros((rows,), jnp.float32),
+    )
+    carry = lax.fori_loop(0, n_free, free_body, carry)
+    acc, m, l = lax.fori_loop(n_free, n_steps, masked_body, carry)
+
+    if stat_refs:
+        m_ref, l_ref = stat_refs
+        o_ref[...] = acc
+        m_ref[...] = m
+        l_ref[...] = l
+    else:
+        o_ref[...] = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
+
+
+def attention_blocks(
+    q,
+    k_pages,
+    v_pages,
+    page_table,
+    seq_lens,
+    cu_q_lens,
+    blk_req,
+    blk_q0,
+    tree_words,
+    *,
+    mode: str,
+    cfg: Config,
+    sm_scale: float,
+    interpret: bool,
+):
+    """Run the kernel over query blocks. Returns `o [NB, G, S, M, D]` and, when S > 1, the
+    row max and sum `[NB, G, S, M]` (log2 domain); with S == 1, `o` is final and in q's dtype."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_pages, page_size, num_kv_heads, _ = k_pages.shape
+    group = num_heads // num_kv_heads
+    nb = blk_req.shape[0]
+    grid = (nb, num_kv_heads, cfg.splits)
+    split = cfg.splits > 1
+
+    out_dtype = jnp.float32 if split else q.dtype
+    out_shape = [jax.ShapeDtypeStruct((nb, num_kv_heads, cfg.splits, cfg.rows, head_dim), out_dtype)]
+    out_specs = [pl.BlockSpec((None, None, None, cfg.rows, head_dim), lambda i, g, s: (i, g, s, 0, 0))]
+    if split:
+        stat = jax.ShapeDtypeStruct((nb, num_kv_heads, cfg.splits, cfg.rows), jnp.float32)
+        stat_spec = pl.BlockSpec((None, None, None, cfg.rows), lambda i, g, s: (i, g, s, 0))
+        out_shape += [stat, stat]
+        out_specs += [stat_spec, stat_spec]
+
+    kernel = functools.partial(
+        _kernel,
+        mode=MODE_CODES[mode],
+        cfg=cfg,
+        group=group,
+        page_size=page_size,
+        scale_log2=float(sm_scale) * LOG2E,
+        exact_f32=jnp.dtype(q.dtype) == jnp.float32,
+    )
+    params = {}
+    if not interpret and _TritonParams is not None:
+        params["compiler_params"] = _TritonParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    flat = (num_pages * page_size, num_kv_heads, head_dim)
+    outs = pl.pallas_call(
+        kernel,
+        grid=grid,
+        out_shape=out_shape,
+        out_specs=out_specs,
+        interpret=interpret,
+        name=f"paged_attention_{mode}",
+        **params,
+    )(
+        blk_req,
+        blk_q0,
+        cu_q_lens.astype(jnp.int32),
+        seq_lens.astype(jnp.int32),
+        page_table.astype(jnp.int32),
+        tree_words,
+        q,
+        k_pages.reshape(flat),
+        v_pages.reshape(flat),
+    )
+    return outs if split else (outs[0], None, None)
