@@ -1,0 +1,380 @@
+"""`Engine`: the Python entry point, with SGLang's keyword names.
+
+The engine loop runs in a background thread; `generate` validates a request in the caller's thread
+(a bad request raises `InvalidRequestError` there and disturbs nobody else), queues it and waits
+for it (or streams it). Several threads may call `generate` at once; `abort` works from any thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import threading
+import time
+import uuid
+
+import jax
+import numpy as np
+
+from jspec.cache.page_allocator import PageAllocator
+from jspec.cache.slot_allocator import SlotAllocator
+from jspec.errors import ConfigError, InvalidRequestError, JspecError
+from jspec.models.loader import load_model, resolve_dtype
+from jspec.runtime.engine_core import EngineCore
+from jspec.runtime.model_runner import ModelRunner
+from jspec.runtime.request import Request
+from jspec.runtime.sampling_params import SamplingParams
+from jspec.runtime.scheduler import Scheduler
+
+DEFAULT_CUDA_GRAPH_BS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256]
+_ENGINE_KEYS = {
+    "model_path", "dtype", "page_size", "max_running_requests", "max_total_tokens", "chunked_prefill_size",
+    "cuda_graph_bs", "disable_overlap_schedule", "random_seed", "context_length", "mem_fraction_static",
+    "prefill_token_buckets", "max_top_logprobs_num", "skip_tokenizer_init", "show_progress",
+    "compilation_cache_dir",
+}
+
+
+def _enable_compilation_cache(path: str | None) -> None:
+    path = path or os.environ.get("JSPEC_COMPILATION_CACHE", os.path.expanduser("~/.cache/jspec/xla"))
+    if path in ("", "none"):
+        return
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+def _device_free_bytes() -> int | None:
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:  # noqa: BLE001 - CPU backends have none
+        return None
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
+class Engine:
+    def __init__(self, model_path: str, dtype: str = "bfloat16", page_size: int = 16,
+                 max_running_requests: int | None = None, max_total_tokens: int | None = None,
+                 chunked_prefill_size: int | None = None, cuda_graph_bs: list[int] | None = None,
+                 disable_overlap_schedule: bool = False, random_seed: int = 0, **kwargs):
+        unknown = set(kwargs) - _ENGINE_KEYS
+        if unknown:
+            raise ConfigError(f"unknown Engine argument(s): {', '.join(sorted(unknown))}")
+        if not isinstance(model_path, (str, os.PathLike)) or not os.path.isdir(model_path):
+            raise ConfigError(f"model_path={model_path!r} is not a directory")
+        if not os.path.exists(os.path.join(model_path, "config.json")):
+            raise ConfigError(f"model_path={model_path!r} has no config.json")
+        resolve_dtype(dtype)
+        if not isinstance(page_size, int) or page_size < 1:
+            raise ConfigError(f"page_size must be a positive int, got {page_size!r}")
+        on_gpu = jax.default_backend() == "gpu"
+        show = kwargs.get("show_progress", True)
+        _enable_compilation_cache(kwargs.get("compilation_cache_dir"))
+
+        from jspec.config import load_config
+
+        config = load_config(model_path)
+        context = int(kwargs.get("context_length") or config.max_position_embeddings)
+        if context < 2:
+            raise ConfigError(f"context_length must be >= 2, got {context}")
+        self.context_length = context
+
+        # Batch sizes ("CUDA graph" buckets) and the running-request cap.
+        if max_running_requests is not None and max_running_requests < 1:
+            raise ConfigError(f"max_running_requests must be >= 1, got {max_running_requests}")
+        cap = max_running_requests or (128 if on_gpu else 16)
+        bs = sorted(set(cuda_graph_bs or [b for b in DEFAULT_CUDA_GRAPH_BS if b <= cap] or [cap]))
+        if any((not isinstance(b, int)) or b < 1 for b in bs):
+            raise ConfigError(f"cuda_graph_bs must be positive ints, got {cuda_graph_bs!r}")
+        if bs[-1] < cap:
+            bs.append(cap)
+        max_running = max_running_requests or bs[-1]
+        bs = [b for b in bs if b <= max(max_running, bs[0])]
+        if bs[-1] < max_running:
+            bs.append(max_running)
+
+        chunk = int(chunked_prefill_size or (8192 if on_gpu else 512))
+        if chunk < 1:
+            raise ConfigError(f"chunked_prefill_size must be >= 1, got {chunk}")
+        buckets = kwargs.get("prefill_token_buckets")
+        if buckets is None:
+            buckets, t = [], 16
+            while t < chunk:
+                buckets.append(t)
+                t *= 2
+            buckets.append(chunk)
+        buckets = sorted(set(int(b) for b in buckets if b <= chunk) | {chunk})
+
+        # KV pool size: explicit, or from free device memory, or a CPU default.
+        pages_per_seq = -(-context // page_size)
+        if max_total_tokens is None:
+            free = _device_free_bytes()
+            if free is None:
+                max_total_tokens = max(4 * context, 8192) if context <= 8192 else context
+            else:
+                frac = kwargs.get("mem_fraction_static") or 0.85
+                per_token = 2 * len(config.attention_layer_ids) * config.num_key_value_heads * config.head_dim
+                per_token *= np.dtype(resolve_dtype(dtype)).itemsize
+                weights = 0  # parameters are not resident yet; estimated from the checkpoint below
+                for f in os.listdir(model_path):
+                    if f.endswith(".safetensors"):
+                        weights += os.path.getsize(os.path.join(model_path, f))
+                budget = int(free * frac) - weights - (1 << 30)
+                max_total_tokens = max(budget // max(per_token, 1), page_size * 2)
+        if max_total_tokens < 1:
+            raise ConfigError(f"max_total_tokens must be >= 1, got {max_total_tokens}")
+        num_pages = -(-int(max_total_tokens) // page_size) + 1  # + the padding sink page
+        if (num_pages - 1) * page_size < min(context, 2 * page_size) or (num_pages - 1) < 1:
+            raise ConfigError(
+                f"max_total_tokens={max_total_tokens} gives a KV pool too small for one request "
+                f"({(num_pages - 1) * page_size} tokens)"
+            )
+        self.pool_tokens = (num_pages - 1) * page_size
+        num_slots = max_running + 1  # + the padding sink slot
+
+        self.model = load_model(model_path, dtype=dtype)
+        self.config = self.model.config
+        self.tokenizer = None if kwargs.get("skip_tokenizer_init") else self.model.tokenizer
+        self.eos_token_ids = set(self.config.eos_token_ids) | self._generation_eos(model_path)
+        self.max_top_logprobs = int(kwargs.get("max_top_logprobs_num", 20))
+        self.overlap = not disable_overlap_schedule
+        self.random_seed = int(random_seed)
+        self._seed_counter = itertools.count()
+
+        self.pages = PageAllocator(num_pages, page_size)
+        self.slots = SlotAllocator(num_slots)
+        self.scheduler = Scheduler(self.pages, self.slots, max_running_requests=max_running,
+                                   chunked_prefill_size=chunk, max_extend_requests=min(max_running, 64),
+                                   max_decode_requests=bs[-1])
+        self.runner = ModelRunner(self.model, page_size=page_size, num_pages=num_pages, num_slots=num_slots,
+                                  pages_per_seq=pages_per_seq, decode_batch_sizes=bs,
+                                  extend_token_sizes=buckets, max_extend_requests=min(max_running, 64),
+                                  num_top_logprobs=self.max_top_logprobs, progress=show)
+        self.core = EngineCore(self.runner, self.scheduler, tokenizer=self.tokenizer,
+                               eos_token_ids=self.eos_token_ids, overlap=self.overlap)
+        self.server_args = dict(model_path=os.fspath(model_path), dtype=dtype, page_size=page_size,
+                                max_running_requests=max_running, max_total_tokens=self.pool_tokens,
+                                chunked_prefill_size=chunk, cuda_graph_bs=bs, prefill_token_buckets=buckets,
+                                disable_overlap_schedule=disable_overlap_schedule, random_seed=random_seed,
+                                context_length=context)
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="jspec-engine", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _generation_eos(path: str) -> set[int]:
+        f = os.path.join(path, "generation_config.json")
+        if not os.path.exists(f):
+            return set()
+        with open(f) as fh:
+            eos = json.load(fh).get("eos_token_id")
+        if eos is None:
+            return set()
+        return {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
+
+    # ------------------------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopped and not self.core.has_work():
+                    self._wake.wait(timeout=0.5)
+                if self._stopped:
+                    return
+            try:
+                self.core.step()
+            except Exception as e:  # noqa: BLE001 - keep serving: fail these requests, not the engine
+                self._error = e
+                self.core.fail_all(f"engine step failed: {type(e).__name__}: {e}")
+
+    def _notify(self) -> None:
+        with self._wake:
+            self._wake.notify_all()
+
+    # ------------------------------------------------------------------------------ requests
+    def _make_request(self, prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, stream, rid):
+        if input_ids is None:
+            if prompt is None:
+                raise InvalidRequestError("prompt: either prompt or input_ids must be given")
+            if not isinstance(prompt, str):
+                raise InvalidRequestError(f"prompt: must be a string, got {type(prompt).__name__}")
+            if self.tokenizer is None:
+                raise InvalidRequestError("prompt: this model has no tokenizer; pass input_ids instead")
+            input_ids = self.tokenizer.encode(prompt).ids
+        if isinstance(input_ids, np.ndarray):
+            input_ids = input_ids.tolist()
+        if not isinstance(input_ids, (list, tuple)) or not all(
+            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in input_ids
+        ):
+            raise InvalidRequestError("input_ids: must be a list of ints")
+        input_ids = [int(t) for t in input_ids]
+        if not input_ids:
+            raise InvalidRequestError("input_ids: the prompt is empty")
+        vocab = self.config.vocab_size
+        bad = [t for t in input_ids if t < 0 or t >= vocab]
+        if bad:
+            raise InvalidRequestError(f"input_ids: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        if sampling_params is not None and not isinstance(sampling_params, dict):
+            raise InvalidRequestError("sampling_params: must be a dict")
+        sp = SamplingParams.from_dict(sampling_params, vocab_size=vocab)
+        total = len(input_ids) + sp.max_new_tokens
+        if total > self.context_length:
+            raise InvalidRequestError(
+                f"max_new_tokens: prompt ({len(input_ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) "
+                f"exceeds the context length {self.context_length}"
+            )
+        if total > self.pool_tokens:
+            raise InvalidRequestError(
+                f"max_new_tokens: prompt + max_new_tokens ({total}) exceeds the KV pool ({self.pool_tokens} tokens)"
+            )
+        if not isinstance(return_logprob, bool):
+            raise InvalidRequestError("return_logprob: must be a bool")
+        if not isinstance(top_logprobs_num, int) or isinstance(top_logprobs_num, bool) or not (
+            0 <= top_logprobs_num <= self.max_top_logprobs
+        ):
+            raise InvalidRequestError(f"top_logprobs_num: must be an int in [0, {self.max_top_logprobs}]")
+        seed = sp.seed if sp.seed is not None else (self.random_seed * 1_000_003 + next(self._seed_counter)) % 2**31
+        return Request(rid=rid or uuid.uuid4().hex, input_ids=input_ids, sampling=sp, seed=seed,
+                       return_logprob=return_logprob or top_logprobs_num > 0, top_logprobs_num=top_logprobs_num,
+                       stream=stream, stream_queue=queue.Queue() if stream else None)
+
+    def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
+                 top_logprobs_num=0, stream=False, rid=None):
+        """Generate for one prompt (returns a dict) or a list of prompts (returns a list of dicts).
+
+        With stream=True (single prompt only) returns an iterator of incremental dicts.
+        """
+        if self._stopped:
+            raise JspecError("engine is shut down")
+        batch = isinstance(prompt, (list, tuple)) or (
+            input_ids is not None and len(input_ids) > 0 and isinstance(input_ids[0], (list, tuple, np.ndarray))
+        )
+        if batch:
+            if stream:
+                raise InvalidRequestError("stream: streaming supports one prompt at a time")
+            items = prompt if prompt is not None else input_ids
+            n = len(items)
+            sps = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params] * n
+            rids = rid if isinstance(rid, (list, tuple)) else [None] * n
+            if len(sps) != n or len(rids) != n:
+                raise InvalidRequestError("sampling_params: list length differs from the number of prompts")
+            reqs = [
+                self._make_request(items[i] if prompt is not None else None,
+                                   items[i] if prompt is None else None, sps[i], return_logprob,
+                                   top_logprobs_num, False, rids[i])
+                for i in range(n)
+            ]
+        else:
+            reqs = [self._make_request(prompt, input_ids, sampling_params, return_logprob, top_logprobs_num,
+                                       stream, rid)]
+        for r in reqs:
+            self.core.submit(r)
+        self._notify()
+        if stream:
+            return self._stream(reqs[0])
+        for r in reqs:
+            r.done.wait()
+        outs = [self._result(r) for r in reqs]
+        return outs if batch else outs[0]
+
+    def _text(self, req: Request) -> str:
+        if self.tokenizer is None:
+            return ""
+        text = self.core.detok.decode(req.output_ids, req.sampling.skip_special_tokens)
+        end = getattr(req, "stop_text_end", None)
+        if end is not None:
+            state = getattr(req, "detok_state", None)
+            text = (state.text if state is not None else text)[:end]
+        return text
+
+    def _meta(self, req: Request) -> dict:
+        meta = {
+            "id": req.rid,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": 0,
+            "finish_reason": req.finish_reason,
+            "e2e_latency": (req.finish_time or time.perf_counter()) - req.arrival_time,
+        }
+        if req.first_token_time is not None:
+            meta["ttft"] = req.first_token_time - req.arrival_time
+        if req.return_logprob:
+            meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(req.output_logprobs, req.output_ids)]
+            if req.top_logprobs_num:
+                meta["output_top_logprobs"] = [[(lp, t, None) for lp, t in row] for row in req.output_top_logprobs]
+        return meta
+
+    def _result(self, req: Request) -> dict:
+        return {"text": self._text(req), "output_ids": list(req.output_ids), "meta_info": self._meta(req)}
+
+    def _stream(self, req: Request):
+        sent_ids = 0
+        sent_text = ""
+        while True:
+            final = req.stream_queue.get()
+            ids = req.output_ids[sent_ids:]
+            state = getattr(req, "detok_state", None)
+            text = self._text(req) if final else (state.text if state is not None else "")
+            piece = text[len(sent_text):] if text.startswith(sent_text) else text
+            sent_ids += len(ids)
+            sent_text = text
+            if final or ids:
+                yield {"text": piece, "output_ids": list(ids), "meta_info": self._meta(req)}
+            if final:
+                return
+
+    def abort(self, rid: str) -> bool:
+        ok = self.core.abort(rid)
+        self._notify()
+        return ok
+
+    def get_server_info(self) -> dict:
+        return {
+            **self.server_args,
+            "num_total_pages": self.pages.num_usable,
+            "num_free_pages": self.pages.num_free,
+            "num_total_slots": self.slots.num_slots - 1,
+            "num_free_slots": self.slots.num_free,
+            "num_running_requests": len(self.scheduler.running),
+            "num_waiting_requests": len(self.scheduler.waiting) + len(self.core.inbox),
+            "num_retractions": self.scheduler.num_retractions,
+            "num_steps": dict(self.core.num_steps),
+            "num_generated_tokens": self.core.num_generated,
+            "compile_seconds": self.runner.compile_seconds,
+            "last_error": None if self._error is None else repr(self._error),
+            "jax_version": jax.__version__,
+            "device": str(jax.devices()[0].device_kind),
+        }
+
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Block until no request is queued, running or in flight (tests, benchmarks)."""
+        end = time.time() + timeout
+        while time.time() < end:
+            if not self.core.has_work():
+                return True
+            time.sleep(0.002)
+        return False
+
+    def shutdown(self) -> None:
+        if self._stopped:
+            return
+        for rid in list(self.core.requests):
+            self.core.abort(rid, "engine shut down")
+        self._notify()
+        self.wait_idle(timeout=30.0)
+        with self._wake:
+            self._stopped = True
+            self._wake.notify_all()
+        self._thread.join(timeout=30.0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()

@@ -1,0 +1,1 @@
+"""Host-side accounting of device memory: KV pages and request slots."""

@@ -1,0 +1,1 @@
+"""Runtime: scheduling, jitted step functions, sampling."""

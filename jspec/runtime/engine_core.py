@@ -1,0 +1,148 @@
+"""The host loop: schedule -> dispatch -> (one step later, in overlap mode) read tokens -> stop checks.
+
+Overlap (the default): step N+1 is dispatched before step N's tokens are read, so the host's
+bookkeeping, detokenization and stop checks run while the device computes. The only device-to-host
+transfer in the loop is each step's small output matrix, copied asynchronously at dispatch.
+A request that stops at step N may already be in step N+1: that row's token is dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from jspec.runtime.detokenizer import DetokState, Detokenizer, find_stop
+from jspec.runtime.model_runner import ModelRunner, StepHandle
+from jspec.runtime.request import Request
+from jspec.runtime.scheduler import NeedSync, Scheduler
+from jspec.runtime.step_inputs import unpack_outputs
+
+
+class EngineCore:
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, *, tokenizer, eos_token_ids, overlap: bool):
+        self.runner, self.sched = runner, scheduler
+        self.detok = Detokenizer(tokenizer)
+        self.eos = set(eos_token_ids)
+        self.overlap = overlap
+        self.pending: StepHandle | None = None
+        self.inbox: deque[Request] = deque()
+        self.requests: dict[str, Request] = {}
+        self.lock = threading.Lock()
+        self.num_steps = {"extend": 0, "decode": 0}
+        self.num_generated = 0
+
+    # ------------------------------------------------------------------ called from any thread
+    def submit(self, req: Request) -> None:
+        with self.lock:
+            self.requests[req.rid] = req
+            self.inbox.append(req)
+
+    def abort(self, rid: str, message: str = "aborted by user") -> bool:
+        with self.lock:
+            req = self.requests.get(rid)
+        if req is None or req.finished:
+            return False
+        req.aborted = message
+        return True
+
+    # ------------------------------------------------------------------ loop thread only
+    def has_work(self) -> bool:
+        return bool(self.inbox) or self.sched.has_work() or self.pending is not None
+
+    def step(self) -> None:
+        with self.lock:
+            while self.inbox:
+                req = self.inbox.popleft()
+                if req.sampling.max_new_tokens == 0:
+                    self._finish(req, {"type": "length", "length": 0})
+                else:
+                    self.sched.add(req)
+        self._handle_aborts()
+        try:
+            plan = self.sched.schedule(inflight=self.pending is not None)
+        except NeedSync:
+            self._process(self.pending)
+            self.pending = None
+            self._handle_aborts()
+            plan = self.sched.schedule(inflight=False)
+        handle = None
+        if plan is not None:
+            handle = self.runner.dispatch(plan)
+            self.num_steps[plan.mode] += 1
+        if self.overlap:
+            if self.pending is not None:
+                self._process(self.pending)
+            self.pending = handle
+        elif handle is not None:
+            self._process(handle)
+
+    def _handle_aborts(self) -> None:
+        for req in list(self.sched.waiting) + list(self.sched.running):
+            if req.aborted is not None and not req.finished:
+                self._finish(req, {"type": "abort", "message": req.aborted})
+
+    def fail_all(self, message: str) -> None:
+        """A step raised: finish every request with an abort naming the error, free everything."""
+        self.pending = None
+        for req in list(self.sched.waiting) + list(self.sched.running) + list(self.inbox):
+            self._finish(req, {"type": "abort", "message": message})
+        self.inbox.clear()
+
+    # ------------------------------------------------------------------ results
+    def _process(self, handle: StepHandle) -> None:
+        out = self.runner.fetch(handle)
+        tokens, logprobs, top_ids, top_lps = unpack_outputs(out, self.runner.num_top)
+        now = time.perf_counter()
+        for i, s in enumerate(handle.plan.reqs):
+            req = s.req
+            if not s.sample or req.finished:
+                continue
+            tok = int(tokens[i])
+            req.output_ids.append(tok)
+            self.num_generated += 1
+            req.token_times.append(now)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            if req.return_logprob:
+                req.output_logprobs.append(float(logprobs[i]))
+                n = req.top_logprobs_num
+                req.output_top_logprobs.append([(float(top_lps[i, j]), int(top_ids[i, j])) for j in range(n)])
+            reason = self._stop_reason(req, tok)
+            if reason is not None:
+                self._finish(req, reason)
+            elif req.stream_queue is not None:
+                req.stream_queue.put(False)
+
+    def _stop_reason(self, req: Request, tok: int) -> dict | None:
+        sp = req.sampling
+        if not sp.ignore_eos and tok in self.eos:
+            return {"type": "stop", "matched": tok}
+        if sp.stop_token_ids and tok in sp.stop_token_ids:
+            return {"type": "stop", "matched": tok}
+        if sp.stop or req.stream_queue is not None:
+            state = req.detok_state if hasattr(req, "detok_state") else None
+            if state is None:
+                state = req.detok_state = DetokState()
+            before = len(state.text)
+            self.detok.step(state, req.output_ids, sp.skip_special_tokens)
+            if sp.stop:
+                stops = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop)
+                hit = find_stop(state.text, stops, before)
+                if hit is not None:
+                    req.stop_text_end = hit[0]
+                    return {"type": "stop", "matched": hit[1]}
+        if len(req.output_ids) >= sp.max_new_tokens:
+            return {"type": "length", "length": sp.max_new_tokens}
+        return None
+
+    def _finish(self, req: Request, reason: dict) -> None:
+        self.sched.finish(req, reason)
+        if req.finish_reason is None:  # finished before it was ever scheduled
+            req.finish_reason = reason
+        req.finish_time = time.perf_counter()
+        with self.lock:
+            self.requests.pop(req.rid, None)
+        if req.stream_queue is not None:
+            req.stream_queue.put(True)
+        req.done.set()

@@ -1,0 +1,83 @@
+"""Owns the device: parameters, the device state, one compiled executable per bucket.
+
+All buckets are compiled ahead of time at start-up ("capture"); afterwards a step only ever calls
+a compiled executable, so a shape outside the buckets is an error, never a silent recompilation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from jspec.models.batch import empty_caches
+from jspec.runtime.scheduler import StepPlan
+from jspec.runtime.step import DeviceState, make_step
+from jspec.runtime.step_inputs import Bucket, pack
+
+
+@dataclasses.dataclass
+class StepHandle:
+    plan: StepPlan
+    bucket: Bucket
+    out: jax.Array  # [B, 2 + 2 n_top] int32, copying to the host asynchronously
+    dispatch_time: float
+
+
+class ModelRunner:
+    def __init__(self, model, *, page_size: int, num_pages: int, num_slots: int, pages_per_seq: int,
+                 decode_batch_sizes: list[int], extend_token_sizes: list[int], max_extend_requests: int,
+                 num_top_logprobs: int = 20, progress: bool = True):
+        self.model = model
+        self.page_size = page_size
+        self.num_top = num_top_logprobs
+        self.buckets: list[Bucket] = []
+        for b in sorted(set(decode_batch_sizes)):
+            self.buckets.append(Bucket("decode", b, b, b))
+        for t in sorted(set(extend_token_sizes)):
+            b = min(t, max_extend_requests)
+            self.buckets.append(Bucket("extend", t, b, t // page_size + b + 1))
+        cfg = model.config
+        self.state = DeviceState(
+            caches=empty_caches(cfg, num_pages=num_pages, page_size=page_size, num_state_slots=num_slots,
+                                dtype=model.dtype),
+            req_to_page=jnp.zeros((num_slots, pages_per_seq), jnp.int32),
+            last_token=jnp.zeros((num_slots,), jnp.int32),
+            output_counts=jnp.zeros((num_slots, cfg.vocab_size), jnp.int32),
+            prompt_mask=jnp.zeros((num_slots, cfg.vocab_size), bool),
+        )
+        self.compiled: dict[Bucket, object] = {}
+        self.compile_seconds = 0.0
+        self._compile_all(progress)
+
+    def _compile_all(self, progress: bool) -> None:
+        t0 = time.perf_counter()
+        for bucket in tqdm(self.buckets, desc="capture (compile buckets)", disable=not progress, unit="bucket"):
+            fn = make_step(self.model.graphdef, bucket, page_size=self.page_size, num_top_logprobs=self.num_top)
+            packed = jax.ShapeDtypeStruct((bucket.size,), jnp.int32)
+            self.compiled[bucket] = jax.jit(fn, donate_argnums=(1,)).lower(
+                self.model.params, self.state, packed).compile()
+        self.compile_seconds = time.perf_counter() - t0
+
+    def bucket_for(self, plan: StepPlan) -> Bucket:
+        n_tok, n_req = plan.num_tokens, len(plan.reqs)
+        for b in self.buckets:
+            if b.mode == plan.mode and b.num_tokens >= n_tok and b.batch_size >= n_req:
+                return b
+        raise AssertionError(f"no {plan.mode} bucket for {n_tok} tokens / {n_req} requests")
+
+    def dispatch(self, plan: StepPlan) -> StepHandle:
+        """Pack, transfer once, launch; returns at once (outputs copy to the host asynchronously)."""
+        bucket = self.bucket_for(plan)
+        packed = jax.device_put(pack(plan, bucket))
+        self.state, out = self.compiled[bucket](self.model.params, self.state, packed)
+        out.copy_to_host_async()
+        return StepHandle(plan, bucket, out, time.perf_counter())
+
+    @staticmethod
+    def fetch(handle: StepHandle) -> np.ndarray:
+        return np.asarray(handle.out)

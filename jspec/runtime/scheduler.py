@@ -1,0 +1,206 @@
+"""Continuous batching on the host: admission, chunked prefill, decode, retraction, finishing.
+
+Each call to `schedule` plans one step. Policy:
+- FCFS: waiting requests are admitted in arrival order and never skipped (no starvation); a
+  retracted request goes back to the front of the queue.
+- Chunked prefill: a step's extend tokens stay within `chunked_prefill_size`; a prompt longer than
+  that is fed over several steps, continuing before anything new is admitted.
+- Prefill and decode alternate while both have work, so neither starves the other (decode-only
+  steps use the decode kernel; a mixed step would push decode rows through the extend kernel).
+- Pages are allocated at dispatch for exactly the tokens a step writes; when decode needs a page
+  and none is free, the most recently admitted request is retracted (its pages and slot freed, its
+  prompt + outputs re-queued to be prefilled again) instead of failing.
+
+The scheduler never reads the device: in overlap mode a step is planned from host bookkeeping
+alone (lengths advance deterministically), and results arrive one step later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+
+from jspec.cache.page_allocator import PageAllocator
+from jspec.cache.slot_allocator import SlotAllocator
+from jspec.runtime.request import Request, Status
+
+# Per-token kinds sent to the device (penalty bookkeeping).
+TOKEN_PAD, TOKEN_PROMPT, TOKEN_REFED_OUTPUT, TOKEN_FROM_DEVICE = 0, 1, 2, 3
+
+
+@dataclasses.dataclass
+class ScheduledReq:
+    req: Request
+    start: int  # KV index of the first token in this step
+    token_ids: list[int] | None  # None: the single input token is the device's last sampled token
+    sample: bool  # this step samples the request's next output token
+    reset: bool  # first chunk after (re)admission: clear the slot's penalty state
+    output_index: int  # index of the sampled token in the request's output
+
+    @property
+    def num_tokens(self) -> int:
+        return 1 if self.token_ids is None else len(self.token_ids)
+
+
+@dataclasses.dataclass
+class StepPlan:
+    mode: str  # "extend" | "decode"
+    reqs: list[ScheduledReq]
+    page_updates: list[tuple[int, int, int]]  # (slot, page index in the request, page id)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_tokens for r in self.reqs)
+
+
+class NeedSync(Exception):
+    """Planning needs the results of in-flight steps first (retraction)."""
+
+
+class Scheduler:
+    def __init__(self, pages: PageAllocator, slots: SlotAllocator, *, max_running_requests: int,
+                 chunked_prefill_size: int, max_extend_requests: int, max_decode_requests: int):
+        self.pages, self.slots = pages, slots
+        self.max_running = max_running_requests
+        self.chunk_budget = chunked_prefill_size
+        self.max_extend_requests = max_extend_requests
+        self.max_decode_requests = max_decode_requests
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._admitted = 0
+        self._last_mode = "decode"
+        self.num_retractions = 0
+
+    # ----------------------------------------------------------------------------- queues
+    def add(self, req: Request) -> None:
+        req.prefill_target = len(req.input_ids)
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _decodable(self) -> list[Request]:
+        return [r for r in self.running
+                if not r.in_prefill and not r.finished and r.scheduled_outputs < r.sampling.max_new_tokens]
+
+    # ----------------------------------------------------------------------------- planning
+    def schedule(self, *, inflight: bool) -> StepPlan | None:
+        prefill_pending = bool(self.waiting) or any(r.in_prefill for r in self.running)
+        decodable = self._decodable()
+        if prefill_pending and (not decodable or self._last_mode == "decode"):
+            plan = self._plan_extend(decodable)
+            if plan is not None:
+                self._last_mode = "extend"
+                return plan
+        if decodable:
+            self._last_mode = "decode"
+            return self._plan_decode(decodable, inflight)
+        return None
+
+    def _grow(self, req: Request, new_kv_len: int, updates: list) -> bool:
+        """Give `req` pages for `new_kv_len` tokens; False (nothing allocated) if the pool is short."""
+        need = self.pages.pages_for(new_kv_len) - len(req.pages)
+        if need <= 0:
+            return True
+        if need > self.pages.num_free:
+            return False
+        for p in self.pages.alloc(need):
+            updates.append((req.slot, len(req.pages), p))
+            req.pages.append(p)
+        return True
+
+    def _chunk(self, req: Request, budget: int, updates: list, *, reset: bool) -> ScheduledReq | None:
+        n = min(req.prefill_target - req.kv_len, budget)
+        start = req.kv_len
+        if n <= 0 or not self._grow(req, start + n, updates):
+            return None
+        req.kv_len += n
+        sample = req.kv_len == req.prefill_target
+        out_index = req.scheduled_outputs
+        if sample:
+            req.scheduled_outputs += 1
+        return ScheduledReq(req, start, req.all_ids[start:start + n], sample, reset, out_index)
+
+    def _plan_extend(self, decodable: list[Request]) -> StepPlan | None:
+        budget, updates, chosen = self.chunk_budget, [], []
+        # Pages the decoding requests will need next step: keep them free when admitting.
+        reserve = sum(1 for r in decodable if self.pages.pages_for(r.kv_len + 1) > len(r.pages))
+        for req in self.running:  # continue prompts already started
+            if req.in_prefill and budget > 0 and len(chosen) < self.max_extend_requests:
+                s = self._chunk(req, budget, updates, reset=False)
+                if s is not None:
+                    chosen.append(s)
+                    budget -= s.num_tokens
+        while (self.waiting and budget > 0 and len(chosen) < self.max_extend_requests
+               and len(self.running) < self.max_running):
+            req = self.waiting[0]
+            first = min(req.prefill_target, budget)
+            if self.pages.pages_for(first) + reserve > self.pages.num_free or self.slots.num_free == 0:
+                break  # FCFS: wait for room rather than let a later request jump ahead
+            req.slot = self.slots.alloc()
+            self.waiting.popleft()
+            req.status = Status.RUNNING
+            self._admitted += 1
+            req.admit_order = self._admitted
+            self.running.append(req)
+            s = self._chunk(req, budget, updates, reset=True)
+            assert s is not None
+            chosen.append(s)
+            budget -= s.num_tokens
+        if not chosen:
+            return None
+        return StepPlan("extend", chosen, updates)
+
+    def _plan_decode(self, decodable: list[Request], inflight: bool) -> StepPlan | None:
+        decodable = sorted(decodable, key=lambda r: r.admit_order)[: self.max_decode_requests]
+        need = sum(max(0, self.pages.pages_for(r.kv_len + 1) - len(r.pages)) for r in decodable)
+        while need > self.pages.num_free:
+            if inflight:
+                raise NeedSync()
+            victim = max(self.running, key=lambda r: r.admit_order)
+            if victim in decodable:
+                decodable.remove(victim)
+                need -= max(0, self.pages.pages_for(victim.kv_len + 1) - len(victim.pages))
+            self.retract(victim)
+            if not decodable:
+                return None
+        updates, chosen = [], []
+        for req in decodable:
+            ok = self._grow(req, req.kv_len + 1, updates)
+            assert ok
+            chosen.append(ScheduledReq(req, req.kv_len, None, True, False, req.scheduled_outputs))
+            req.kv_len += 1
+            req.scheduled_outputs += 1
+        return StepPlan("decode", chosen, updates)
+
+    # ----------------------------------------------------------------------------- resources
+    def _release(self, req: Request) -> None:
+        if req.pages:
+            self.pages.free(req.pages)
+            req.pages = []
+        if req.slot is not None:
+            self.slots.free(req.slot)
+            req.slot = None
+
+    def retract(self, req: Request) -> None:
+        """Preempt a running request: free everything, re-queue it first, to recompute later."""
+        self._release(req)
+        self.running.remove(req)
+        req.status = Status.WAITING
+        req.kv_len = 0
+        req.prefill_target = len(req.all_ids)
+        req.scheduled_outputs = len(req.output_ids)
+        req.num_retractions += 1
+        self.num_retractions += 1
+        self.waiting.appendleft(req)
+
+    def finish(self, req: Request, reason: dict) -> None:
+        if req.finished:
+            return
+        self._release(req)
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.status = Status.FINISHED
+        req.finish_reason = reason
