@@ -28,7 +28,7 @@ class EngineCore:
         self.pending: StepHandle | None = None
         self.inbox: deque[Request] = deque()
         self.requests: dict[str, Request] = {}
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.num_steps = {"extend": 0, "decode": 0}
         self.num_generated = 0
 

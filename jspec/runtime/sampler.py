@@ -59,12 +59,15 @@ class SamplingBatch:
         `fallback_seeds[r]` is used when request r has no seed: the engine draws one per request at
         admission, so an unseeded request still keeps one random stream across its steps.
         """
+        if not len(params) == len(steps) == len(fallback_seeds):
+            raise ValueError(f"one step and one fallback seed per row: {len(params)} rows, "
+                             f"{len(steps)} steps, {len(fallback_seeds)} seeds")
         params = [p.normalized() for p in params]
 
         def column(name, dtype):
             return np.asarray([getattr(p, name) for p in params], dtype)
 
-        seeds = [p.seed if p.seed is not None else s for p, s in zip(params, fallback_seeds, strict=True)]
+        seeds = [p.seed if p.seed is not None else s for p, s in zip(params, fallback_seeds)]
         return cls(
             temperature=column("temperature", np.float32),
             top_p=column("top_p", np.float32),

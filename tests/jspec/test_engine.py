@@ -1,0 +1,267 @@
+"""Engine end to end on CPU: greedy parity with transformers, sampling reproducibility, stop
+conditions, streaming, logprobs, errors, zero recompilation, and a stress run with retraction and
+aborts that must leave no page or slot behind."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+import tiny_models as tm  # noqa: E402
+
+from jspec import Engine  # noqa: E402
+from jspec.errors import ConfigError, InvalidRequestError  # noqa: E402
+
+SMALL = dict(dtype="float32", cuda_graph_bs=[1, 2, 4], max_running_requests=4, show_progress=False,
+             compilation_cache_dir="none")
+
+
+def add_word_tokenizer(d: str) -> None:
+    """tokenizer.json whose token i is the word `w{i}`: decoded text is `w3 w17 ...`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+
+    vocab = {f"w{i}": i for i in range(tm.VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tok.save(os.path.join(d, "tokenizer.json"))
+
+
+def hf_greedy(hf, prompt, n):
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                      pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("eng_qwen3"))
+    hf = tm.build("qwen3", d, seed=21)
+    add_word_tokenizer(d)
+    return d, hf
+
+
+@pytest.fixture(scope="module")
+def engine(qwen3_dir):
+    eng = Engine(qwen3_dir[0], page_size=4, chunked_prefill_size=16, context_length=128, **SMALL)
+    yield eng
+    eng.shutdown()
+
+
+def check_no_leaks(eng):
+    assert eng.wait_idle(30)
+    eng.pages.check_all_free()
+    eng.slots.check_all_free()
+    info = eng.get_server_info()
+    assert info["num_free_pages"] == info["num_total_pages"]
+    assert info["num_running_requests"] == 0 and info["num_waiting_requests"] == 0
+
+
+# --------------------------------------------------------------------------- greedy parity
+PARITY = [("llama", 1), ("qwen3", 16), ("qwen3_moe", 16), ("qwen3_next", 1), ("qwen3_next", 16)]
+
+
+@pytest.mark.parametrize("arch,page_size", PARITY)
+def test_greedy_matches_transformers(tmp_path, arch, page_size):
+    d = str(tmp_path / arch)
+    hf = tm.build(arch, d, seed=30 + page_size)
+    prompts = [tm.random_ids(n, seed=n) for n in (5, 23, 11, 2, 17, 8)]
+    eng = Engine(d, page_size=page_size, chunked_prefill_size=8, context_length=64,
+                 disable_overlap_schedule=(page_size == 1), **SMALL)
+    try:
+        outs = eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 10, "temperature": 0,
+                                                                "ignore_eos": True})
+        for p, o in zip(prompts, outs):
+            assert o["output_ids"] == hf_greedy(hf, p, 10), (arch, page_size, p)
+            assert o["meta_info"]["finish_reason"] == {"type": "length", "length": 10}
+            assert o["meta_info"]["prompt_tokens"] == len(p) and o["meta_info"]["completion_tokens"] == 10
+        check_no_leaks(eng)
+    finally:
+        eng.shutdown()
+
+
+# --------------------------------------------------------------------------- sampling
+def test_seeded_sampling_reproducible_and_batch_independent(engine):
+    sp = {"max_new_tokens": 8, "temperature": 1.3, "top_p": 0.9, "top_k": 50, "seed": 1234, "ignore_eos": True}
+    p = tm.random_ids(7, seed=99)
+    alone = engine.generate(input_ids=p, sampling_params=sp)["output_ids"]
+    others = [tm.random_ids(n, seed=n + 1) for n in (3, 12, 5)]
+    mixed = engine.generate(input_ids=others[:2] + [p] + others[2:],
+                            sampling_params=[dict(sp, seed=7), dict(sp, seed=8), sp, dict(sp, seed=9)])
+    assert mixed[2]["output_ids"] == alone
+    again = engine.generate(input_ids=p, sampling_params=sp)["output_ids"]
+    assert again == alone
+    different = engine.generate(input_ids=p, sampling_params=dict(sp, seed=4321))["output_ids"]
+    assert different != alone  # 8 tokens at temperature 1.3 from a 97-token vocabulary
+
+
+def test_penalties_change_output(engine):
+    p = tm.random_ids(6, seed=5)
+    base = engine.generate(input_ids=p, sampling_params={"max_new_tokens": 12, "temperature": 0,
+                                                         "ignore_eos": True})["output_ids"]
+    pen = engine.generate(input_ids=p, sampling_params={"max_new_tokens": 12, "temperature": 0, "ignore_eos": True,
+                                                        "frequency_penalty": 2.0, "repetition_penalty": 1.8}
+                          )["output_ids"]
+    assert len(set(pen)) > len(set(base)) or pen != base
+
+
+# --------------------------------------------------------------------------- stops, stream, logprobs
+def test_stop_token_ids_and_eos(engine):
+    p = tm.random_ids(9, seed=3)
+    free = engine.generate(input_ids=p, sampling_params={"max_new_tokens": 10, "temperature": 0, "ignore_eos": True})
+    ids = free["output_ids"]
+    stop_tok = ids[4]
+    first = ids.index(stop_tok)
+    out = engine.generate(input_ids=p, sampling_params={"max_new_tokens": 10, "temperature": 0,
+                                                        "stop_token_ids": [stop_tok]})
+    assert out["output_ids"] == ids[: first + 1]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_tok}
+
+
+def test_stop_string_trims_text(engine):
+    p = tm.random_ids(9, seed=3)
+    free = engine.generate(input_ids=p, sampling_params={"max_new_tokens": 10, "temperature": 0, "ignore_eos": True})
+    words = free["text"].split()
+    assert len(words) == 10
+    stop = words[5]
+    out = engine.generate(input_ids=p, sampling_params={"max_new_tokens": 10, "temperature": 0, "stop": [stop]})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert stop not in out["text"].split()
+    assert free["text"].startswith(out["text"].rstrip())
+
+
+def test_text_prompt_and_streaming(engine):
+    sp = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    full = engine.generate(prompt="w1 w2 w3 w4", sampling_params=sp)
+    pieces = list(engine.generate(prompt="w1 w2 w3 w4", sampling_params=sp, stream=True))
+    assert sum(len(p["output_ids"]) for p in pieces) == 6
+    assert [t for p in pieces for t in p["output_ids"]] == full["output_ids"]
+    assert "".join(p["text"] for p in pieces) == full["text"]
+    assert pieces[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_logprobs(engine):
+    out = engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 4, "temperature": 0,
+                                                                "ignore_eos": True},
+                          return_logprob=True, top_logprobs_num=3)
+    lps = out["meta_info"]["output_token_logprobs"]
+    tops = out["meta_info"]["output_top_logprobs"]
+    assert [t for _, t, _ in lps] == out["output_ids"]
+    for (lp, tok, _), top in zip(lps, tops):
+        assert len(top) == 3 and top[0][1] == tok and abs(top[0][0] - lp) < 1e-5  # greedy: top-1 is chosen
+        assert top[0][0] >= top[1][0] >= top[2][0] and lp <= 0
+
+
+def test_max_new_tokens_zero(engine):
+    out = engine.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 0})
+    assert out["output_ids"] == [] and out["meta_info"]["finish_reason"]["type"] == "length"
+
+
+# --------------------------------------------------------------------------- errors
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(input_ids=[]), "input_ids"),
+        (dict(input_ids=[1, tm.VOCAB]), "input_ids"),
+        (dict(input_ids=[1, -1]), "input_ids"),
+        (dict(input_ids=[1, 2], sampling_params={"max_new_tokens": 1000}), "max_new_tokens"),
+        (dict(input_ids=[1, 2], sampling_params={"max_new_tokens": -1}), "max_new_tokens"),
+        (dict(input_ids=[1, 2], sampling_params={"temperature": -0.5}), "temperature"),
+        (dict(input_ids=[1, 2], sampling_params={"top_p": 0.0}), "top_p"),
+        (dict(input_ids=[1, 2], sampling_params={"top_p": 1.5}), "top_p"),
+        (dict(input_ids=[1, 2], sampling_params={"top_k": 0}), "top_k"),
+        (dict(input_ids=[1, 2], sampling_params={"top_k": -2}), "top_k"),
+        (dict(input_ids=[1, 2], sampling_params={"min_p": 1.5}), "min_p"),
+        (dict(input_ids=[1, 2], sampling_params={"max_tokens": 3}), "max_tokens"),
+        (dict(input_ids=[1, 2], sampling_params={"temperature": "hot"}), "temperature"),
+        (dict(input_ids="1 2"), "input_ids"),
+        (dict(prompt=None), "prompt"),
+        (dict(input_ids=[1, 2], sampling_params={"max_new_tokens": 2}, top_logprobs_num=1000), "top_logprobs_num"),
+    ],
+)
+def test_bad_requests_raise_and_engine_keeps_serving(engine, kwargs, field):
+    with pytest.raises(InvalidRequestError, match=field):
+        engine.generate(**kwargs)
+    ok = engine.generate(input_ids=[3, 4, 5], sampling_params={"max_new_tokens": 2, "ignore_eos": True})
+    assert len(ok["output_ids"]) == 2
+
+
+def test_construction_errors(qwen3_dir, tmp_path):
+    with pytest.raises(ConfigError, match="model_path"):
+        Engine(str(tmp_path / "nope"), **SMALL)
+    with pytest.raises(ConfigError, match="dtype"):
+        Engine(qwen3_dir[0], **{**SMALL, "dtype": "int8"})
+    with pytest.raises(ConfigError, match="max_total_tokens"):
+        Engine(qwen3_dir[0], max_total_tokens=4, page_size=4, context_length=64, **SMALL)
+    with pytest.raises(ConfigError, match="unknown Engine argument"):
+        Engine(qwen3_dir[0], tp_size=2, **SMALL)
+
+
+# --------------------------------------------------------------------------- compilation
+def test_zero_recompilation_after_warmup(engine):
+    compiles = []
+
+    def listener(event, duration, **kw):
+        if "compile" in event:
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        jax.jit(lambda x: x * 3 + 1)(np.arange(5.0))  # the listener must see a real compilation
+        assert compiles, "compile listener saw nothing: the check below would be vacuous"
+        compiles.clear()
+        rng = random.Random(0)
+        for _ in range(3):
+            prompts = [tm.random_ids(rng.randint(1, 40), seed=rng.randint(0, 10**6)) for _ in range(rng.randint(1, 6))]
+            sps = [{"max_new_tokens": rng.randint(1, 12), "temperature": rng.choice([0, 0.7, 1.0]),
+                    "top_k": rng.choice([-1, 5]), "top_p": rng.choice([1.0, 0.8]), "ignore_eos": True}
+                   for _ in prompts]
+            engine.generate(input_ids=prompts, sampling_params=sps, return_logprob=rng.random() < 0.5)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == []
+
+
+# --------------------------------------------------------------------------- stress
+def test_stress_retraction_and_aborts(qwen3_dir):
+    """A few hundred requests, random lengths, random aborts, a pool small enough to retract."""
+    eng = Engine(qwen3_dir[0], page_size=4, chunked_prefill_size=16, context_length=64, max_total_tokens=96,
+                 **SMALL)
+    try:
+        rng = random.Random(1)
+        results, threads = {}, []
+
+        def worker(i):
+            p = tm.random_ids(rng.randint(1, 30), seed=i)
+            sp = {"max_new_tokens": rng.randint(1, 30), "temperature": rng.choice([0, 1.0]), "ignore_eos": True}
+            results[i] = eng.generate(input_ids=p, sampling_params=sp, rid=f"r{i}")
+
+        for i in range(240):
+            th = threading.Thread(target=worker, args=(i,))
+            th.start()
+            threads.append(th)
+            if rng.random() < 0.25:
+                time.sleep(rng.random() * 0.01)
+                eng.abort(f"r{rng.randint(0, i)}")
+        for th in threads:
+            th.join(120)
+        assert len(results) == 240
+        kinds = {r["meta_info"]["finish_reason"]["type"] for r in results.values()}
+        assert kinds <= {"length", "abort"} and "length" in kinds
+        for r in results.values():
+            if r["meta_info"]["finish_reason"]["type"] == "length":
+                assert r["meta_info"]["completion_tokens"] == r["meta_info"]["finish_reason"]["length"]
+        assert eng.get_server_info()["num_retractions"] > 0
+        assert eng.get_server_info()["last_error"] is None
+        check_no_leaks(eng)
+    finally:
+        eng.shutdown()
