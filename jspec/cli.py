@@ -1,4 +1,4 @@
-"""Command line: `jspec convert | inspect | make-random` (engine commands join as they land)."""
+"""Command line: `jspec generate | convert | inspect | make-random`."""
 
 from __future__ import annotations
 
@@ -41,6 +41,49 @@ def _cmd_make_random(args) -> int:
     return 0
 
 
+def _cmd_generate(args) -> int:
+    import time
+
+    from jspec.api import Engine
+
+    t0 = time.perf_counter()
+    kw = dict(dtype=args.dtype, page_size=args.page_size, show_progress=not args.quiet)
+    if args.max_running_requests:
+        kw["max_running_requests"] = args.max_running_requests
+    if args.context_length:
+        kw["context_length"] = args.context_length
+    if args.cuda_graph_bs:
+        kw["cuda_graph_bs"] = [int(b) for b in args.cuda_graph_bs.split(",")]
+    if args.chunked_prefill_size:
+        kw["chunked_prefill_size"] = args.chunked_prefill_size
+    with Engine(args.model_path, **kw) as engine:
+        startup = time.perf_counter() - t0
+        sp = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+              "top_k": args.top_k, "min_p": args.min_p, "ignore_eos": args.ignore_eos}
+        if args.seed is not None:
+            sp["seed"] = args.seed
+        if args.stop:
+            sp["stop"] = args.stop
+        prompts = args.prompt or []
+        ids = [[int(t) for t in x.split(",")] for x in (args.input_ids or [])]
+        t1 = time.perf_counter()
+        outs = []
+        if prompts:
+            outs += engine.generate(prompt=prompts, sampling_params=sp)
+        if ids:
+            outs += engine.generate(input_ids=ids, sampling_params=sp)
+        elapsed = time.perf_counter() - t1
+    n_tok = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    for i, o in enumerate(outs):
+        m = o["meta_info"]
+        print(f"--- [{i}] {m['prompt_tokens']} prompt tokens -> {m['completion_tokens']} tokens, "
+              f"finish {m['finish_reason']}, {m['e2e_latency'] * 1000:.0f} ms")
+        print(o["text"] if o["text"] else o["output_ids"])
+    print(f"startup {startup:.1f} s (compile {engine.runner.compile_seconds:.1f} s); "
+          f"{n_tok} tokens in {elapsed:.2f} s = {n_tok / max(elapsed, 1e-9):.1f} tok/s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from jspec.models.presets import PRESETS
 
@@ -53,6 +96,27 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     c.add_argument("--quiet", action="store_true", help="no progress bars")
     c.set_defaults(func=_cmd_convert)
+
+    g = sub.add_parser("generate", help="generate text with the engine")
+    g.add_argument("--model-path", required=True)
+    g.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
+    g.add_argument("--input-ids", action="append", help="comma-separated token ids (repeatable)")
+    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--stop", action="append")
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--dtype", default="bfloat16")
+    g.add_argument("--page-size", type=int, default=16)
+    g.add_argument("--max-running-requests", type=int)
+    g.add_argument("--context-length", type=int)
+    g.add_argument("--chunked-prefill-size", type=int)
+    g.add_argument("--cuda-graph-bs", help="comma-separated decode batch buckets")
+    g.add_argument("--quiet", action="store_true")
+    g.set_defaults(func=_cmd_generate)
 
     i = sub.add_parser("inspect", help="print architecture, layer pattern, parameter count and bytes")
     i.add_argument("path", help="HF or orbax checkpoint directory")

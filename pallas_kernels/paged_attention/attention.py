@@ -62,19 +62,20 @@ def paged_attention_tuned(
     batch, pages_per_seq = page_table.shape
     group = num_heads // num_kv_heads
 
+    # Rows per program = block_q x H/G; past ~128 (64 for D=256) the accumulator no longer fits
+    # in registers, so longer queries (prefill chunks, wide trees) take several blocks.
+    widest = max(1, (128 if head_dim <= 128 else 64) // group)
     if mask_mode == "tree":
         tree_words = pack_tree_mask(custom_mask)
-        block_q = block_q or custom_mask.shape[-1]
+        block_q = block_q or min(custom_mask.shape[-1], widest)
     else:
         tree_words = jnp.zeros((1, 1, 1), jnp.int32)
-        if block_q is None:
-            widest = max(1, (128 if head_dim <= 128 else 64) // group)
-            block_q = min(tuning.next_pow2(-(-num_tokens // batch)), tuning.next_pow2(widest))
+        block_q = block_q or min(tuning.next_pow2(-(-num_tokens // batch)), tuning.next_pow2(widest))
     nb = query_blocks.max_blocks(num_tokens, batch, block_q)
     cfg = tuning.choose(
         num_blocks=nb, block_q=block_q, group=group, num_kv_heads=num_kv_heads, head_dim=head_dim,
-        page_size=page_size, pages_per_seq=pages_per_seq, itemsize=jnp.dtype(k_pages.dtype).itemsize,
-        block_kv=block_kv, splits=splits, num_warps=num_warps, num_stages=num_stages,
+        page_size=page_size, pages_per_seq=pages_per_seq, block_kv=block_kv, splits=splits, num_warps=num_warps,
+        num_stages=num_stages,
     )
     cu_q_lens = cu_q_lens.astype(jnp.int32)
     blk_req, blk_q0 = query_blocks.plan(cu_q_lens, nb, block_q)
@@ -126,8 +127,8 @@ def paged_decode_tuned(
     group = num_heads // num_kv_heads
     cfg = tuning.choose(
         num_blocks=batch, block_q=1, group=group, num_kv_heads=num_kv_heads, head_dim=head_dim,
-        page_size=page_size, pages_per_seq=page_table.shape[1], itemsize=jnp.dtype(k_pages.dtype).itemsize,
-        block_kv=block_kv, splits=splits, num_warps=num_warps, num_stages=num_stages,
+        page_size=page_size, pages_per_seq=page_table.shape[1], block_kv=block_kv, splits=splits,
+        num_warps=num_warps, num_stages=num_stages,
     )
     # One query block per request: no planning, and rows come back without a gather.
     blk_req = jnp.arange(batch, dtype=jnp.int32)

@@ -18,7 +18,21 @@ Lowering: Triton (`plgpu.CompilerParams`), chosen because
 - K/V rows are gathered per token through the page table (`k_ref[slots, g, :]`), which the
   Triton lowering turns into plain vectorised loads that its software pipeliner overlaps
   (`num_stages`); Mosaic GPU wants rectangular TMA copies per page and cannot run on CPU.
-Measured against XLA and JAX's own Triton paged_attention in bench/kernels/paged_attention.py.
+Mosaic GPU was not tried: with the Triton lowering the kernel already streams at 0.91 of the
+device-copy rate once programs are long (decode B=256 ctx=4096, B=32 ctx=32k; H200).
+
+Where it stands (H200, bf16, bench/results/kernels_paged_attention_h200.json): decode B=32
+ctx=4096 Qwen3-8B 0.235 ms = 0.54 of the copy rate (JAX's Triton paged_attention 0.377 ms, XLA
+2.12 ms); verify N=4 0.99-1.15x decode; causal prefill 8k 343 TFLOP/s (cuDNN 470). For B >= 8,
+decode time fits "about 0.08 ms + bytes at 4.1 TB/s": each program pays a fixed start (dependent
+scalar loads of its metadata, then a pipeline fill of page-id -> K/V loads) that short programs
+cannot hide. The kernel timed without the split merge took 0.257 ms against 0.235 ms with it
+(run-to-run noise), so the merge is not the cost.
+
+Tried and dropped: one program per request holding all H query heads and reading whole
+`[G, D]` token records (contiguous page memory, G-times larger masked products). On the H200 it
+was slower at every measured decode shape (B=32, ctx=4096, D=128: 0.38-0.51 ms against 0.22 ms
+here; B=256: 2.3 ms against 1.08 ms), so the strided 256-byte rows are not what limits this kernel.
 """
 
 from __future__ import annotations
@@ -104,7 +118,12 @@ def _kernel(
         words = [tree_ref[b, j_tree, w] for w in range(tree_ref.shape[2])]  # each [M]
 
     col = jnp.arange(block_kv, dtype=jnp.int32)
-    dot_kw = dict(allow_tf32=False) if exact_f32 else {}
+    # fp32 caches ask for IEEE products (Triton would use tf32); bf16 takes the default.
+    precision = lax.Precision.HIGHEST if exact_f32 else None
+
+    def matmul(a, b, contract_b):  # [M, K] x b -> [M, N] in f32, b contracted on axis contract_b
+        return lax.dot_general(a, b, (((1,), (contract_b,)), ((), ())), precision=precision,
+                               preferred_element_type=jnp.float32)
 
     def load_kv(start):
         c = start + col
@@ -119,12 +138,12 @@ def _kernel(
         p = jnp.exp2(logits - m_use[:, None])
         alpha = jnp.exp2(m - m_use)
         l = alpha * l + jnp.sum(p, axis=1)
-        acc = alpha[:, None] * acc + pl.dot(p.astype(v.dtype), v, **dot_kw)
+        acc = alpha[:, None] * acc + matmul(p.astype(v.dtype), v, 0)
         return acc, m_new, l
 
     def free_body(step, carry):
         _, k, v = load_kv(lo + step * block_kv)
-        logits = pl.dot(q, k, trans_b=True, **dot_kw) * scale_log2
+        logits = matmul(q, k, 1) * scale_log2
         return softmax_step(carry, logits, v)
 
     def masked_body(step, carry):
@@ -142,7 +161,7 @@ def _kernel(
             ok = ((rel < 0)[None, :] | ((rel < n_new)[None, :] & (bit != 0))) & in_seq[None, :]
         else:
             ok = jnp.broadcast_to(in_seq[None, :], (rows, block_kv))
-        logits = pl.dot(q, k, trans_b=True, **dot_kw) * scale_log2
+        logits = matmul(q, k, 1) * scale_log2
         logits = jnp.where(ok, logits, -jnp.inf)
         v = jnp.where(in_seq[:, None], v, jnp.zeros_like(v))
         return softmax_step(carry, logits, v)

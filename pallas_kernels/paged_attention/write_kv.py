@@ -8,8 +8,9 @@ place and only T x G x D elements move.
 Kept separate from the attention kernel rather than fused into it: a split of one request may
 read a page that another program of the same launch would be writing, and ordering those needs a
 grid-wide barrier. The write moves T x G x D x 2 elements against the attention's S x G x D x 2
-reads, so a separate launch costs a few microseconds; bench/kernels/paged_attention.py measures
-this kernel against XLA's scatter (`reference.write_kv`, donated) on the same inputs.
+reads, so a separate launch costs a few microseconds. Against XLA's scatter (`reference.write_kv`,
+donated, same inputs; bench/kernels/paged_attention.py) on an H200 with G=8, D=128, bf16: T=32
+8 vs 12 us, T=256 9 vs 14 us, T=4096 16 vs 127 us, so the public `write_kv` is this kernel.
 
 Lowering: Triton, so that the same kernel runs in interpret mode on CPU.
 """
