@@ -21,7 +21,7 @@ import numpy as np
 from jspec.cache.page_allocator import PageAllocator
 from jspec.cache.slot_allocator import SlotAllocator
 from jspec.errors import ConfigError, InvalidRequestError, JspecError
-from jspec.models.loader import load_model, resolve_dtype
+from jspec.models.loader import Model, load_model, resolve_dtype
 from jspec.runtime.engine_core import EngineCore
 from jspec.runtime.model_runner import ModelRunner
 from jspec.runtime.request import Request
@@ -65,11 +65,13 @@ class Engine:
         unknown = set(kwargs) - _ENGINE_KEYS
         if unknown:
             raise ConfigError(f"unknown Engine argument(s): {', '.join(sorted(unknown))}")
-        if not isinstance(model_path, (str, os.PathLike)) or not os.path.isdir(model_path):
-            raise ConfigError(f"model_path={model_path!r} is not a directory")
-        if not os.path.exists(os.path.join(model_path, "config.json")):
-            raise ConfigError(f"model_path={model_path!r} has no config.json")
-        resolve_dtype(dtype)
+        preloaded = model_path if isinstance(model_path, Model) else None  # benchmarks: random weights
+        if preloaded is None:
+            if not isinstance(model_path, (str, os.PathLike)) or not os.path.isdir(model_path):
+                raise ConfigError(f"model_path={model_path!r} is not a directory")
+            if not os.path.exists(os.path.join(model_path, "config.json")):
+                raise ConfigError(f"model_path={model_path!r} has no config.json")
+            resolve_dtype(dtype)
         if not isinstance(page_size, int) or page_size < 1:
             raise ConfigError(f"page_size must be a positive int, got {page_size!r}")
         on_gpu = jax.default_backend() == "gpu"
@@ -78,7 +80,7 @@ class Engine:
 
         from jspec.config import load_config
 
-        config = load_config(model_path)
+        config = preloaded.config if preloaded is not None else load_config(model_path)
         context = int(kwargs.get("context_length") or config.max_position_embeddings)
         if context < 2:
             raise ConfigError(f"context_length must be >= 2, got {context}")
@@ -121,9 +123,10 @@ class Engine:
                 per_token = 2 * len(config.attention_layer_ids) * config.num_key_value_heads * config.head_dim
                 per_token *= np.dtype(resolve_dtype(dtype)).itemsize
                 weights = 0  # parameters are not resident yet; estimated from the checkpoint below
-                for f in os.listdir(model_path):
-                    if f.endswith(".safetensors"):
-                        weights += os.path.getsize(os.path.join(model_path, f))
+                if preloaded is None:
+                    for f in os.listdir(model_path):
+                        if f.endswith(".safetensors"):
+                            weights += os.path.getsize(os.path.join(model_path, f))
                 budget = int(free * frac) - weights - (1 << 30)
                 max_total_tokens = max(budget // max(per_token, 1), page_size * 2)
         if max_total_tokens < 1:
@@ -137,10 +140,10 @@ class Engine:
         self.pool_tokens = (num_pages - 1) * page_size
         num_slots = max_running + 1  # + the padding sink slot
 
-        self.model = load_model(model_path, dtype=dtype)
+        self.model = preloaded if preloaded is not None else load_model(model_path, dtype=dtype)
         self.config = self.model.config
         self.tokenizer = None if kwargs.get("skip_tokenizer_init") else self.model.tokenizer
-        self.eos_token_ids = set(self.config.eos_token_ids) | self._generation_eos(model_path)
+        self.eos_token_ids = set(self.config.eos_token_ids) | (set() if preloaded is not None else self._generation_eos(model_path))
         self.max_top_logprobs = int(kwargs.get("max_top_logprobs_num", 20))
         self.overlap = not disable_overlap_schedule
         self.random_seed = int(random_seed)
@@ -157,7 +160,7 @@ class Engine:
                                   num_top_logprobs=self.max_top_logprobs, progress=show)
         self.core = EngineCore(self.runner, self.scheduler, tokenizer=self.tokenizer,
                                eos_token_ids=self.eos_token_ids, overlap=self.overlap)
-        self.server_args = dict(model_path=os.fspath(model_path), dtype=dtype, page_size=page_size,
+        self.server_args = dict(model_path=self.model.path, dtype=str(self.model.dtype), page_size=page_size,
                                 max_running_requests=max_running, max_total_tokens=self.pool_tokens,
                                 chunked_prefill_size=chunk, cuda_graph_bs=bs, prefill_token_buckets=buckets,
                                 disable_overlap_schedule=disable_overlap_schedule, random_seed=random_seed,

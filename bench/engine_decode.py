@@ -1,0 +1,327 @@
+"""Engine decode benchmark (issue 4): ms per decode step vs the weight + KV bytes / copy-bandwidth floor.
+
+For each model shape (random bf16 weights) and each (batch, context):
+- the compiled decode step of the engine's ModelRunner is called repeatedly on a batch whose
+  requests each hold `context` tokens of random KV (never zeros), and its median time is compared
+  with `bytes moved / copy bandwidth`, the copy measured in this same run;
+- start-up compile time of the decode buckets, cold (empty persistent cache) and warm (a second
+  build reading the persistent cache);
+- an end-to-end `Engine.generate` at batch 1 (host loop included) and HF transformers' greedy
+  `generate` on the same weights, as the peer.
+
+Usage: python bench/engine_decode.py --out results.json [--models qwen3-8b,qwen3-next-12l] [--budget-s 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.72")
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from jspec.config import parse_hf_config  # noqa: E402
+from jspec.models.loader import random_model  # noqa: E402
+from jspec.models.presets import preset_config  # noqa: E402
+from jspec.runtime.model_runner import ModelRunner  # noqa: E402
+from jspec.runtime.request import Request  # noqa: E402
+from jspec.runtime.sampling_params import SamplingParams  # noqa: E402
+from jspec.runtime.scheduler import ScheduledReq, StepPlan  # noqa: E402
+from jspec.runtime.step_inputs import pack  # noqa: E402
+
+T0 = time.perf_counter()
+
+
+def log(*a):
+    print(f"[{time.perf_counter() - T0:7.1f}s]", *a, flush=True)
+
+
+def commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def copy_bandwidth() -> dict:
+    """A 2 GiB device-to-device copy (torch), bytes read + written: the memory ceiling."""
+    try:
+        import torch
+
+        n = 1 << 30
+        src = torch.randn(n // 2, device="cuda", dtype=torch.float32)
+        dst = torch.empty_like(src)
+        for _ in range(3):
+            dst.copy_(src)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(20):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            dst.copy_(src)
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        sec = float(np.median(times))
+        del src, dst
+        torch.cuda.empty_cache()
+        return {"bytes": 2 * n * 2, "seconds": sec, "bytes_per_s": 2 * n * 2 / sec, "how": "torch copy_ 2x2 GiB"}
+    except Exception as e:  # noqa: BLE001
+        x = jax.random.normal(jax.random.PRNGKey(0), (1 << 28,), jnp.float32)
+        f = jax.jit(lambda v: v + 1.0)
+        f(x).block_until_ready()
+        t = time.perf_counter()
+        for _ in range(10):
+            y = f(x)
+        y.block_until_ready()
+        sec = (time.perf_counter() - t) / 10
+        return {"bytes": 2 * x.nbytes, "seconds": sec, "bytes_per_s": 2 * x.nbytes / sec,
+                "how": f"jax elementwise (torch unavailable: {e})"}
+
+
+def fill_random_kv(runner, key):
+    caches = runner.state.caches
+    kv = []
+    for i, (k, v) in enumerate(caches.kv):
+        kk = jax.random.normal(jax.random.fold_in(key, 2 * i), k.shape, jnp.float32).astype(k.dtype)
+        vv = jax.random.normal(jax.random.fold_in(key, 2 * i + 1), v.shape, jnp.float32).astype(v.dtype)
+        kv.append((kk, vv))
+    ssm = [jax.random.normal(jax.random.fold_in(key, 1000 + i), s.shape, jnp.float32) * 0.1
+           for i, s in enumerate(caches.ssm)]
+    runner.state.caches.kv, runner.state.caches.ssm = kv, ssm
+
+
+def decode_plan(batch: int, context: int, page_size: int, vocab: int):
+    """B fake running requests (slots 1..B), each with `context - 1` cached tokens, decoding one."""
+    reqs = []
+    sp = SamplingParams(max_new_tokens=1 << 20, temperature=0.0)
+    for i in range(batch):
+        r = Request(rid=str(i), input_ids=[1] * (context - 1), sampling=sp, seed=i)
+        r.slot = i + 1
+        reqs.append(ScheduledReq(r, context - 1, None, True, False, 0))
+    return StepPlan("decode", reqs, [])
+
+
+def page_table(batch: int, context: int, page_size: int, pages_per_seq: int, num_slots: int):
+    """Each request's pages contiguous in its own range; rows of unused slots point at page 0."""
+    t = np.zeros((num_slots, pages_per_seq), np.int32)
+    per = -(-context // page_size)
+    for i in range(batch):
+        t[i + 1, :per] = 1 + i * per + np.arange(per)
+    return jnp.asarray(t)
+
+
+def time_step(runner, bucket, packed, iters=20, reps=5) -> float:
+    fn = runner.compiled[bucket]
+    for _ in range(3):
+        runner.state, out = fn(runner.model.params, runner.state, packed)
+    out.block_until_ready()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        for _ in range(iters):
+            runner.state, out = fn(runner.model.params, runner.state, packed)
+        out.block_until_ready()
+        times.append((time.perf_counter() - t) / iters)
+    return float(np.median(times))
+
+
+def bytes_per_step(cfg, model, batch, context) -> dict:
+    itemsize = np.dtype(model.dtype).itemsize
+    total = model.num_bytes()
+    expert_bytes = 0
+    if cfg.num_experts:
+        per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * itemsize
+        n_moe = sum(cfg.moe_layers)
+        expert_bytes = n_moe * cfg.num_experts * per_expert
+        touched = cfg.num_experts * (1 - (1 - cfg.num_experts_per_tok / cfg.num_experts) ** batch)
+        weights = total - expert_bytes + n_moe * touched * per_expert
+    else:
+        weights = total
+    kv = batch * context * len(cfg.attention_layer_ids) * 2 * cfg.num_key_value_heads * cfg.head_dim * itemsize
+    gdn = 0
+    if cfg.is_hybrid:
+        state = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+        conv = cfg.gdn_conv_dim * (cfg.linear_conv_kernel_dim - 1) * itemsize
+        gdn = 2 * batch * len(cfg.gdn_layer_ids) * (state + conv)  # read + write
+    return {"weights": float(weights), "kv": float(kv), "gdn_state": float(gdn), "total": float(weights + kv + gdn)}
+
+
+def bench_model(preset, grid, copy_bps, results, budget_end, cache_dir):
+    cfg = parse_hf_config(preset_config(preset))
+    log(f"{preset}: building random bf16 weights")
+    model = random_model(cfg, dtype="bfloat16", seed=0, scale=0.02)
+    jax.block_until_ready(jax.tree_util.tree_leaves(model.params))
+    log(f"{preset}: {model.num_parameters() / 1e9:.2f} B params, {model.num_bytes() / 2**30:.1f} GiB")
+    page_size = 16
+    max_b = max(b for b, _ in grid)
+    max_ctx = max(c for _, c in grid)
+    need_pages = max(b * -(-c // page_size) for b, c in grid) + 1
+    pages_per_seq = -(-max_ctx // page_size)
+    decode_bs = sorted({b for b, _ in grid})
+    entry = {"preset": preset, "num_parameters": model.num_parameters(), "param_bytes": model.num_bytes(),
+             "page_size": page_size, "points": []}
+    results["models"].append(entry)
+
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    runner = ModelRunner(model, page_size=page_size, num_pages=need_pages, num_slots=max_b + 1,
+                         pages_per_seq=pages_per_seq, decode_batch_sizes=decode_bs, extend_token_sizes=[],
+                         max_extend_requests=1, progress=False)
+    entry["compile_cold_s"] = runner.compile_seconds
+    entry["compile_buckets"] = len(runner.buckets)
+    log(f"{preset}: compiled {len(runner.buckets)} decode buckets cold in {runner.compile_seconds:.1f}s")
+    fill_random_kv(runner, jax.random.PRNGKey(7))
+
+    for b, c in grid:
+        if time.perf_counter() > budget_end:
+            entry["points"].append({"batch": b, "context": c, "skipped": "time budget"})
+            continue
+        bucket = next(x for x in runner.buckets if x.batch_size == b)
+        runner.state.req_to_page = page_table(b, c, page_size, pages_per_seq, max_b + 1)
+        packed = jax.device_put(pack(decode_plan(b, c, page_size, cfg.vocab_size), bucket))
+        sec = time_step(runner, bucket, packed)
+        by = bytes_per_step(cfg, model, b, c)
+        floor = by["total"] / copy_bps
+        point = {"batch": b, "context": c, "ms_per_step": sec * 1e3, "floor_ms": floor * 1e3,
+                 "fraction_of_floor": floor / sec, "bytes": by, "tokens_per_s": b / sec}
+        entry["points"].append(point)
+        log(f"{preset}: B={b:4d} ctx={c:5d}  {sec * 1e3:7.3f} ms/step  floor {floor * 1e3:6.3f} ms"
+            f"  -> {floor / sec:.2f} of floor")
+
+    # Warm start: a second runner over the same buckets reads the persistent compilation cache.
+    if time.perf_counter() < budget_end:
+        del runner
+        r2 = ModelRunner(model, page_size=page_size, num_pages=need_pages, num_slots=max_b + 1,
+                         pages_per_seq=pages_per_seq, decode_batch_sizes=decode_bs, extend_token_sizes=[],
+                         max_extend_requests=1, progress=False)
+        entry["compile_warm_s"] = r2.compile_seconds
+        log(f"{preset}: warm compile {r2.compile_seconds:.1f}s")
+        del r2
+    return model
+
+
+def engine_e2e(model, results, n_new=128):
+    """Engine.generate at batch 1 (host loop, sampling, detokenizer-free) vs its decode step."""
+    from jspec.api import Engine
+
+    eng = Engine(model, page_size=16, cuda_graph_bs=[1], max_running_requests=1, chunked_prefill_size=512,
+                 context_length=2048, max_total_tokens=4096, show_progress=False)
+    try:
+        sp = {"max_new_tokens": n_new, "temperature": 0, "ignore_eos": True}
+        v = model.config.vocab_size
+        eng.generate(input_ids=[(10 + i) % v for i in range(512)], sampling_params=sp)  # warm
+        out = eng.generate(input_ids=[(20 + i) % v for i in range(512)], sampling_params=sp)
+        m = out["meta_info"]
+        decode_s = m["e2e_latency"] - m["ttft"]
+        res = {"prompt_tokens": 512, "new_tokens": n_new, "ttft_s": m["ttft"], "e2e_s": m["e2e_latency"],
+               "decode_tok_per_s": (n_new - 1) / decode_s, "ms_per_token": decode_s / (n_new - 1) * 1e3,
+               "compile_s": eng.runner.compile_seconds}
+    finally:
+        eng.shutdown()
+    results["engine_e2e_batch1"] = res
+    log(f"engine e2e batch 1: {res['decode_tok_per_s']:.1f} tok/s ({res['ms_per_token']:.3f} ms/token)")
+
+
+def hf_peer(model, preset, results, n_new=64):
+    """HF transformers greedy generate on the same weights (eager and static cache), batch 1."""
+    import torch
+    import transformers
+
+    from jspec.models.loader import state_to_flat
+
+    DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+    cfg_dict = preset_config(preset)
+    cfg_dict.pop("architectures")
+    mt = cfg_dict.pop("model_type")
+    hf_cfg = transformers.AutoConfig.for_model(mt, **cfg_dict)
+    with torch.device(DEV):  # random init on the device is fast; the weights are replaced below
+        hf = transformers.AutoModelForCausalLM.from_config(hf_cfg, torch_dtype=torch.bfloat16)
+    sd = {}
+    for k, v in state_to_flat(model.params).items():  # host copies; load_state_dict moves them
+        sd[k] = torch.from_numpy(np.asarray(v).view(np.int16)).view(torch.bfloat16)
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    hf = hf.eval()
+    ids = (torch.arange(20, 532, device=DEV) % model.config.vocab_size)[None]
+    out = {"missing_keys": len(missing), "unexpected_keys": len(unexpected)}
+    for mode in ("dynamic", "static"):
+        kw = dict(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, pad_token_id=0)
+        if mode == "static":
+            kw["cache_implementation"] = "static"
+        try:
+            hf.generate(ids, **dict(kw, max_new_tokens=4, min_new_tokens=4))
+            sync = torch.cuda.synchronize if DEV == "cuda" else (lambda: None)
+            sync()
+            t = time.perf_counter()
+            hf.generate(ids, **kw)
+            sync()
+            sec = time.perf_counter() - t
+            out[mode] = {"tok_per_s": n_new / sec, "ms_per_token": sec / n_new * 1e3}
+            log(f"HF transformers ({mode} cache) batch 1: {n_new / sec:.1f} tok/s")
+        except Exception as e:  # noqa: BLE001
+            out[mode] = {"error": repr(e)[:300]}
+    results["hf_peer_batch1"] = out
+    del hf, sd
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", default="qwen3-8b,qwen3-next-12l")
+    ap.add_argument("--grid", default="1:1024,8:1024,32:1024,128:1024,1:8192,8:8192,32:8192")
+    ap.add_argument("--budget-s", type=float, default=500)
+    ap.add_argument("--skip-peer", action="store_true")
+    args = ap.parse_args(argv)
+    grid = [tuple(int(x) for x in p.split(":")) for p in args.grid.split(",")]
+    budget_end = T0 + args.budget_s
+    results = {"device": jax.devices()[0].device_kind, "jax_version": jax.__version__, "commit": commit(),
+               "command": "python " + " ".join(sys.argv), "models": []}
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+
+    cp = copy_bandwidth()
+    results["copy"] = cp
+    log(f"copy bandwidth {cp['bytes_per_s'] / 1e12:.2f} TB/s ({cp['how']})")
+    save()
+    cache_dir = tempfile.mkdtemp(prefix="jspec-xla-")
+    for preset in args.models.split(","):
+        try:
+            model = bench_model(preset, grid,
+                                cp["bytes_per_s"], results, budget_end, cache_dir)
+            save()
+            if preset == args.models.split(",")[0] and time.perf_counter() < budget_end:
+                engine_e2e(model, results)
+                save()
+                if not args.skip_peer and time.perf_counter() < budget_end:
+                    hf_peer(model, preset, results)
+                    save()
+            del model
+        except Exception as e:  # noqa: BLE001
+            import traceback
+
+            traceback.print_exc()
+            results.setdefault("errors", []).append(f"{preset}: {type(e).__name__}: {str(e)[:500]}")
+            save()
+    log("done")
+    save()
+
+
+if __name__ == "__main__":
+    main()
