@@ -218,7 +218,7 @@ def engine_e2e(model, results, n_new=128):
     from jspec.api import Engine
 
     eng = Engine(model, page_size=16, cuda_graph_bs=[1], max_running_requests=1, chunked_prefill_size=512,
-                 context_length=2048, max_total_tokens=4096, show_progress=False)
+                 prefill_token_buckets=[512], context_length=2048, max_total_tokens=4096, show_progress=False)
     try:
         sp = {"max_new_tokens": n_new, "temperature": 0, "ignore_eos": True}
         v = model.config.vocab_size
