@@ -279,6 +279,35 @@ def hf_peer(model, preset, results, n_new=64):
         torch.cuda.empty_cache()
 
 
+def sampler_bench(results):
+    """The sampler alone at V = 151936: greedy rows (the lax.cond skips the sort) vs rows that need
+    the sort, to see what the sort and the conditional cost on this device."""
+    from jspec.runtime import sampler as smp
+
+    v = 151936
+    out = {}
+    for b in (1, 32, 128):
+        logits = jax.random.normal(jax.random.PRNGKey(b), (b, v), jnp.float32)
+        counts = jnp.zeros((b, v), jnp.int32)
+        mask = jnp.zeros((b, v), bool)
+        for name, temp, top_p in (("greedy_cond_skips_sort", 0.0, 1.0), ("top_p_sorts", 1.0, 0.9)):
+            sb = smp.SamplingBatch(
+                temperature=jnp.full((b,), temp, jnp.float32), top_p=jnp.full((b,), top_p, jnp.float32),
+                top_k=jnp.full((b,), -1, jnp.int32), min_p=jnp.zeros((b,), jnp.float32),
+                repetition_penalty=jnp.ones((b,), jnp.float32), frequency_penalty=jnp.zeros((b,), jnp.float32),
+                presence_penalty=jnp.zeros((b,), jnp.float32), seed=jnp.arange(b, dtype=jnp.int32),
+                step=jnp.zeros((b,), jnp.int32))
+            f = jax.jit(lambda lg, s_: smp.sample(lg, s_, counts, mask, num_top_logprobs=20).tokens)
+            f(logits, sb).block_until_ready()
+            t = time.perf_counter()
+            for _ in range(50):
+                r = f(logits, sb)
+            r.block_until_ready()
+            out[f"B{b}_{name}_ms"] = (time.perf_counter() - t) / 50 * 1e3
+    results["sampler"] = out
+    log("sampler:", {k: round(x, 3) for k, x in out.items()})
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -299,6 +328,11 @@ def main(argv=None):
     cp = copy_bandwidth()
     results["copy"] = cp
     log(f"copy bandwidth {cp['bytes_per_s'] / 1e12:.2f} TB/s ({cp['how']})")
+    save()
+    try:
+        sampler_bench(results)
+    except Exception as e:  # noqa: BLE001
+        results.setdefault("errors", []).append(f"sampler: {e!r}"[:500])
     save()
     cache_dir = tempfile.mkdtemp(prefix="jspec-xla-")
     for preset in args.models.split(","):

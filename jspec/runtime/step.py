@@ -75,15 +75,17 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
         out, caches = module(batch, state.caches, logits_indices=last_idx)
 
         # Penalty state: reset on (re)admission, then count this step's prompt / re-fed tokens.
-        reset = (x["reset_mask"] > 0)
-        reset_slots = jnp.where(reset, slots, state.output_counts.shape[0])
-        counts = state.output_counts.at[reset_slots].set(0, mode="drop")
-        prompt_mask = state.prompt_mask.at[reset_slots].set(False, mode="drop")
+        # Only extend steps admit requests or feed prompts, so decode steps skip these [B, V] scatters.
+        counts, prompt_mask = state.output_counts, state.prompt_mask
         oob = counts.shape[0]
-        prompt_slot = jnp.where(kind == TOKEN_PROMPT, tok_slot, oob)
-        prompt_mask = prompt_mask.at[prompt_slot, input_ids].set(True, mode="drop")
-        refed_slot = jnp.where(kind == TOKEN_REFED_OUTPUT, tok_slot, oob)
-        counts = counts.at[refed_slot, input_ids].add(1, mode="drop")
+        if bucket.mode == "extend":
+            reset_slots = jnp.where(x["reset_mask"] > 0, slots, oob)
+            counts = counts.at[reset_slots].set(0, mode="drop")
+            prompt_mask = prompt_mask.at[reset_slots].set(False, mode="drop")
+            prompt_slot = jnp.where(kind == TOKEN_PROMPT, tok_slot, oob)
+            prompt_mask = prompt_mask.at[prompt_slot, input_ids].set(True, mode="drop")
+            refed_slot = jnp.where(kind == TOKEN_REFED_OUTPUT, tok_slot, oob)
+            counts = counts.at[refed_slot, input_ids].add(1, mode="drop")
 
         sb = sampling.SamplingBatch(
             temperature=x["temperature"], top_p=x["top_p"], top_k=x["top_k"], min_p=x["min_p"],
