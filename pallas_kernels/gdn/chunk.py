@@ -4,6 +4,10 @@ Two Pallas kernels: `chunk_prepare` (every chunk in parallel: the WY terms) and 
 program per request, value head and dv block: the state pass and the output). Chunks start at each
 request's first token, so a request's last chunk may be partial; the chunk table that maps chunk
 slots to (first token, length) is a few tiny XLA ops on `[T // 64 + B]` integers.
+
+Measured (H200, jax 0.11.2, bench/results/kernels_gdn_h200.json), Qwen3-Next heads, initial state from the pool, final
+state written back: 1x8192 tokens 0.547 ms (flash-linear-attention's chunk_gated_delta_rule 0.544 ms
+on the same inputs), 8x2048 tokens 0.909 ms (fla 1.076 ms).
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from pallas_kernels.gdn.common import CHUNK, block_for, matmul_dtype
 class ChunkConfig:
     """Launch parameters; the defaults are the ones measured best in bench/kernels/gdn.py."""
 
-    block_v: int = 32
+    block_v: int = 64
     state_warps: int = 4
-    state_stages: int = 2
+    state_stages: int = 3
     prepare_warps: int = 4
     prepare_stages: int = 1
 
@@ -43,7 +47,8 @@ def chunk_table(cu_seqlens, num_tokens: int):
     counts = (lens + CHUNK - 1) // CHUNK
     ends = jnp.cumsum(counts)
     c = jnp.arange(num_slots, dtype=jnp.int32)
-    req = jnp.searchsorted(ends, c, side="right").astype(jnp.int32)
+    # A compare-and-count is one small fusion on the GPU; searchsorted's default is a loop of launches.
+    req = jnp.sum(ends[None, :] <= c[:, None], axis=1, dtype=jnp.int32)
     req_c = jnp.minimum(req, batch - 1)
     within = c - (ends[req_c] - counts[req_c])
     start = cu_seqlens[req_c] + within * CHUNK

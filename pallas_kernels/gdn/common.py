@@ -53,6 +53,24 @@ def full_mask(rows, cols):
     return jnp.logical_and(rows[:, None], cols[None, :])
 
 
+def row_mask(rows, num_cols: int):
+    """A row mask `[R]` broadcast over `num_cols` columns. Constant along each row, so Triton keeps
+    wide vector loads / stores; a mask that also varies along the columns may not."""
+    return jnp.broadcast_to(rows[:, None], (rows.shape[0], num_cols))
+
+
+def load(ref, mask=None):
+    """`plt.load` with zeros where `mask` is False; no mask at all when it is None."""
+    return ref[...] if mask is None else plt.load(ref, mask=mask, other=0.0)
+
+
+def store(ref, value, mask=None):
+    if mask is None:
+        ref[...] = value
+    else:
+        plt.store(ref, value, mask=mask)
+
+
 def splat(cond, shape):
     """A scalar condition as a mask of `shape`: a load/store guarded by a run-time scalar."""
     return jnp.full(shape, cond, dtype=jnp.bool_)
