@@ -65,7 +65,34 @@ class SparseMoE(nnx.Module):
         if self.norm_topk_prob:
             weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
         weights = weights.astype(x.dtype)
+        if t * k <= self.num_experts // 2:
+            out = self._routed_gather(x, experts, weights)
+        else:
+            out = self._routed_grouped(x, experts, weights)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x)
+            out = out + jax.nn.sigmoid(self.shared_expert_gate(x).astype(jnp.float32)).astype(x.dtype) * shared
+        return out
 
+    def _routed_gather(self, x, experts, weights):
+        """Few tokens (decode): read just the routed experts' weights, one small GEMV each.
+
+        XLA lowers `ragged_dot` on GPU to a dense product over every expert, which at decode sizes
+        reads all X experts to use T*K of them."""
+        t, e = x.shape
+        k = self.top_k
+        flat = experts.reshape(-1)
+        rows = jnp.repeat(x, k, axis=0)  # [T*K, E]
+        gate_up = jnp.einsum("ne,nie->ni", rows, self.experts.gate_up_proj[...][flat])
+        gate, up = jnp.split(gate_up, 2, axis=-1)
+        down = jnp.einsum("ni,nei->ne", jax.nn.silu(gate) * up, self.experts.down_proj[...][flat])
+        down = down.reshape(t, k, e).astype(jnp.float32) * weights[:, :, None].astype(jnp.float32)
+        return jnp.sum(down, axis=1).astype(x.dtype)
+
+    def _routed_grouped(self, x, experts, weights):
+        """Many tokens (prefill): one grouped GEMM over tokens sorted by expert."""
+        t, e = x.shape
+        k = self.top_k
         # Sort the T*K (token, expert) pairs by expert so each expert's rows are contiguous.
         flat_experts = experts.reshape(-1)
         order = jnp.argsort(flat_experts, stable=True)
@@ -76,9 +103,4 @@ class SparseMoE(nnx.Module):
         hidden = jax.nn.silu(gate) * up
         down = _grouped_matmul(hidden, self.experts.down_proj[...], group_sizes)  # [T*K, E]
         down = down * weights.reshape(-1)[order][:, None]
-        out = jnp.zeros((t, e), jnp.float32).at[order // k].add(down.astype(jnp.float32)).astype(x.dtype)
-
-        if self.shared_expert is not None:
-            shared = self.shared_expert(x)
-            out = out + jax.nn.sigmoid(self.shared_expert_gate(x).astype(jnp.float32)).astype(x.dtype) * shared
-        return out
+        return jnp.zeros((t, e), jnp.float32).at[order // k].add(down.astype(jnp.float32)).astype(x.dtype)
