@@ -3,9 +3,9 @@
 jspec's parameter names are HF's own (`model.layers.3.self_attn.q_proj.weight`), so the mapping
 only has to:
 - move a nested decoder prefix (`model.language_model.` in Qwen3.5 hub checkpoints) to `model.`;
-- stack per-expert MoE tensors (`mlp.experts.7.gate_proj.weight`) into the fused layout
-  `mlp.experts.gate_up_proj [X, 2I, E]` / `mlp.experts.down_proj [X, E, I]` (fused checkpoints,
-  as transformers >= 5 writes them, pass through; a transposed fused layout is accepted too);
+- stack per-expert MoE tensors (`mlp.experts.7.gate_proj.weight`) into jspec's fused layout
+  `mlp.experts.gate_up_proj [X, E, 2I]` / `mlp.experts.down_proj [X, I, E]` (`[X, in, out]`; HF's
+  fused `[X, out, in]`, as transformers >= 5 names it, is transposed once at load);
 - set aside tensors another component owns (`mtp.*` for the MTP drafter) and skip those nobody
   reads (vision tower, rotary buffers, a tied lm_head).
 
@@ -47,12 +47,21 @@ def _cast(arr: np.ndarray, dtype) -> np.ndarray:
 
 
 def _fused_expert(arr: np.ndarray, name: str, want: tuple) -> np.ndarray:
-    """Accept `[X, out, in]` (HF >= 5) or its transpose `[X, in, out]`."""
-    if tuple(arr.shape) == tuple(want):
-        return arr
+    """jspec stores experts `[X, in, out]`. HF >= 5 writes `[X, out, in]` (transposed here, once, at
+    load); a checkpoint already in `[X, in, out]` passes through. When in == out the two cannot be
+    told apart and HF's layout is assumed."""
     if arr.ndim == 3 and (arr.shape[0], arr.shape[2], arr.shape[1]) == tuple(want):
         return np.ascontiguousarray(np.swapaxes(arr, 1, 2))
+    if tuple(arr.shape) == tuple(want):
+        return arr
     raise CheckpointError(f"shape {tuple(arr.shape)} does not match expected {tuple(want)}", tensor=name)
+
+
+def to_hf_layout(name: str, arr: np.ndarray) -> np.ndarray:
+    """Inverse of the load-time layout change, for writing HF-format files from jspec parameters."""
+    if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        return np.ascontiguousarray(np.swapaxes(arr, 1, 2))
+    return arr
 
 
 def load_params(
@@ -119,8 +128,8 @@ def load_params(
                 if proj not in projs:
                     raise CheckpointError("missing tensor", tensor=f"{layer}.{j}.{proj}.weight")
             g, u, d = (ckpt.get(projs[p]) for p in ("gate_proj", "up_proj", "down_proj"))
-            gate_up.append(np.concatenate([g, u], axis=0))
-            down.append(d)
+            gate_up.append(np.concatenate([g, u], axis=0).T)  # [E, 2I]: jspec's [in, out]
+            down.append(d.T)  # [I, E]
         extra_idx = sorted(set(per_expert) - set(range(num_experts)))
         if extra_idx:
             raise CheckpointError("unexpected tensor: expert index beyond num_experts",

@@ -1,4 +1,4 @@
-"""Command line: `jspec generate | convert | inspect | make-random`."""
+"""Command line: `jspec generate | convert | inspect | make-random | bench`."""
 
 from __future__ import annotations
 
@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     r.set_defaults(func=_cmd_make_random)
+
+    from jspec.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)  # `jspec bench serve | sweep | plot`
     return p
 
 

@@ -26,20 +26,19 @@ class Router(nnx.Module):
 
 
 class Experts(nnx.Module):
-    """All experts' weights stacked, HF fused layout: gate_up_proj `[X, 2I, E]` (gate rows first),
-    down_proj `[X, E, I]`."""
+    """All experts' weights stacked as `[X, in, out]`: gate_up_proj `[X, E, 2I]` (gate columns
+    first), down_proj `[X, I, E]`. This is the transpose of HF's fused `[X, out, in]`: XLA's grouped
+    GEMM wants the contracted axis second, and would otherwise transpose every expert every step
+    (measured: 24 of 42 ms of a Qwen3-Next decode step at batch 32 on an H200)."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, *, dtype):
-        self.gate_up_proj = _param((num_experts, 2 * intermediate, hidden), dtype)
-        self.down_proj = _param((num_experts, hidden, intermediate), dtype)
+        self.gate_up_proj = _param((num_experts, hidden, 2 * intermediate), dtype)
+        self.down_proj = _param((num_experts, intermediate, hidden), dtype)
 
 
 def _grouped_matmul(x, w, group_sizes):
-    """Rows of x `[M, in]` sorted by expert, w `[X, out, in]` -> `[M, out]` (one grouped GEMM)."""
-    dn = jax.lax.RaggedDotDimensionNumbers(
-        dot_dimension_numbers=(([1], [2]), ([], [])), lhs_ragged_dimensions=[0], rhs_group_dimensions=[0]
-    )
-    return jax.lax.ragged_dot_general(x, w, group_sizes, dn)
+    """Rows of x `[M, in]` sorted by expert, w `[X, in, out]` -> `[M, out]` (one grouped GEMM)."""
+    return jax.lax.ragged_dot(x, w, group_sizes)
 
 
 class SparseMoE(nnx.Module):
@@ -83,9 +82,9 @@ class SparseMoE(nnx.Module):
         k = self.top_k
         flat = experts.reshape(-1)
         rows = jnp.repeat(x, k, axis=0)  # [T*K, E]
-        gate_up = jnp.einsum("ne,nie->ni", rows, self.experts.gate_up_proj[...][flat])
+        gate_up = jnp.einsum("ne,nei->ni", rows, self.experts.gate_up_proj[...][flat])
         gate, up = jnp.split(gate_up, 2, axis=-1)
-        down = jnp.einsum("ni,nei->ne", jax.nn.silu(gate) * up, self.experts.down_proj[...][flat])
+        down = jnp.einsum("ni,nie->ne", jax.nn.silu(gate) * up, self.experts.down_proj[...][flat])
         down = down.reshape(t, k, e).astype(jnp.float32) * weights[:, :, None].astype(jnp.float32)
         return jnp.sum(down, axis=1).astype(x.dtype)
 

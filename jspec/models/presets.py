@@ -62,6 +62,8 @@ def write_random_checkpoint(out_dir: str, preset: str, *, seed: int = 0, dtype: 
     """Write `config.json` + `model.safetensors` with random weights in HF names and layouts."""
     from safetensors.numpy import save_file
 
+    from checkpoints.hf_mapping import to_hf_layout
+
     from jspec.config import parse_hf_config
     from jspec.models.loader import random_model, state_to_flat
 
@@ -70,7 +72,8 @@ def write_random_checkpoint(out_dir: str, preset: str, *, seed: int = 0, dtype: 
     config = parse_hf_config(cfg_dict)
     model = random_model(config, dtype="float32", seed=seed, scale=0.05)
     np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
-    flat = {k: np.ascontiguousarray(np.asarray(v).astype(np_dtype)) for k, v in state_to_flat(model.params).items()}
+    flat = {k: np.ascontiguousarray(to_hf_layout(k, np.asarray(v)).astype(np_dtype))
+            for k, v in state_to_flat(model.params).items()}
     os.makedirs(out_dir, exist_ok=True)
     save_file(flat, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out_dir, "config.json"), "w") as f:

