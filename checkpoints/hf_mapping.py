@@ -30,6 +30,21 @@ _SKIP = (
     re.compile(r"(^|\.)rotary_emb\.inv_freq$"),
 )
 _EXPERT = re.compile(r"^(?P<layer>.*\.mlp\.experts)\.(?P<idx>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+# jspec projections that concatenate several HF ones (rows in this order).
+_FUSED = (
+    (re.compile(r"^(?P<prefix>.*\.self_attn)\.qkv_proj\.(?P<kind>weight|bias)$"), ("q_proj", "k_proj", "v_proj")),
+    (re.compile(r"^(?P<prefix>.*\.(?:mlp|shared_expert))\.gate_up_proj\.(?P<kind>weight|bias)$"),
+     ("gate_proj", "up_proj")),
+)
+
+
+def fused_parts(name: str) -> list[str] | None:
+    """HF names whose row-concatenation is jspec parameter `name`, or None if it is not fused."""
+    for pattern, parts in _FUSED:
+        m = pattern.match(name)
+        if m:
+            return [f"{m['prefix']}.{p}.{m['kind']}" for p in parts]
+    return None
 EXTRA_PREFIXES = ("mtp.",)
 
 
@@ -57,11 +72,25 @@ def _fused_expert(arr: np.ndarray, name: str, want: tuple) -> np.ndarray:
     raise CheckpointError(f"shape {tuple(arr.shape)} does not match expected {tuple(want)}", tensor=name)
 
 
-def to_hf_layout(name: str, arr: np.ndarray) -> np.ndarray:
-    """Inverse of the load-time layout change, for writing HF-format files from jspec parameters."""
+def _hf_name(name: str, weight_prefix: str) -> str:
+    if weight_prefix != "model." and name.startswith("model."):
+        return weight_prefix + name[len("model."):]
+    return name
+
+
+def to_hf_tensors(name: str, arr: np.ndarray, split_sizes: list[int] | None = None) -> dict[str, np.ndarray]:
+    """Inverse of the load-time mapping, for writing HF-format files from jspec parameters.
+
+    Fused projections need the row count of each part (`split_sizes`)."""
     if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-        return np.ascontiguousarray(np.swapaxes(arr, 1, 2))
-    return arr
+        return {name: np.ascontiguousarray(np.swapaxes(arr, 1, 2))}
+    parts = fused_parts(name)
+    if parts:
+        if split_sizes is None:
+            raise ValueError(f"{name}: split_sizes needed to un-fuse")
+        pieces = np.split(arr, np.cumsum(split_sizes)[:-1], axis=0)
+        return {p: np.ascontiguousarray(x) for p, x in zip(parts, pieces)}
+    return {name: arr}
 
 
 def load_params(
@@ -81,6 +110,11 @@ def load_params(
     """
     params: dict[str, np.ndarray] = {}
     extras: dict[str, str] = {}
+    part_of = {}  # HF part name -> (jspec fused name, position)
+    for name in expected:
+        for i, part in enumerate(fused_parts(name) or ()):
+            part_of[part] = (name, i)
+    fused: dict[str, dict[int, str]] = {}
     experts: dict[str, dict[int, dict[str, str]]] = {}  # layer prefix -> idx -> proj -> hf name
     direct: dict[str, str] = {}  # jspec name -> hf name
 
@@ -93,6 +127,10 @@ def load_params(
             continue
         if tied_lm_head and name == "lm_head.weight":
             continue  # tied to embed_tokens; some writers store a copy anyway
+        if name in part_of:
+            target, i = part_of[name]
+            fused.setdefault(target, {})[i] = hf
+            continue
         m = _EXPERT.match(name)
         if m:
             experts.setdefault(m["layer"], {}).setdefault(int(m["idx"]), {})[m["proj"]] = hf
@@ -112,6 +150,22 @@ def load_params(
                 )
             arr = ckpt.get(hf)
         params[name] = _cast(arr, dtype)
+        if progress:
+            progress(name)
+
+    for name, parts in fused.items():
+        want = tuple(expected[name])
+        hf_parts = fused_parts(name)
+        for i, part in enumerate(hf_parts):
+            if i not in parts:
+                raise CheckpointError("missing tensor", tensor=_hf_name(part, weight_prefix))
+        arrs = [ckpt.get(parts[i]) for i in range(len(hf_parts))]
+        cat = np.concatenate(arrs, axis=0)
+        if tuple(cat.shape) != want:
+            shapes = ", ".join(f"{parts[i]} {tuple(a.shape)}" for i, a in enumerate(arrs))
+            raise CheckpointError(f"shapes ({shapes}) do not concatenate to the expected {want}",
+                                  tensor=parts[0])
+        params[name] = _cast(cat, dtype)
         if progress:
             progress(name)
 
@@ -146,6 +200,8 @@ def load_params(
                 progress(name)
 
     missing = sorted(set(expected) - set(params))
+    if missing and fused_parts(missing[0]):
+        missing = [_hf_name(fused_parts(missing[0])[0], weight_prefix)] + missing[1:]
     if missing:
         raise CheckpointError(f"missing tensor (and {len(missing) - 1} more)" if len(missing) > 1
                               else "missing tensor", tensor=missing[0])

@@ -2,7 +2,8 @@
 
 One class, configured by `ModelConfig`: per layer a token mixer (paged attention or Gated
 DeltaNet) and a feed-forward block (SwiGLU or sparse MoE). Parameter paths equal Hugging Face names
-(`model.layers.3.self_attn.q_proj.weight`), so checkpoint mapping is nearly the identity.
+(`model.layers.3.self_attn.o_proj.weight`), except that q/k/v and gate/up projections are fused
+(`qkv_proj`, `gate_up_proj`) and MoE experts are stacked; `checkpoints/hf_mapping.py` does both at load.
 
 `CausalLM.__call__` is pure apart from returning new caches: it is traced once per bucket inside
 a jitted step (after `nnx.split`), never run eagerly in the engine.

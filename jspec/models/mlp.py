@@ -11,13 +11,15 @@ from jspec.models.layers import Linear, _param
 
 
 class MLP(nnx.Module):
+    """SwiGLU. gate_proj and up_proj are one `gate_up_proj` (HF's two concatenated at load)."""
+
     def __init__(self, hidden: int, intermediate: int, *, bias: bool = False, dtype):
-        self.gate_proj = Linear(hidden, intermediate, bias=bias, dtype=dtype)
-        self.up_proj = Linear(hidden, intermediate, bias=bias, dtype=dtype)
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=bias, dtype=dtype)
         self.down_proj = Linear(intermediate, hidden, bias=bias, dtype=dtype)
 
     def __call__(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
+        return self.down_proj(jax.nn.silu(gate) * up)
 
 
 class Router(nnx.Module):

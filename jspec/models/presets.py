@@ -58,11 +58,23 @@ def preset_config(name: str) -> dict:
     return json.loads(json.dumps(PRESETS[name]))
 
 
+def fused_split_sizes(config, name: str) -> list[int] | None:
+    """Row counts of the HF projections that a fused jspec parameter concatenates."""
+    if ".self_attn.qkv_proj." in name:
+        q = config.num_attention_heads * config.head_dim * (2 if config.attn_output_gate else 1)
+        kv = config.num_key_value_heads * config.head_dim
+        return [q, kv, kv]
+    if name.endswith(("gate_up_proj.weight", "gate_up_proj.bias")):
+        inter = config.shared_expert_intermediate_size if ".shared_expert." in name else config.intermediate_size
+        return [inter, inter]
+    return None
+
+
 def write_random_checkpoint(out_dir: str, preset: str, *, seed: int = 0, dtype: str = "float32") -> str:
     """Write `config.json` + `model.safetensors` with random weights in HF names and layouts."""
     from safetensors.numpy import save_file
 
-    from checkpoints.hf_mapping import to_hf_layout
+    from checkpoints.hf_mapping import to_hf_tensors
 
     from jspec.config import parse_hf_config
     from jspec.models.loader import random_model, state_to_flat
@@ -72,8 +84,9 @@ def write_random_checkpoint(out_dir: str, preset: str, *, seed: int = 0, dtype: 
     config = parse_hf_config(cfg_dict)
     model = random_model(config, dtype="float32", seed=seed, scale=0.05)
     np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
-    flat = {k: np.ascontiguousarray(to_hf_layout(k, np.asarray(v)).astype(np_dtype))
-            for k, v in state_to_flat(model.params).items()}
+    flat = {}
+    for k, v in state_to_flat(model.params).items():
+        flat.update(to_hf_tensors(k, np.asarray(v).astype(np_dtype), fused_split_sizes(config, k)))
     os.makedirs(out_dir, exist_ok=True)
     save_file(flat, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out_dir, "config.json"), "w") as f:
