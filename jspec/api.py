@@ -33,7 +33,7 @@ _ENGINE_KEYS = {
     "model_path", "dtype", "page_size", "max_running_requests", "max_total_tokens", "chunked_prefill_size",
     "cuda_graph_bs", "disable_overlap_schedule", "random_seed", "context_length", "mem_fraction_static",
     "prefill_token_buckets", "max_top_logprobs_num", "skip_tokenizer_init", "show_progress",
-    "compilation_cache_dir",
+    "compilation_cache_dir", "enable_mixed_chunk",
 }
 
 
@@ -153,7 +153,8 @@ class Engine:
         self.slots = SlotAllocator(num_slots)
         self.scheduler = Scheduler(self.pages, self.slots, max_running_requests=max_running,
                                    chunked_prefill_size=chunk, max_extend_requests=min(max_running, 64),
-                                   max_decode_requests=bs[-1])
+                                   max_decode_requests=bs[-1],
+                                   enable_mixed_chunk=bool(kwargs.get("enable_mixed_chunk", False)))
         self.runner = ModelRunner(self.model, page_size=page_size, num_pages=num_pages, num_slots=num_slots,
                                   pages_per_seq=pages_per_seq, decode_batch_sizes=bs,
                                   extend_token_sizes=buckets, max_extend_requests=min(max_running, 64),
@@ -164,7 +165,8 @@ class Engine:
                                 max_running_requests=max_running, max_total_tokens=self.pool_tokens,
                                 chunked_prefill_size=chunk, cuda_graph_bs=bs, prefill_token_buckets=buckets,
                                 disable_overlap_schedule=disable_overlap_schedule, random_seed=random_seed,
-                                context_length=context)
+                                context_length=context,
+                                enable_mixed_chunk=bool(kwargs.get("enable_mixed_chunk", False)))
         self._wake = threading.Condition()
         self._stopped = False
         self._error: BaseException | None = None

@@ -57,6 +57,8 @@ def _add_engine_flags(p) -> None:
     g.add_argument("--cuda-graph-bs", type=_list(int, "ints"), help="decode batch buckets, e.g. 1,2,4,8")
     g.add_argument("--prefill-token-buckets", type=_list(int, "ints"), help="prefill token buckets, e.g. 64,512")
     g.add_argument("--compilation-cache-dir", help="persistent XLA cache ('none' to disable)")
+    g.add_argument("--enable-mixed-chunk", action="store_true",
+                   help="decodes ride along in prefill steps instead of alternating with them")
     g.add_argument("--skip-tokenizer-init", action="store_true",
                    help="engine without tokenizer: streamed requests are not detokenized every step")
     g.add_argument("--speculative-draft-model-path")

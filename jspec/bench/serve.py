@@ -33,6 +33,8 @@ def engine_kwargs(args) -> dict:
     kw["disable_overlap_schedule"] = bool(getattr(args, "disable_overlap_schedule", False))
     if getattr(args, "skip_tokenizer_init", False):
         kw["skip_tokenizer_init"] = True  # no per-step detokenization of streamed requests
+    if getattr(args, "enable_mixed_chunk", False):
+        kw["enable_mixed_chunk"] = True
     kw["random_seed"] = args.seed
     kw["show_progress"] = not args.quiet
     return kw

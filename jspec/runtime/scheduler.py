@@ -6,7 +6,8 @@ Each call to `schedule` plans one step. Policy:
 - Chunked prefill: a step's extend tokens stay within `chunked_prefill_size`; a prompt longer than
   that is fed over several steps, continuing before anything new is admitted.
 - Prefill and decode alternate while both have work, so neither starves the other (decode-only
-  steps use the decode kernel; a mixed step would push decode rows through the extend kernel).
+  steps use the decode kernel). With `enable_mixed_chunk` (SGLang's name) decodes instead ride
+  along in every extend step as one-token rows.
 - Pages are allocated at dispatch for exactly the tokens a step writes; when decode needs a page
   and none is free, the most recently admitted request is retracted (its pages and slot freed, its
   prompt + outputs re-queued to be prefilled again) instead of failing.
@@ -59,12 +60,15 @@ class NeedSync(Exception):
 
 class Scheduler:
     def __init__(self, pages: PageAllocator, slots: SlotAllocator, *, max_running_requests: int,
-                 chunked_prefill_size: int, max_extend_requests: int, max_decode_requests: int):
+                 chunked_prefill_size: int, max_extend_requests: int, max_decode_requests: int,
+                 enable_mixed_chunk: bool = False):
         self.pages, self.slots = pages, slots
         self.max_running = max_running_requests
         self.chunk_budget = chunked_prefill_size
         self.max_extend_requests = max_extend_requests
         self.max_decode_requests = max_decode_requests
+        self.mixed = enable_mixed_chunk
+        self.num_mixed_decode_rows = 0
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._admitted = 0
@@ -87,7 +91,7 @@ class Scheduler:
     def schedule(self, *, inflight: bool) -> StepPlan | None:
         prefill_pending = bool(self.waiting) or any(r.in_prefill for r in self.running)
         decodable = self._decodable()
-        if prefill_pending and (not decodable or self._last_mode == "decode"):
+        if prefill_pending and (self.mixed or not decodable or self._last_mode == "decode"):
             plan = self._plan_extend(decodable)
             if plan is not None:
                 self._last_mode = "extend"
@@ -147,6 +151,19 @@ class Scheduler:
             assert s is not None
             chosen.append(s)
             budget -= s.num_tokens
+        if self.mixed:
+            # Mixed chunk: running decodes ride along as one-token rows of the extend step, so a
+            # long prefill never stalls them (their input token comes from the device buffer).
+            for req in sorted(decodable, key=lambda r: r.admit_order):
+                if budget <= 0 or len(chosen) >= self.max_extend_requests:
+                    break
+                if not self._grow(req, req.kv_len + 1, updates):
+                    break  # out of pages: a decode step (which can retract) handles the rest
+                chosen.append(ScheduledReq(req, req.kv_len, None, True, False, req.scheduled_outputs))
+                req.kv_len += 1
+                req.scheduled_outputs += 1
+                budget -= 1
+                self.num_mixed_decode_rows += 1
         if not chosen:
             return None
         return StepPlan("extend", chosen, updates)

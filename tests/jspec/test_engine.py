@@ -67,16 +67,17 @@ def check_no_leaks(eng):
 
 
 # --------------------------------------------------------------------------- greedy parity
-PARITY = [("llama", 1), ("qwen3", 16), ("qwen3_moe", 16), ("qwen3_next", 1), ("qwen3_next", 16)]
+PARITY = [("llama", 1, False), ("qwen3", 16, False), ("qwen3_moe", 16, True), ("qwen3_next", 1, False),
+          ("qwen3_next", 16, True)]
 
 
-@pytest.mark.parametrize("arch,page_size", PARITY)
-def test_greedy_matches_transformers(tmp_path, arch, page_size):
+@pytest.mark.parametrize("arch,page_size,mixed", PARITY)
+def test_greedy_matches_transformers(tmp_path, arch, page_size, mixed):
     d = str(tmp_path / arch)
     hf = tm.build(arch, d, seed=30 + page_size)
     prompts = [tm.random_ids(n, seed=n) for n in (5, 23, 11, 2, 17, 8)]
     eng = Engine(d, page_size=page_size, chunked_prefill_size=8, context_length=64,
-                 disable_overlap_schedule=(page_size == 1), **SMALL)
+                 disable_overlap_schedule=(page_size == 1), enable_mixed_chunk=mixed, **SMALL)
     try:
         outs = eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 10, "temperature": 0,
                                                                 "ignore_eos": True})
@@ -84,6 +85,7 @@ def test_greedy_matches_transformers(tmp_path, arch, page_size):
             assert o["output_ids"] == hf_greedy(hf, p, 10), (arch, page_size, p)
             assert o["meta_info"]["finish_reason"] == {"type": "length", "length": 10}
             assert o["meta_info"]["prompt_tokens"] == len(p) and o["meta_info"]["completion_tokens"] == 10
+        assert (eng.scheduler.num_mixed_decode_rows > 0) == mixed
         check_no_leaks(eng)
     finally:
         eng.shutdown()
