@@ -33,7 +33,7 @@ _ENGINE_KEYS = {
     "model_path", "dtype", "page_size", "max_running_requests", "max_total_tokens", "chunked_prefill_size",
     "cuda_graph_bs", "disable_overlap_schedule", "random_seed", "context_length", "mem_fraction_static",
     "prefill_token_buckets", "max_top_logprobs_num", "skip_tokenizer_init", "show_progress",
-    "compilation_cache_dir", "enable_mixed_chunk",
+    "compilation_cache_dir", "enable_mixed_chunk", "transfer_guard",
 }
 
 
@@ -167,6 +167,7 @@ class Engine:
                                 disable_overlap_schedule=disable_overlap_schedule, random_seed=random_seed,
                                 context_length=context,
                                 enable_mixed_chunk=bool(kwargs.get("enable_mixed_chunk", False)))
+        self._transfer_guard = kwargs.get("transfer_guard")
         self._wake = threading.Condition()
         self._stopped = False
         self._error: BaseException | None = None
@@ -193,7 +194,11 @@ class Engine:
                 if self._stopped:
                     return
             try:
-                self.core.step()
+                if self._transfer_guard is None:
+                    self.core.step()
+                else:  # e.g. "disallow": any implicit host<->device transfer in the loop raises
+                    with jax.transfer_guard(self._transfer_guard):
+                        self.core.step()
             except Exception as e:  # noqa: BLE001 - keep serving: fail these requests, not the engine
                 self._error = e
                 self.core.fail_all(f"engine step failed: {type(e).__name__}: {e}")

@@ -80,4 +80,6 @@ class ModelRunner:
 
     @staticmethod
     def fetch(handle: StepHandle) -> np.ndarray:
-        return np.asarray(handle.out)
+        # Explicit, so the loop runs clean under jax.transfer_guard("disallow"); the copy was
+        # started at dispatch, so this normally only waits for the step to finish.
+        return jax.device_get(handle.out)

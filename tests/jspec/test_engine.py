@@ -267,3 +267,22 @@ def test_stress_retraction_and_aborts(qwen3_dir):
         check_no_leaks(eng)
     finally:
         eng.shutdown()
+
+
+def test_loop_makes_no_implicit_transfers(qwen3_dir):
+    """Under jax.transfer_guard("disallow") in the loop thread, only the explicit per-step input
+    device_put and output device_get are allowed: a hidden host sync would raise and fail requests."""
+    eng = Engine(qwen3_dir[0], page_size=4, chunked_prefill_size=16, context_length=128, transfer_guard="disallow",
+                 **SMALL)
+    try:
+        outs = eng.generate(input_ids=[tm.random_ids(n, seed=n) for n in (3, 20, 9)],
+                            sampling_params={"max_new_tokens": 6, "temperature": 0.8, "top_p": 0.9,
+                                             "ignore_eos": True})
+        assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)
+        assert eng.get_server_info()["last_error"] is None
+    finally:
+        eng.shutdown()
+    # The guard is live: the same kind of implicit transfer does raise under it.
+    with jax.transfer_guard("disallow"):
+        with pytest.raises(Exception):
+            np.asarray(jax.numpy.ones(3) + 1)
