@@ -73,7 +73,7 @@ def run_case(preset, batch, backend, context, copy_bps, models):
     fill_random_kv(runner, jax.random.PRNGKey(3))
     bucket = runner.buckets[0]
     runner.state.req_to_page = page_table(batch, context, page_size, pages_per_seq, batch + 1)
-    packed = jax.device_put(pack(decode_plan(batch, context, page_size, cfg.vocab_size), bucket))
+    packed = jax.device_put(pack(decode_plan(batch, context), bucket))
     sec = time_step(runner, bucket, packed)
     floor = bytes_per_step(cfg, model, batch, context)["total"] / copy_bps
     res = {"preset": preset, "batch": batch, "context": context, "backend": backend,

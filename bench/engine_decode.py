@@ -34,10 +34,9 @@ import jax.numpy as jnp  # noqa: E402
 from jspec.config import parse_hf_config  # noqa: E402
 from jspec.models.loader import random_model  # noqa: E402
 from jspec.models.presets import preset_config  # noqa: E402
+from jspec.bench.step import (bytes_per_step, copy_bandwidth, decode_plan, fill_random_kv,  # noqa: E402,F401
+                               page_table, time_step)
 from jspec.runtime.model_runner import ModelRunner  # noqa: E402
-from jspec.runtime.request import Request  # noqa: E402
-from jspec.runtime.sampling_params import SamplingParams  # noqa: E402
-from jspec.runtime.scheduler import ScheduledReq, StepPlan  # noqa: E402
 from jspec.runtime.step_inputs import pack  # noqa: E402
 
 T0 = time.perf_counter()
@@ -52,110 +51,6 @@ def commit() -> str:
         return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
     except Exception:  # noqa: BLE001
         return "unknown"
-
-
-def copy_bandwidth() -> dict:
-    """A 2 GiB device-to-device copy (torch), bytes read + written: the memory ceiling."""
-    try:
-        import torch
-
-        n = 1 << 30
-        src = torch.randn(n // 2, device="cuda", dtype=torch.float32)
-        dst = torch.empty_like(src)
-        for _ in range(3):
-            dst.copy_(src)
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(20):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            dst.copy_(src)
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        sec = float(np.median(times))
-        del src, dst
-        torch.cuda.empty_cache()
-        return {"bytes": 2 * n * 2, "seconds": sec, "bytes_per_s": 2 * n * 2 / sec, "how": "torch copy_ 2x2 GiB"}
-    except Exception as e:  # noqa: BLE001
-        x = jax.random.normal(jax.random.PRNGKey(0), (1 << 28,), jnp.float32)
-        f = jax.jit(lambda v: v + 1.0)
-        f(x).block_until_ready()
-        t = time.perf_counter()
-        for _ in range(10):
-            y = f(x)
-        y.block_until_ready()
-        sec = (time.perf_counter() - t) / 10
-        return {"bytes": 2 * x.nbytes, "seconds": sec, "bytes_per_s": 2 * x.nbytes / sec,
-                "how": f"jax elementwise (torch unavailable: {e})"}
-
-
-def fill_random_kv(runner, key):
-    caches = runner.state.caches
-    kv = []
-    for i, (k, v) in enumerate(caches.kv):
-        kk = jax.random.normal(jax.random.fold_in(key, 2 * i), k.shape, jnp.float32).astype(k.dtype)
-        vv = jax.random.normal(jax.random.fold_in(key, 2 * i + 1), v.shape, jnp.float32).astype(v.dtype)
-        kv.append((kk, vv))
-    ssm = [jax.random.normal(jax.random.fold_in(key, 1000 + i), s.shape, jnp.float32) * 0.1
-           for i, s in enumerate(caches.ssm)]
-    runner.state.caches.kv, runner.state.caches.ssm = kv, ssm
-
-
-def decode_plan(batch: int, context: int, page_size: int, vocab: int):
-    """B fake running requests (slots 1..B), each with `context - 1` cached tokens, decoding one."""
-    reqs = []
-    sp = SamplingParams(max_new_tokens=1 << 20, temperature=0.0)
-    for i in range(batch):
-        r = Request(rid=str(i), input_ids=[1] * (context - 1), sampling=sp, seed=i)
-        r.slot = i + 1
-        reqs.append(ScheduledReq(r, context - 1, None, True, False, 0))
-    return StepPlan("decode", reqs, [])
-
-
-def page_table(batch: int, context: int, page_size: int, pages_per_seq: int, num_slots: int):
-    """Each request's pages contiguous in its own range; rows of unused slots point at page 0."""
-    t = np.zeros((num_slots, pages_per_seq), np.int32)
-    per = -(-context // page_size)
-    for i in range(batch):
-        t[i + 1, :per] = 1 + i * per + np.arange(per)
-    return jnp.asarray(t)
-
-
-def time_step(runner, bucket, packed, iters=20, reps=5) -> float:
-    fn = runner.compiled[bucket]
-    for _ in range(3):
-        runner.state, out = fn(runner.model.params, runner.state, packed)
-    out.block_until_ready()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        for _ in range(iters):
-            runner.state, out = fn(runner.model.params, runner.state, packed)
-        out.block_until_ready()
-        times.append((time.perf_counter() - t) / iters)
-    return float(np.median(times))
-
-
-def bytes_per_step(cfg, model, batch, context) -> dict:
-    itemsize = np.dtype(model.dtype).itemsize
-    total = model.num_bytes()
-    expert_bytes = 0
-    if cfg.num_experts:
-        per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * itemsize
-        n_moe = sum(cfg.moe_layers)
-        expert_bytes = n_moe * cfg.num_experts * per_expert
-        touched = cfg.num_experts * (1 - (1 - cfg.num_experts_per_tok / cfg.num_experts) ** batch)
-        weights = total - expert_bytes + n_moe * touched * per_expert
-    else:
-        weights = total
-    kv = batch * context * len(cfg.attention_layer_ids) * 2 * cfg.num_key_value_heads * cfg.head_dim * itemsize
-    gdn = 0
-    if cfg.is_hybrid:
-        state = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
-        conv = cfg.gdn_conv_dim * (cfg.linear_conv_kernel_dim - 1) * itemsize
-        gdn = 2 * batch * len(cfg.gdn_layer_ids) * (state + conv)  # read + write
-    return {"weights": float(weights), "kv": float(kv), "gdn_state": float(gdn), "total": float(weights + kv + gdn)}
 
 
 def bench_model(preset, grid, copy_bps, results, budget_end, cache_dir):
@@ -191,7 +86,7 @@ def bench_model(preset, grid, copy_bps, results, budget_end, cache_dir):
             continue
         bucket = next(x for x in runner.buckets if x.batch_size == b)
         runner.state.req_to_page = page_table(b, c, page_size, pages_per_seq, max_b + 1)
-        packed = jax.device_put(pack(decode_plan(b, c, page_size, cfg.vocab_size), bucket))
+        packed = jax.device_put(pack(decode_plan(b, c), bucket))
         sec = time_step(runner, bucket, packed)
         by = bytes_per_step(cfg, model, b, c)
         floor = by["total"] / copy_bps
@@ -325,7 +220,7 @@ def main(argv=None):
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)
 
-    cp = copy_bandwidth()
+    cp = copy_bandwidth(2 << 30)
     results["copy"] = cp
     log(f"copy bandwidth {cp['bytes_per_s'] / 1e12:.2f} TB/s ({cp['how']})")
     save()

@@ -1,4 +1,4 @@
-"""`jspec bench serve | sweep | plot`: argument parsers and the checks argparse cannot make.
+"""`jspec bench serve | sweep | step | plot`: argument parsers and the checks argparse cannot make.
 
 Flag names follow SGLang's `bench_serving` and server arguments, so a command line moves between
 the two with few changes. Type errors are argparse errors; range and combination errors raise
@@ -129,6 +129,18 @@ def add_bench_parser(sub) -> None:
     w.add_argument("--output-file", help="JSONL to append to (default jspec_sweep_MMDD_<dataset>.jsonl)")
     w.set_defaults(func=_cmd_sweep, _parser=w)
 
+    st = bsub.add_parser("step", help="per-step roofline: ms/step vs bytes moved / copy bandwidth")
+    st.add_argument("--model-path", required=True, help="checkpoint directory or random:PRESET")
+    st.add_argument("--dtype", default="bfloat16")
+    st.add_argument("--seed", type=int, default=0)
+    st.add_argument("--batch-sizes", type=_list(int, "ints"), default=[1, 8, 32])
+    st.add_argument("--context-lens", type=_list(int, "ints"), default=[1024])
+    st.add_argument("--page-size", type=int, default=16)
+    st.add_argument("--iters", type=int, default=20, help="steps per timed repetition")
+    st.add_argument("--profile", metavar="DIR", help="also write a jax.profiler trace per point under DIR")
+    st.add_argument("--output-file", help="JSONL to append to (default jspec_step_MMDD.jsonl)")
+    st.set_defaults(func=_cmd_step, _parser=st)
+
     pl = bsub.add_parser("plot", help="PNG charts from serve / sweep JSONL records")
     pl.add_argument("results", nargs="+", metavar="RESULTS.jsonl")
     pl.add_argument("--out-dir", help="where to write the PNGs (default: beside the first file)")
@@ -236,6 +248,34 @@ def _cmd_sweep(args) -> int:
     cmd = command_line(args)
     args.output_file = args.output_file or _default_output("sweep")(args)
     run_sweep(args, cmd)
+    return 0
+
+
+def _cmd_step(args) -> int:
+    from jspec.bench.record import append_jsonl, environment
+    from jspec.bench.serve import open_model
+    from jspec.bench.step import copy_bandwidth, roofline, step_table
+    from jspec.models.loader import load_model
+
+    for flag in ("batch_sizes", "context_lens"):
+        if not getattr(args, flag) or min(getattr(args, flag)) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be positive ints, got {getattr(args, flag)}")
+    _positive(args, "page_size", "iters")
+    model = open_model(args)
+    if isinstance(model, str):
+        model = load_model(model, dtype=args.dtype)
+    copy = copy_bandwidth()
+    points = [(b, c) for c in args.context_lens for b in args.batch_sizes]
+    records = roofline(model, points, copy_bps=copy["bytes_per_s"], page_size=args.page_size,
+                       profile_dir=args.profile, iters=args.iters)
+    env = environment()
+    cmd = command_line(args)
+    out = args.output_file or f"jspec_step_{datetime.datetime.now():%m%d}.jsonl"
+    append_jsonl(out, [{"kind": "step", "command": cmd, **env, "model_path": str(args.model_path),
+                        "architecture": model.config.architecture, "num_parameters": model.num_parameters(),
+                        "param_bytes": model.num_bytes(), "copy": copy, **r} for r in records])
+    print(step_table(records, copy))
+    print(f"records appended to {out}")
     return 0
 
 

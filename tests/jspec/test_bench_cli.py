@@ -130,3 +130,30 @@ def test_sweep_then_plot(engine_flags, tmp_path, capsys):
     assert pngs == ["sweep_accept_length.png", "sweep_speedup.png", "sweep_throughput.png"]
     for p in (tmp_path / "plots").iterdir():
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+
+
+def test_bench_step_roofline(tmp_path):
+    """`jspec bench step` times the compiled decode step and reports it against the bytes floor."""
+    import json as _json
+
+    from jspec.cli import main as _main
+
+    out = tmp_path / "step.jsonl"
+    assert _main(["bench", "step", "--model-path", "random:tiny-qwen3", "--dtype", "float32",
+                  "--batch-sizes", "1,2", "--context-lens", "32", "--iters", "2",
+                  "--output-file", str(out)]) == 0
+    recs = [_json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["batch"], r["context"]) for r in recs] == [(1, 32), (2, 32)]
+    for r in recs:
+        assert r["kind"] == "step" and r["ms_per_step"] > 0 and r["floor_ms"] > 0
+        assert 0 < r["fraction_of_copy_bandwidth"] and r["bytes"]["kv"] > 0
+        assert r["bytes"]["total"] == r["bytes"]["weights"] + r["bytes"]["kv"] + r["bytes"]["gdn_state"]
+        assert r["copy"]["bytes_per_s"] > 0 and r["speculative_split_ms"] is None
+    assert recs[1]["bytes"]["kv"] == 2 * recs[0]["bytes"]["kv"]
+
+
+def test_bench_step_rejects_bad_flags(capsys):
+    from jspec.cli import main as _main
+
+    assert _main(["bench", "step", "--model-path", "random:tiny-qwen3", "--batch-sizes", "0"]) == 2
+    assert "--batch-sizes" in capsys.readouterr().err
