@@ -34,6 +34,8 @@ _ENGINE_KEYS = {
     "cuda_graph_bs", "disable_overlap_schedule", "random_seed", "context_length", "mem_fraction_static",
     "prefill_token_buckets", "max_top_logprobs_num", "skip_tokenizer_init", "show_progress",
     "compilation_cache_dir", "enable_mixed_chunk", "transfer_guard",
+    "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
+    "speculative_num_draft_tokens", "speculative_simulate_accept_length",
 }
 
 
@@ -81,6 +83,17 @@ class Engine:
         from jspec.config import load_config
 
         config = preloaded.config if preloaded is not None else load_config(model_path)
+        from jspec.spec.config import check_draft, parse_spec_config
+
+        self.spec = parse_spec_config(kwargs, target_family=config.family, target_is_hybrid=config.is_hybrid)
+        if self.spec is not None:
+            if not os.path.isdir(str(self.spec.draft_model_path)):
+                raise ConfigError(f"speculative_draft_model_path={self.spec.draft_model_path!r} is not a directory")
+            check_draft(self.spec, config, load_config(self.spec.draft_model_path))
+            if kwargs.get("enable_mixed_chunk"):
+                raise ConfigError("enable_mixed_chunk with speculative decoding is not implemented yet")
+            # The overlapped loop for speculation (spec v2) is not implemented yet: run synchronously.
+            disable_overlap_schedule = True
         context = int(kwargs.get("context_length") or config.max_position_embeddings)
         if context < 2:
             raise ConfigError(f"context_length must be >= 2, got {context}")
@@ -149,16 +162,21 @@ class Engine:
         self.random_seed = int(random_seed)
         self._seed_counter = itertools.count()
 
+        self.draft_model = None
+        if self.spec is not None:
+            self.draft_model = load_model(self.spec.draft_model_path, dtype=dtype)
         self.pages = PageAllocator(num_pages, page_size)
         self.slots = SlotAllocator(num_slots)
         self.scheduler = Scheduler(self.pages, self.slots, max_running_requests=max_running,
                                    chunked_prefill_size=chunk, max_extend_requests=min(max_running, 64),
                                    max_decode_requests=bs[-1],
-                                   enable_mixed_chunk=bool(kwargs.get("enable_mixed_chunk", False)))
+                                   enable_mixed_chunk=bool(kwargs.get("enable_mixed_chunk", False)),
+                                   spec_tokens=0 if self.spec is None else self.spec.num_draft_tokens)
         self.runner = ModelRunner(self.model, page_size=page_size, num_pages=num_pages, num_slots=num_slots,
                                   pages_per_seq=pages_per_seq, decode_batch_sizes=bs,
                                   extend_token_sizes=buckets, max_extend_requests=min(max_running, 64),
-                                  num_top_logprobs=self.max_top_logprobs, progress=show)
+                                  num_top_logprobs=self.max_top_logprobs, progress=show,
+                                  draft_model=self.draft_model, spec=self.spec)
         self.core = EngineCore(self.runner, self.scheduler, tokenizer=self.tokenizer,
                                eos_token_ids=self.eos_token_ids, overlap=self.overlap)
         self.server_args = dict(model_path=self.model.path, dtype=str(self.model.dtype), page_size=page_size,
@@ -249,6 +267,17 @@ class Engine:
             0 <= top_logprobs_num <= self.max_top_logprobs
         ):
             raise InvalidRequestError(f"top_logprobs_num: must be an int in [0, {self.max_top_logprobs}]")
+        if self.spec is not None:
+            # Speculative sampling (rejection sampling), penalties and logprobs come with issue 5's rest.
+            if not sp.is_greedy:
+                raise InvalidRequestError("sampling_params.temperature: speculative decoding supports greedy "
+                                          "sampling only so far (temperature 0 or top_k 1)")
+            for field, neutral in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0),
+                                   ("presence_penalty", 0.0)):
+                if getattr(sp, field) != neutral:
+                    raise InvalidRequestError(f"sampling_params.{field}: not supported with speculative decoding yet")
+            if return_logprob or top_logprobs_num:
+                raise InvalidRequestError("return_logprob: not supported with speculative decoding yet")
         seed = sp.seed if sp.seed is not None else (self.random_seed * 1_000_003 + next(self._seed_counter)) % 2**31
         return Request(rid=rid or uuid.uuid4().hex, input_ids=input_ids, sampling=sp, seed=seed,
                        return_logprob=return_logprob or top_logprobs_num > 0, top_logprobs_num=top_logprobs_num,
@@ -314,6 +343,9 @@ class Engine:
         }
         if req.first_token_time is not None:
             meta["ttft"] = req.first_token_time - req.arrival_time
+        if self.spec is not None:
+            meta["spec_verify_ct"] = req.spec_verify_ct
+            meta["spec_accept_length"] = len(req.output_ids) / max(req.spec_verify_ct, 1)
         if req.return_logprob:
             meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(req.output_logprobs, req.output_ids)]
             if req.top_logprobs_num:
@@ -357,9 +389,24 @@ class Engine:
             "num_steps": dict(self.core.num_steps),
             "num_generated_tokens": self.core.num_generated,
             "compile_seconds": self.runner.compile_seconds,
+            **self._spec_info(),
             "last_error": None if self._error is None else repr(self._error),
             "jax_version": jax.__version__,
             "device": str(jax.devices()[0].device_kind),
+        }
+
+    def _spec_info(self) -> dict:
+        if self.spec is None:
+            return {}
+        hist = dict(sorted(self.core.accept_histogram.items()))
+        steps = sum(hist.values())
+        return {
+            "speculative_algorithm": self.spec.algorithm,
+            "speculative_num_steps": self.spec.num_steps,
+            "speculative_eagle_topk": self.spec.topk,
+            "speculative_num_draft_tokens": self.spec.num_draft_tokens,
+            "avg_spec_accept_length": (sum(k * v for k, v in hist.items()) / steps) if steps else None,
+            "spec_accept_length_histogram": hist,
         }
 
     def wait_idle(self, timeout: float = 60.0) -> bool:

@@ -1,6 +1,6 @@
 """GDN kernels on the GPU: correctness against the reference, then timings against peers.
 
-    PYTHONPATH=. python3 bench/kernels/gdn.py [--quick]
+    PYTHONPATH=. python3 bench/kernels/gdn.py [--quick] [--only-prefill]
 
 flash-linear-attention is not on the GPU machine: carry the pure-Python `fla-core` wheel (0.6.0 was
 used; it needs einops, which is there) and install it first, e.g.
@@ -11,8 +11,9 @@ used; it needs einops, which is there) and install it first, e.g.
 Checks every Pallas GDN kernel against `pallas_kernels/gdn/reference.py` (float32 math on the
 bf16-rounded inputs) on ragged, NaN-poisoned inputs, then times:
 - chunked prefill vs flash-linear-attention's Triton `chunk_gated_delta_rule` on identical inputs
-  (Qwen3-Next heads: Hk=16, Hv=32, dk=dv=128; 1x8192 and 8x2048 tokens), with a sweep of the
-  state-pass launch parameters;
+  (Qwen3-Next heads: Hk=16, Hv=32, dk=dv=128; 1x8192 and 8x2048 tokens; 3 input sets in rotation
+  for both), the two Pallas kernels alone, and a sweep of the state-pass launch parameters;
+  `--only-prefill` runs just this (and the ragged check) and keeps the JSON's other sections;
 - recurrent decode (32 requests, 1 token) vs a vectorised XLA step and fla's fused_recurrent;
 - verify (N = 4 draft tokens) and its ratio to decode;
 - conv1d prefill / verify and commit vs their XLA references;
@@ -46,10 +47,10 @@ import numpy as np  # noqa: E402
 
 from pallas_kernels import gdn  # noqa: E402
 from pallas_kernels.gdn import reference as ref  # noqa: E402
-from pallas_kernels.gdn.chunk import DEFAULT_CONFIG, ChunkConfig, chunk_table  # noqa: E402
+from pallas_kernels.gdn.chunk import DEFAULT_CONFIG, chunk_table, first_chunk_slot  # noqa: E402
 from pallas_kernels.gdn.chunk_prepare import chunk_prepare  # noqa: E402
 from pallas_kernels.gdn.chunk_state import chunk_state  # noqa: E402
-from pallas_kernels.gdn.common import block_for, matmul_dtype  # noqa: E402
+from pallas_kernels.gdn.common import matmul_dtype  # noqa: E402
 
 HK, HV, DK, DV = 16, 32, 128, 128  # Qwen3-Next
 CONV_C, CONV_K = 2 * HK * DK + HV * DV, 4
@@ -245,95 +246,145 @@ def fla_chunk_fn(q, k, v, g, beta, h0, cu):
     return run
 
 
-@section("chunked prefill vs flash-linear-attention")
-def bench_chunk(res, shape, sweep):
+def rotating(fns):
+    """One callable that cycles through `fns` (one per input set), so no call finds its inputs in L2."""
+    it = [0]
+
+    def run():
+        it[0] += 1
+        return fns[it[0] % len(fns)]()
+    return run
+
+
+# Sweeps, per prefill shape: the state pass's (block_v, warps, stages) for each form of the chunk
+# terms (stacked or not), and the whole prefill with the form the default rule does not pick.
+STATE_SWEEP = {
+    (1, 8192): {True: [(32, 4, 2), (32, 4, 4), (64, 4, 3)], False: [(32, 4, 3), (64, 4, 3)]},
+    (8, 2048): {True: [(64, 4, 3)], False: [(32, 4, 3), (64, 4, 2)]},
+}
+ROTATE = 3  # input sets per timed shape
+
+
+def prefill_case(shape):
+    """Inputs of one timed prefill shape: ROTATE input sets, cu_seqlens, slots, initial pool."""
     batch, seqlen = shape
     num_tokens = batch * seqlen
-    name = f"chunk_{batch}x{seqlen}"
-    q, k, v, g, beta = gdn_inputs(jax.random.key(10 + batch), num_tokens, num_tokens)
+    sets = [gdn_inputs(jax.random.key(10 + batch + 100 * r), num_tokens, num_tokens) for r in range(ROTATE)]
     cu = cu_of([seqlen] * batch)
     slots = jnp.arange(batch, dtype=jnp.int32)
     has_init = jnp.ones((batch,), bool)
     pool0 = 0.1 * jax.random.normal(jax.random.key(11), (batch, HV, DK, DV), jnp.float32)
-    out = dict(tokens=num_tokens, batch=batch)
+    return sets, cu, slots, has_init, pool0
+
+
+def prepare_fn(stacked, warps=DEFAULT_CONFIG.prepare_warps):
+    return jax.jit(functools.partial(chunk_prepare, scale=DK ** -0.5, use_qk_l2norm=True,
+                                     mm_dtype=matmul_dtype(BF16), stacked=stacked, num_warps=warps))
+
+
+def state_fn(bv, warps, stages):
+    return jax.jit(functools.partial(chunk_state, block_v=bv, out_dtype=BF16, num_warps=warps,
+                                     num_stages=stages), donate_argnums=(3,))
+
+
+class KernelTimer:
+    """Times the two Pallas kernels alone on one prefill shape (terms precomputed per input set)."""
+
+    def __init__(self, shape, stacked):
+        self.sets, self.cu, self.slots, self.has_init, self.pool0 = prefill_case(shape)
+        num_tokens = shape[0] * shape[1]
+        self.start, self.length = jax.jit(chunk_table, static_argnums=1)(self.cu, num_tokens)
+        self.first = jax.jit(first_chunk_slot)(self.cu)
+        self.prep = prepare_fn(stacked)
+        self.terms = [self.prep(*xs, self.start, self.length) for xs in self.sets]
+
+    def prepare(self, **kw):
+        ms, _ = time_calls(lambda s, i: self.prep(*self.sets[i % ROTATE], self.start, self.length), None, **kw)
+        return ms
+
+    def state(self, fn, **kw):
+        def step(pool, i):
+            r = i % ROTATE
+            q, k = self.sets[r][:2]
+            return fn(q, k, self.terms[r], pool, self.cu, self.first, self.slots, self.has_init)[1]
+        ms, _ = time_calls(step, self.pool0 + 0, **kw)
+        return ms
+
+
+def time_prefill(cfg, sets, cu, slots, has_init, pool0, **kw):
+    fn = jax.jit(functools.partial(gdn.gated_delta_rule, config=cfg), donate_argnums=(5,))
+    ms, _ = time_calls(lambda pool, i: fn(*sets[i % ROTATE], pool, cu, slots, has_init)[1], pool0 + 0, **kw)
+    return ms
+
+
+@section("chunked prefill vs flash-linear-attention")
+def bench_chunk(res, shape):
+    batch, seqlen = shape
+    num_tokens = batch * seqlen
+    name = f"chunk_{batch}x{seqlen}"
+    sets, cu, slots, has_init, pool0 = prefill_case(shape)
+    q, k, v, g, beta = sets[0]
+    cfg = DEFAULT_CONFIG
+    stacked = cfg.use_stacked(batch, HV, DV)
+    out = dict(tokens=num_tokens, batch=batch, input_sets=ROTATE, stacked=stacked,
+               block_v=cfg.state_block_v(batch, HV, DV))
 
     # correctness at the timed shape: reference (float32 math), ours, fla
     o, p = jax.jit(gdn.gated_delta_rule)(q, k, v, g, beta, pool0, cu, slots, has_init)
     ro, rp = jax.jit(ref.gated_delta_rule)(*f32(q, k, v), g, beta.astype(jnp.float32), pool0, cu, slots, has_init)
     out["ours_o_rel_err"] = rel_err(o, ro)
     out["ours_state_rel_err"] = rel_err(p, rp)
+    other = dataclasses.replace(cfg, stacked=not stacked)
+    o, p = jax.jit(functools.partial(gdn.gated_delta_rule, config=other))(q, k, v, g, beta, pool0, cu, slots, has_init)
+    out["other_form_o_rel_err"] = rel_err(o, ro)
+    out["other_form_state_rel_err"] = rel_err(p, rp)
+    del o, p
     try:
         fo, fs = fla_chunk_fn(q, k, v, g, beta, pool0, cu)()
-        import torch
-
         out["fla_o_rel_err"] = rel_err(jnp.asarray(fo[0].float().cpu().numpy()), ro)
         out["fla_state_rel_err"] = rel_err(jnp.asarray(fs.float().cpu().numpy()), rp)
-        run_fla = fla_chunk_fn(q, k, v, g, beta, pool0, cu)
+        del fo, fs
+        run_fla = rotating([fla_chunk_fn(*xs, pool0, cu) for xs in sets])
         out["fla_ms"] = time_torch(run_fla)
         out["fla_do_bench_ms"] = do_bench(run_fla)
-        del torch
     except Exception as e:  # noqa: BLE001
         ERRORS.append(f"{name} fla: {type(e).__name__}: {str(e)[:800]}")
         log(f"!! fla failed: {e!r}"[:600])
+    del ro, rp
 
-    def time_config(cfg):
-        fn = jax.jit(functools.partial(gdn.gated_delta_rule, config=cfg), donate_argnums=(5,))
-        ms, _ = time_calls(lambda pool, i: fn(q, k, v, g, beta, pool, cu, slots, has_init)[1], pool0 + 0)
-        return ms
-
-    out["ours_ms"] = time_config(DEFAULT_CONFIG)
-
-    # where the time goes: the two kernels alone
-    start, length = jax.jit(chunk_table, static_argnums=1)(cu, num_tokens)
-    prep = jax.jit(functools.partial(chunk_prepare, scale=DK ** -0.5, use_qk_l2norm=True, mm_dtype=matmul_dtype(BF16)))
-    terms = prep(q, k, v, g, beta, start, length)
-    out["prepare_ms"], _ = time_calls(lambda s, i: prep(q, k, v, g, beta, start, length), None)
-
-    def state_fn(cfg):
-        return jax.jit(functools.partial(chunk_state, block_v=block_for(DV, cfg.block_v), num_warps=cfg.state_warps,
-                                         num_stages=cfg.state_stages), donate_argnums=(8,))
-
-    sfn = state_fn(DEFAULT_CONFIG)
-    out["state_ms"], _ = time_calls(lambda pool, i: sfn(q, k, *terms, pool, cu, slots, has_init)[1], pool0 + 0)
+    out["ours_ms"] = time_prefill(cfg, sets, cu, slots, has_init, pool0)
     if "fla_ms" in out:
         out["ours_over_fla"] = out["ours_ms"] / out["fla_ms"]
+    # the form the rule does not pick, as a whole prefill (its own default block_v)
+    out["other_form_ms"] = time_prefill(other, sets, cu, slots, has_init, pool0)
     log(f"{name}: {out}")
 
-    if sweep:
-        table = {}
-        for bv in (32, 64):
-            for warps, stages in ((4, 2), (4, 3), (4, 4), (8, 3)):
-                cfg = ChunkConfig(block_v=bv, state_warps=warps, state_stages=stages)
-                try:
-                    f = state_fn(cfg)
-                    ms, _ = time_calls(lambda pool, i: f(q, k, *terms, pool, cu, slots, has_init)[1], pool0 + 0,
-                                       calls=10, rounds=5)
-                    table[f"bv{bv}_w{warps}_s{stages}"] = ms
-                except Exception as e:  # noqa: BLE001
-                    table[f"bv{bv}_w{warps}_s{stages}"] = f"error: {type(e).__name__}: {str(e)[:200]}"
-        # the prepare kernel without its triangular inverse: what the inverse costs
-        import pallas_kernels.gdn.chunk_prepare as prep_mod
-
-        keep = prep_mod.unit_lower_inverse
-        prep_mod.unit_lower_inverse = lambda a: jnp.eye(a.shape[0], dtype=a.dtype) - a
-        try:
-            pf = jax.jit(functools.partial(chunk_prepare, scale=DK ** -0.5, use_qk_l2norm=True,
-                                           mm_dtype=matmul_dtype(BF16)))
-            table["prepare_without_inverse"], _ = time_calls(lambda s, i: pf(q, k, v, g, beta, start, length), None,
-                                                             calls=10, rounds=5)
-        finally:
-            prep_mod.unit_lower_inverse = keep
-        for warps in (2, 4):
-            try:
-                pf = jax.jit(functools.partial(chunk_prepare, scale=DK ** -0.5, use_qk_l2norm=True,
-                                               mm_dtype=matmul_dtype(BF16), num_warps=warps))
-                table[f"prepare_w{warps}"], _ = time_calls(lambda s, i: pf(q, k, v, g, beta, start, length), None,
-                                                           calls=10, rounds=5)
-            except Exception as e:  # noqa: BLE001
-                table[f"prepare_w{warps}"] = f"error: {type(e).__name__}: {str(e)[:200]}"
-        out["state_sweep_ms"] = table
-        log(f"{name} sweep: {table}")
+    # where the time goes: the two kernels alone
+    timer = KernelTimer(shape, stacked)
+    out["prepare_ms"] = timer.prepare()
+    out["state_ms"] = timer.state(state_fn(cfg.state_block_v(batch, HV, DV), cfg.state_warps, cfg.state_stages))
+    log(f"{name}: prepare {out['prepare_ms']:.4f} ms, state {out['state_ms']:.4f} ms")
     res[name] = out
+
+
+@section("state-pass launch sweep")
+def sweep_chunk(res, shape):
+    name = f"chunk_{shape[0]}x{shape[1]}"
+    table = {}
+    for stacked, configs in STATE_SWEEP.get(shape, {}).items():
+        timer = KernelTimer(shape, stacked)
+        form = "stacked" if stacked else "per_chunk"
+        table[f"{form}_prepare"] = timer.prepare(calls=10, rounds=5)
+        for bv, warps, stages in configs:
+            key = f"{form}_state_bv{bv}_w{warps}_s{stages}"
+            try:
+                table[key] = timer.state(state_fn(bv, warps, stages), calls=10, rounds=5)
+            except Exception as e:  # noqa: BLE001
+                table[key] = f"error: {type(e).__name__}: {str(e)[:200]}"
+            log(f"{name} {key}: {table[key]}")
+        del timer
+    res.setdefault(name, {})["sweep_ms"] = table
+    log(f"{name} sweep: {table}")
 
 
 # ------------------------------------------------------------------------------------------ decode
@@ -506,14 +557,33 @@ def git_commit():
         return "uncommitted"
 
 
-def save(res, argv, dev_name):
-    """Write the JSON record (after every section, so a run cut short still reports)."""
-    record = dict(
-        device=dev_name, jax_version=jax.__version__, commit=git_commit(),
-        command="PYTHONPATH=. python3 bench/kernels/gdn.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        default_chunk_config=dataclasses.asdict(DEFAULT_CONFIG), results=res, errors=ERRORS)
+PREFILL_KEYS = ("chunk_ragged", "chunk_1x8192", "chunk_8x2048")
+
+
+def save(res, argv, dev_name, only_prefill=False):
+    """Write the JSON record (after every section, so a run cut short still reports).
+
+    With --only-prefill the record already in bench/results keeps its other sections: only the
+    prefill results are replaced, and `prefill_run` says where and how they were measured.
+    """
+    command = "PYTHONPATH=. python3 bench/kernels/gdn.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    run = dict(device=dev_name, jax_version=jax.__version__, commit=git_commit(), command=command,
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               default_chunk_config=dataclasses.asdict(DEFAULT_CONFIG))
     slug = dev_name.lower().replace("nvidia", "").strip().replace(" ", "_")
+    path = os.path.join("bench/results", f"kernels_gdn_{slug}.json")
+    if only_prefill:
+        try:
+            with open(path) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            record = dict(results={}, errors=[])
+        record["prefill_run"] = run
+        record["results"].update({k: v for k, v in res.items() if k in PREFILL_KEYS})
+        record["prefill_errors"] = ERRORS
+    else:
+        record = dict(run, results=res, errors=ERRORS)
+        record["prefill_run"] = run
     text = json.dumps(record, indent=1, default=float)
     for folder in ("bench/results", os.environ.get("OUT")):
         if folder:
@@ -529,23 +599,34 @@ def save(res, argv, dev_name):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the launch-parameter sweeps")
+    parser.add_argument("--only-prefill", action="store_true",
+                        help="chunked prefill only (check, 1x8192, 8x2048 vs fla); other results kept")
     args = parser.parse_args(argv)
     dev_name = jax.devices()[0].device_kind
     log(f"device {dev_name}, jax {jax.__version__}, backend {jax.default_backend()}")
     res: dict = {}
-    steps = [
+    shapes = ((1, 8192), (8, 2048))
+    # Both shapes' headline numbers before any sweep, so a run cut short still has them.
+    prefill = ([lambda: check_chunk(res)] + [functools.partial(bench_chunk, res, s) for s in shapes]
+               + ([] if args.quick else [functools.partial(sweep_chunk, res, s) for s in shapes]))
+    steps = prefill if args.only_prefill else [
         lambda: bench_copy(res),
-        lambda: check_chunk(res),
         lambda: check_small_ops(res),
-        lambda: bench_chunk(res, (1, 8192), sweep=not args.quick),
         lambda: bench_decode(res, sweep=not args.quick),
         lambda: bench_conv(res, sweep=not args.quick),
-        lambda: bench_chunk(res, (8, 2048), sweep=not args.quick),
-    ]
+    ] + prefill
     for step in steps:
         step()
-        text = save(res, argv, dev_name)
-    log(text[:8000])
+        text = save(res, argv, dev_name, args.only_prefill)
+    for name in PREFILL_KEYS[1:]:
+        r = res.get(name, {})
+        log(f"{name}: ours {r.get('ours_ms', float('nan')):.4f} ms, fla {r.get('fla_ms', float('nan')):.4f} ms "
+            f"(do_bench {r.get('fla_do_bench_ms', float('nan')):.4f}), ours/fla {r.get('ours_over_fla', float('nan')):.4f}, "
+            f"prepare {r.get('prepare_ms', float('nan')):.4f}, state {r.get('state_ms', float('nan')):.4f}, "
+            f"other form {r.get('other_form_ms', float('nan')):.4f}, "
+            f"err o {r.get('ours_o_rel_err', float('nan')):.2e} state {r.get('ours_state_rel_err', float('nan')):.2e}")
+    if not args.only_prefill:
+        log(text[:8000])
 
 
 if __name__ == "__main__":

@@ -102,13 +102,13 @@ def time_step(runner: ModelRunner, bucket, packed, iters: int = 20, reps: int = 
     """Median seconds per step over `reps` runs of `iters` back-to-back steps (after warm-up)."""
     fn = runner.compiled[bucket]
     for _ in range(3):
-        runner.state, out = fn(runner.model.params, runner.state, packed)
+        runner.state, out = fn(runner.params, runner.state, packed)
     out.block_until_ready()
     times = []
     for _ in range(reps):
         t = time.perf_counter()
         for _ in range(iters):
-            runner.state, out = fn(runner.model.params, runner.state, packed)
+            runner.state, out = fn(runner.params, runner.state, packed)
         out.block_until_ready()
         times.append((time.perf_counter() - t) / iters)
     return float(np.median(times))

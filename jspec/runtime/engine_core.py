@@ -29,8 +29,9 @@ class EngineCore:
         self.inbox: deque[Request] = deque()
         self.requests: dict[str, Request] = {}
         self.lock = threading.RLock()
-        self.num_steps = {"extend": 0, "decode": 0}
+        self.num_steps = {"extend": 0, "decode": 0, "spec": 0}
         self.num_generated = 0
+        self.accept_histogram: dict[int, int] = {}  # tokens produced per verify -> how often
 
     # ------------------------------------------------------------------ called from any thread
     def submit(self, req: Request) -> None:
@@ -91,6 +92,8 @@ class EngineCore:
 
     # ------------------------------------------------------------------ results
     def _process(self, handle: StepHandle) -> None:
+        if handle.bucket.mode == "spec":
+            return self._process_spec(handle)
         out = self.runner.fetch(handle)
         tokens, logprobs, top_ids, top_lps = unpack_outputs(out, self.runner.num_top)
         now = time.perf_counter()
@@ -112,6 +115,35 @@ class EngineCore:
             if reason is not None:
                 self._finish(req, reason)
             elif req.stream_queue is not None:
+                req.stream_queue.put(False)
+
+    def _process_spec(self, handle: StepHandle) -> None:
+        """A verify step's row: [count, tokens...]. Tokens are taken one by one so a stop condition
+        (or max_new_tokens) inside the accepted run truncates it; the synchronous loop then moves
+        the request's KV length by what was accepted (the bonus token becomes the next input)."""
+        out = self.runner.fetch(handle)
+        now = time.perf_counter()
+        for i, s in enumerate(handle.plan.reqs):
+            req = s.req
+            if req.finished:
+                continue
+            count = int(out[i, 0])
+            req.spec_verify_ct += 1
+            self.accept_histogram[count] = self.accept_histogram.get(count, 0) + 1
+            reason = None
+            for tok in out[i, 1:1 + count]:
+                req.output_ids.append(int(tok))
+                req.token_times.append(now)
+                self.num_generated += 1
+                reason = self._stop_reason(req, int(tok))
+                if reason is not None:
+                    break
+            if reason is not None:
+                self._finish(req, reason)
+                continue
+            req.kv_len = s.start + count
+            req.scheduled_outputs = len(req.output_ids)
+            if req.stream_queue is not None:
                 req.stream_queue.put(False)
 
     def _stop_reason(self, req: Request, tok: int) -> dict | None:

@@ -31,13 +31,18 @@ class StepHandle:
 class ModelRunner:
     def __init__(self, model, *, page_size: int, num_pages: int, num_slots: int, pages_per_seq: int,
                  decode_batch_sizes: list[int], extend_token_sizes: list[int], max_extend_requests: int,
-                 num_top_logprobs: int = 20, progress: bool = True):
+                 num_top_logprobs: int = 20, progress: bool = True, draft_model=None, spec=None):
         self.model = model
+        self.draft_model = draft_model
+        self.spec = spec
         self.page_size = page_size
         self.num_top = num_top_logprobs
         self.buckets: list[Bucket] = []
         for b in sorted(set(decode_batch_sizes)):
-            self.buckets.append(Bucket("decode", b, b, b))
+            if spec is None:
+                self.buckets.append(Bucket("decode", b, b, b))
+            else:  # a speculative step writes num_draft_tokens positions per request
+                self.buckets.append(Bucket("spec", b, b, b * (-(-spec.num_draft_tokens // page_size) + 1)))
         for t in sorted(set(extend_token_sizes)):
             b = min(t, max_extend_requests)
             self.buckets.append(Bucket("extend", t, b, t // page_size + b + 1))
@@ -49,7 +54,11 @@ class ModelRunner:
             last_token=jnp.zeros((num_slots,), jnp.int32),
             output_counts=jnp.zeros((num_slots, cfg.vocab_size), jnp.int32),
             prompt_mask=jnp.zeros((num_slots, cfg.vocab_size), bool),
+            draft_caches=None if draft_model is None else empty_caches(
+                draft_model.config, num_pages=num_pages, page_size=page_size, num_state_slots=num_slots,
+                dtype=draft_model.dtype),
         )
+        self.params = model.params if draft_model is None else (model.params, draft_model.params)
         self.compiled: dict[Bucket, object] = {}
         self.compile_seconds = 0.0
         self._compile_all(progress)
@@ -57,14 +66,24 @@ class ModelRunner:
     def _compile_all(self, progress: bool) -> None:
         t0 = time.perf_counter()
         for bucket in tqdm(self.buckets, desc="capture (compile buckets)", disable=not progress, unit="bucket"):
-            fn = make_step(self.model.graphdef, bucket, page_size=self.page_size, num_top_logprobs=self.num_top)
+            draft_gd = None if self.draft_model is None else self.draft_model.graphdef
+            if bucket.mode == "spec":
+                from jspec.spec.chain_step import make_chain_spec_step
+
+                fn = make_chain_spec_step(self.model.graphdef, draft_gd, bucket, page_size=self.page_size,
+                                          num_steps=self.spec.num_steps)
+            else:
+                fn = make_step(self.model.graphdef, bucket, page_size=self.page_size,
+                               num_top_logprobs=self.num_top, draft_graphdef=draft_gd)
             packed = jax.ShapeDtypeStruct((bucket.size,), jnp.int32)
             self.compiled[bucket] = jax.jit(fn, donate_argnums=(1,)).lower(
-                self.model.params, self.state, packed).compile()
+                self.params, self.state, packed).compile()
         self.compile_seconds = time.perf_counter() - t0
 
     def bucket_for(self, plan: StepPlan) -> Bucket:
         n_tok, n_req = plan.num_tokens, len(plan.reqs)
+        if plan.mode == "decode" and self.spec is not None:
+            plan.mode = "spec"
         for b in self.buckets:
             if b.mode == plan.mode and b.num_tokens >= n_tok and b.batch_size >= n_req:
                 return b
@@ -74,7 +93,7 @@ class ModelRunner:
         """Pack, transfer once, launch; returns at once (outputs copy to the host asynchronously)."""
         bucket = self.bucket_for(plan)
         packed = jax.device_put(pack(plan, bucket))
-        self.state, out = self.compiled[bucket](self.model.params, self.state, packed)
+        self.state, out = self.compiled[bucket](self.params, self.state, packed)
         out.copy_to_host_async()
         return StepHandle(plan, bucket, out, time.perf_counter())
 

@@ -42,6 +42,7 @@ class Request:
     scheduled_outputs: int = 0  # output tokens that dispatched steps will produce
     admit_order: int = 0
     num_retractions: int = 0
+    spec_verify_ct: int = 0  # speculative verify steps this request took part in
 
     # Timing and streaming.
     arrival_time: float = dataclasses.field(default_factory=time.perf_counter)

@@ -61,13 +61,17 @@ class NeedSync(Exception):
 class Scheduler:
     def __init__(self, pages: PageAllocator, slots: SlotAllocator, *, max_running_requests: int,
                  chunked_prefill_size: int, max_extend_requests: int, max_decode_requests: int,
-                 enable_mixed_chunk: bool = False):
+                 enable_mixed_chunk: bool = False, spec_tokens: int = 0):
         self.pages, self.slots = pages, slots
         self.max_running = max_running_requests
         self.chunk_budget = chunked_prefill_size
         self.max_extend_requests = max_extend_requests
         self.max_decode_requests = max_decode_requests
         self.mixed = enable_mixed_chunk
+        # Speculative decode: each decode step writes KV for `spec_tokens` positions per request and
+        # produces a number of tokens known only from its results (the synchronous loop applies it).
+        self.spec_tokens = spec_tokens
+        self.ahead = spec_tokens or 1
         self.num_mixed_decode_rows = 0
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -128,7 +132,7 @@ class Scheduler:
     def _plan_extend(self, decodable: list[Request]) -> StepPlan | None:
         budget, updates, chosen = self.chunk_budget, [], []
         # Pages the decoding requests will need next step: keep them free when admitting.
-        reserve = sum(1 for r in decodable if self.pages.pages_for(r.kv_len + 1) > len(r.pages))
+        reserve = sum(max(0, self.pages.pages_for(r.kv_len + self.ahead) - len(r.pages)) for r in decodable)
         for req in self.running:  # continue prompts already started
             if req.in_prefill and budget > 0 and len(chosen) < self.max_extend_requests:
                 s = self._chunk(req, budget, updates, reset=False)
@@ -170,24 +174,26 @@ class Scheduler:
 
     def _plan_decode(self, decodable: list[Request], inflight: bool) -> StepPlan | None:
         decodable = sorted(decodable, key=lambda r: r.admit_order)[: self.max_decode_requests]
-        need = sum(max(0, self.pages.pages_for(r.kv_len + 1) - len(r.pages)) for r in decodable)
+        ahead = self.ahead
+        need = sum(max(0, self.pages.pages_for(r.kv_len + ahead) - len(r.pages)) for r in decodable)
         while need > self.pages.num_free:
             if inflight:
                 raise NeedSync()
             victim = max(self.running, key=lambda r: r.admit_order)
             if victim in decodable:
                 decodable.remove(victim)
-                need -= max(0, self.pages.pages_for(victim.kv_len + 1) - len(victim.pages))
+                need -= max(0, self.pages.pages_for(victim.kv_len + ahead) - len(victim.pages))
             self.retract(victim)
             if not decodable:
                 return None
         updates, chosen = [], []
         for req in decodable:
-            ok = self._grow(req, req.kv_len + 1, updates)
+            ok = self._grow(req, req.kv_len + ahead, updates)
             assert ok
             chosen.append(ScheduledReq(req, req.kv_len, None, True, False, req.scheduled_outputs))
-            req.kv_len += 1
-            req.scheduled_outputs += 1
+            if not self.spec_tokens:
+                req.kv_len += 1
+                req.scheduled_outputs += 1
         return StepPlan("decode", chosen, updates)
 
     # ----------------------------------------------------------------------------- resources

@@ -31,6 +31,7 @@ class DeviceState:
     last_token: jax.Array  # [num_slots] int32
     output_counts: jax.Array  # [num_slots, V] int32: output tokens so far (frequency/presence penalty)
     prompt_mask: jax.Array  # [num_slots, V] bool: tokens of the prompt (repetition penalty)
+    draft_caches: Caches | None = None  # a drafter's own KV (same page table), when speculating
 
 
 def _apply_page_updates(req_to_page, updates):
@@ -39,10 +40,16 @@ def _apply_page_updates(req_to_page, updates):
     return req_to_page.at[slot, idx].set(page, mode="drop")
 
 
-def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int):
-    """The step function for one bucket: (params, DeviceState, packed int32) -> (DeviceState, out)."""
+def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int, draft_graphdef=None):
+    """The step function for one bucket: (params, DeviceState, packed int32) -> (DeviceState, out).
+
+    With a drafter (`draft_graphdef`), params is (target params, draft params) and the draft model
+    runs over the same tokens, pages and positions, so its KV cache tracks the target's."""
 
     def step(params, state: DeviceState, packed):
+        draft_params = None
+        if draft_graphdef is not None:
+            params, draft_params = params
         x = bucket.unpack(packed)
         t_cap = bucket.num_tokens
         req_to_page = _apply_page_updates(state.req_to_page, x["page_updates"])
@@ -73,6 +80,10 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
         last_idx = jnp.maximum(cu[1:] - 1, 0)
         module = nnx.merge(graphdef, params)
         out, caches = module(batch, state.caches, logits_indices=last_idx)
+        draft_caches = state.draft_caches
+        if draft_graphdef is not None:
+            draft = nnx.merge(draft_graphdef, draft_params)
+            _, draft_caches = draft(batch, draft_caches, logits_indices=last_idx, compute_logits=False)
 
         # Penalty state: reset on (re)admission, then count this step's prompt / re-fed tokens.
         # Only extend steps admit requests or feed prompts, so decode steps skip these [B, V] scatters.
@@ -110,7 +121,7 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
             axis=1,
         )
         new_state = DeviceState(caches=caches, req_to_page=req_to_page, last_token=last_token,
-                                output_counts=counts, prompt_mask=prompt_mask)
+                                output_counts=counts, prompt_mask=prompt_mask, draft_caches=draft_caches)
         return new_state, packed_out
 
     return step

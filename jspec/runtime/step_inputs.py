@@ -24,7 +24,7 @@ FLOAT_FIELDS_B = ("temperature", "top_p", "min_p", "repetition_penalty", "freque
 
 @dataclasses.dataclass(frozen=True)
 class Bucket:
-    mode: str  # "extend" | "decode"
+    mode: str  # "extend" | "decode" | "spec" (packed like decode: one row per request)
     num_tokens: int  # T
     batch_size: int  # B
     num_page_updates: int  # U
@@ -95,7 +95,7 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
         fl["frequency_penalty"][i] = sp.frequency_penalty
         fl["presence_penalty"][i] = sp.presence_penalty
     n_req = len(plan.reqs)
-    if bucket.mode == "decode":
+    if bucket.mode in ("decode", "spec"):
         # Decode kernels assume one token per row: padding rows own one dummy token each.
         for i in range(n_req, b_cap):
             cu[i + 1] = cu[i] + 1

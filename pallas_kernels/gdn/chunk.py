@@ -3,11 +3,23 @@
 Two Pallas kernels: `chunk_prepare` (every chunk in parallel: the WY terms) and `chunk_state` (one
 program per request, value head and dv block: the state pass and the output). Chunks start at each
 request's first token, so a request's last chunk may be partial; the chunk table that maps chunk
-slots to (first token, length) is a few tiny XLA ops on `[T // 64 + B]` integers.
+slots to (first token, length) is a few tiny XLA ops on `[T // 64 + B]` integers. The terms are
+stored per chunk slot in whole 64-row tiles, so the state pass reads them without masks.
 
-Measured (H200, jax 0.11.2, bench/results/kernels_gdn_h200.json), Qwen3-Next heads, initial state from the pool, final
-state written back: 1x8192 tokens 0.547 ms (flash-linear-attention's chunk_gated_delta_rule 0.544 ms
-on the same inputs), 8x2048 tokens 0.909 ms (fla 1.076 ms).
+Two forms of the terms (ChunkConfig.stacked; the default picks by the static batch size):
+- per-chunk WY (w, u, Aqk): 4 dots per chunk in the state pass, fewest bytes; for many requests,
+  where the state pass fills the GPU and moves a lot of data;
+- stacked ([w; Aqk w - qs q], [u; Aqk u]): Aqk folded into the terms by the parallel kernel (two
+  more dots there, 1.6x the bytes), 2 dots per chunk in the state pass; for few requests, where
+  the state pass is one sequential chain per (head, dv block) and its length is the time.
+
+Measured (H200, jax 0.11.2, bench/results/kernels_gdn_h200.json, `--only-prefill`, 3 input sets in
+rotation, medians), Qwen3-Next heads, initial state from the pool, final state written back;
+flash-linear-attention's chunk_gated_delta_rule on the same inputs in the same run:
+    1x8192 tokens: 0.520 ms (stacked, dv blocks of 32), fla 0.547 ms; per-chunk form 0.533 ms
+    8x2048 tokens: 0.922 ms (per-chunk, dv blocks of 64), fla 1.079 ms; stacked form 0.995 ms
+Before the slot layout and the stacked form (token-major terms with masked loads, one form):
+1x8192 0.547 ms (fla 0.544), 8x2048 0.909 ms (fla 1.076), another run.
 """
 
 from __future__ import annotations
@@ -21,15 +33,44 @@ from pallas_kernels.gdn.chunk_state import chunk_state
 from pallas_kernels.gdn.common import CHUNK, block_for, matmul_dtype
 
 
+# Multiprocessors of an H100 / H200: below this many state-pass programs the GPU is not full.
+NUM_SMS = 132
+
+
 @dataclasses.dataclass(frozen=True)
 class ChunkConfig:
-    """Launch parameters; the defaults are the ones measured best in bench/kernels/gdn.py."""
+    """Launch parameters; the defaults are the ones measured best in bench/kernels/gdn.py.
 
-    block_v: int = 64
+    `stacked` (None: from the static batch size) picks the form of the chunk terms, `block_v` (0:
+    likewise) the state pass's dv block. Few requests (B * Hv * dv / 64 state programs would leave
+    multiprocessors idle, e.g. one long prompt): the state pass is a latency chain, so the stacked
+    form (2 dots per chunk) and dv blocks of 32. Many: the per-chunk WY form, which moves fewer
+    bytes and costs the parallel kernel two dots less, and dv blocks of 64.
+
+    Measured (H200, state pass alone, ms): 1x8192 stacked dv block 32 / 64: 0.185 / 0.237, per-chunk
+    0.246 / 0.266; 8x2048 per-chunk 64 / 32: 0.327 / 0.580. Pipeline stages 3 (1x8192 stacked, block
+    32: 2 stages 0.301, 4 stages 0.193); 8 warps were slower everywhere (e.g. 0.243 vs 0.184). The
+    switch point (programs < multiprocessors) sits between the two measured shapes; batches 2 to 7
+    were not timed.
+    """
+
+    block_v: int = 0
+    stacked: bool | None = None
     state_warps: int = 4
     state_stages: int = 3
     prepare_warps: int = 4
     prepare_stages: int = 1
+
+    @staticmethod
+    def few_requests(batch: int, num_v_heads: int, dv: int) -> bool:
+        return batch * num_v_heads * max(dv // 64, 1) < NUM_SMS
+
+    def use_stacked(self, batch: int, num_v_heads: int, dv: int) -> bool:
+        return self.few_requests(batch, num_v_heads, dv) if self.stacked is None else self.stacked
+
+    def state_block_v(self, batch: int, num_v_heads: int, dv: int) -> int:
+        want = self.block_v or (32 if self.few_requests(batch, num_v_heads, dv) else 64)
+        return block_for(dv, want)
 
 
 DEFAULT_CONFIG = ChunkConfig()
@@ -56,6 +97,13 @@ def chunk_table(cu_seqlens, num_tokens: int):
     return start.astype(jnp.int32), length.astype(jnp.int32)
 
 
+def first_chunk_slot(cu_seqlens):
+    """Index of each request's first chunk slot `[B]` (its chunks follow in consecutive slots)."""
+    lens = cu_seqlens[1:] - cu_seqlens[:-1]
+    counts = (lens + CHUNK - 1) // CHUNK
+    return (jnp.cumsum(counts) - counts).astype(jnp.int32)
+
+
 def gated_delta_rule(q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initial, *, scale=None,
                      use_qk_l2norm=True, interpret=False, config: ChunkConfig | None = None):
     """Pallas version of `reference.gated_delta_rule` (same arguments and results)."""
@@ -66,13 +114,14 @@ def gated_delta_rule(q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initia
         scale = dk ** -0.5
     cu_seqlens = cu_seqlens.astype(jnp.int32)
     start, length = chunk_table(cu_seqlens, num_tokens)
-    w, u, aqk, qs, ks, gc = chunk_prepare(
-        q, k, v, g, beta, start, length, scale=float(scale), use_qk_l2norm=use_qk_l2norm,
-        mm_dtype=matmul_dtype(q.dtype), num_warps=cfg.prepare_warps, num_stages=cfg.prepare_stages,
-        interpret=interpret)
-    q = q.astype(w.dtype)
-    k = k.astype(w.dtype)
+    batch = slots.shape[0]
+    num_v_heads = v.shape[1]
+    mm = matmul_dtype(q.dtype)
+    terms = chunk_prepare(
+        q, k, v, g, beta, start, length, scale=float(scale), use_qk_l2norm=use_qk_l2norm, mm_dtype=mm,
+        stacked=cfg.use_stacked(batch, num_v_heads, dv), num_warps=cfg.prepare_warps,
+        num_stages=cfg.prepare_stages, interpret=interpret)
     return chunk_state(
-        q, k, w, u, aqk, qs, ks, gc, state_pool, cu_seqlens, slots.astype(jnp.int32), has_initial,
-        block_v=block_for(dv, cfg.block_v), num_warps=cfg.state_warps, num_stages=cfg.state_stages,
-        interpret=interpret)
+        q.astype(mm), k.astype(mm), terms, state_pool, cu_seqlens, first_chunk_slot(cu_seqlens),
+        slots.astype(jnp.int32), has_initial, block_v=cfg.state_block_v(batch, num_v_heads, dv),
+        out_dtype=q.dtype, num_warps=cfg.state_warps, num_stages=cfg.state_stages, interpret=interpret)

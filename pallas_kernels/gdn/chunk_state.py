@@ -1,22 +1,30 @@
 """Chunked prefill, part 2: carry the state across a sequence's chunks and emit the output.
 
 One program per (request, value head, dv block) walks its request's chunks in order with the state
-block `S [dk, BV]` (float32) in registers; per chunk, with the terms of `chunk_prepare.py`:
+block `S [dk, BV]` (float32) in registers; per chunk, with the terms of `chunk_prepare.py`, either
+(per-chunk WY form)
     delta = u - w @ S
     o     = qs * (q @ S) + Aqk @ delta
-    S     = exp(gc_last) S + k^T @ (ks * delta)
-Only `w @ S -> delta -> k^T @ delta` is on the loop-carried path; `q @ S` and `Aqk @ delta` hang off it.
-Output and state update live in one kernel so the per-chunk states never go to memory (flash-linear-
-attention writes them, 32 KiB per chunk and head, and reads them back in a separate output kernel).
+or (stacked form: one 128-row dot gives both)
+    [delta; o] = [u; ou] - [w; qw] @ S
+and then
+    S     = exp(gc_last) S + k^T @ (ks * delta).
+Only `w @ S -> delta -> k^T @ delta` is on the loop-carried path, but Triton waits for every dot
+before the next, so the per-chunk form's `q @ S` and `Aqk @ delta` lengthen the chain as well: at
+1x8192 tokens (64 or 128 programs, one per multiprocessor) the chain's length is the kernel's time,
+which is why the stacked form exists. Output and state update live in one kernel so the per-chunk
+states never go to memory (flash-linear-attention writes them, 32 KiB per chunk and head, and reads
+them back in a separate output kernel).
 
 The dots take 16-bit operands (the state is rounded to the input dtype for them, as in
 flash-linear-attention) with float32 accumulation; the carried state stays float32.
 
 An extra row of programs (request index B) writes zeros to the padding tokens past cu_seqlens[B].
 
-Measured (H200, jax 0.11.2, bench/results/kernels_gdn_h200.json): 0.24 ms at 1x8192 tokens, 0.32 ms at 8x2048 with
-BV = 64, 4 warps, 3 pipeline stages (the best of the sweep in the JSON; 4 stages exceed shared memory,
-8 warps and BV = 32 are slower at 8x2048).
+Measured (H200, jax 0.11.2, bench/results/kernels_gdn_h200.json, this kernel alone, 4 warps, 3
+pipeline stages): 1x8192 tokens 0.185 ms (stacked, BV = 32; 1.4 us per chunk), 8x2048 0.327 ms
+(per-chunk, BV = 64). The previous per-chunk-only version took 0.244 ms at 1x8192 (BV = 64, 1.9 us
+per chunk). The sweeps behind BV, warps and stages are in `chunk.ChunkConfig`'s docstring.
 
 Lowering: Triton. A sequential loop of small dots over ragged, slot-indirected data with masked tails
 is what Triton's pointer model expresses directly, and the same kernel runs in CPU interpret mode. No
@@ -36,17 +44,18 @@ from pallas_kernels.gdn.common import ANY, CHUNK, cdiv, dot, row_mask, splat, tr
 
 
 def _state_kernel(
-    cu_ref, slots_ref, init_ref, q_ref, k_ref, w_ref, u_ref, aqk_ref, qs_ref, ks_ref, gc_ref, pool_ref,
-    o_ref, pool_out_ref,
-    *, block_v, group,
+    cu_ref, slot0_ref, slots_ref, init_ref, q_ref, k_ref, *refs, block_v, group, stacked,
 ):
+    # refs: the chunk terms (stacked: wq, uo, ks, gl; else w, u, aqk, qs, ks, gl), then the pool,
+    # then the outputs o and the pool (aliased).
+    *terms, pool_ref, o_ref, pool_out_ref = refs
     b = pl.program_id(0)
     h = pl.program_id(1)
     jv = pl.program_id(2)
     batch = pl.num_programs(0) - 1
     hk = h // group
-    num_tokens = q_ref.shape[0]
-    dk = q_ref.shape[-1]
+    num_tokens = o_ref.shape[0]
+    dk = k_ref.shape[-1]
     cols = pl.ds(jv * block_v, block_v)
     idx = jnp.arange(CHUNK)
 
@@ -54,6 +63,7 @@ def _state_kernel(
     def _():
         r0 = cu_ref[b]
         n = cu_ref[b + 1] - r0
+        first = slot0_ref[b]
 
         @pl.when(n > 0)
         def _():
@@ -65,21 +75,23 @@ def _state_kernel(
             def chunk(c, s):
                 rows = pl.ds(r0 + c * CHUNK, CHUNK)
                 live = c * CHUNK + idx < n
-                mk = row_mask(live, dk)
-                mv = row_mask(live, block_v)
-                w = plt.load(w_ref.at[h, rows, :], mask=mk, other=0.0)
-                q = plt.load(q_ref.at[rows, hk, :], mask=mk, other=0.0)
-                k = plt.load(k_ref.at[rows, hk, :], mask=mk, other=0.0)
-                u = plt.load(u_ref.at[h, rows, cols], mask=mv, other=0.0)
-                a = plt.load(aqk_ref.at[h, rows, :], mask=row_mask(live, CHUNK), other=0.0)
-                qs = plt.load(qs_ref.at[h, rows], mask=live, other=0.0)
-                ks = plt.load(ks_ref.at[h, rows], mask=live, other=0.0)
-                g_last = gc_ref[h, r0 + jnp.minimum(c * CHUNK + CHUNK, n) - 1]
-
-                s_mm = s.astype(w.dtype)
-                delta = u.astype(jnp.float32) - dot(w, s_mm)
-                out = qs[:, None] * dot(q, s.astype(q.dtype)) + dot(a, delta.astype(a.dtype))
-                plt.store(o_ref.at[rows, h, cols], out.astype(o_ref.dtype), mask=mv)
+                cs = first + c
+                ks = terms[-2][h, cs]
+                g_last = terms[-1][h, cs]
+                k = plt.load(k_ref.at[rows, hk, :], mask=row_mask(live, dk), other=0.0)
+                s_mm = s.astype(k.dtype)
+                # Chunk-slot tiles are whole (rows past the chunk's end are zero): no masks.
+                if stacked:
+                    wq_ref, uo_ref = terms[:2]
+                    # [delta; o] = [u; Aqk u] - [w; Aqk w - qs q] @ S: one 128-row dot.
+                    delta, out = jnp.split(
+                        uo_ref[h, cs, :, cols].astype(jnp.float32) - dot(wq_ref[h, cs], s_mm), 2, axis=0)
+                else:
+                    w_ref, u_ref, aqk_ref, qs_ref = terms[:4]
+                    q = plt.load(q_ref.at[rows, hk, :], mask=row_mask(live, dk), other=0.0)
+                    delta = u_ref[h, cs, :, cols].astype(jnp.float32) - dot(w_ref[h, cs], s_mm)
+                    out = qs_ref[h, cs][:, None] * dot(q, s_mm) + dot(aqk_ref[h, cs], delta.astype(k.dtype))
+                plt.store(o_ref.at[rows, h, cols], out.astype(o_ref.dtype), mask=row_mask(live, block_v))
                 return jnp.exp(g_last) * s + dot(k, (ks[:, None] * delta).astype(k.dtype), trans_a=True)
 
             s = jax.lax.fori_loop(0, cdiv(n, CHUNK), chunk, s0)
@@ -98,24 +110,29 @@ def _state_kernel(
         jax.lax.fori_loop(0, cdiv(num_tokens - r0, CHUNK), pad, 0)
 
 
-def chunk_state(q, k, w, u, aqk, qs, ks, gc, state_pool, cu_seqlens, slots, has_initial, *, block_v,
+def chunk_state(q, k, terms, state_pool, cu_seqlens, slot0, slots, has_initial, *, block_v, out_dtype,
                 num_warps=4, num_stages=2, interpret=False):
-    """Returns (o `[T, Hv, dv]` in q's dtype, state_pool updated in place)."""
-    num_tokens, num_k_heads, dk = q.shape
-    num_v_heads, _, dv = u.shape
+    """q, k `[T, Hk, dk]` (mm dtype), `terms` = what `chunk_prepare` returned (its `stacked` form is
+    told by their count), slot0 `[B]` (each request's first chunk slot). Returns (o `[T, Hv, dv]` in
+    out_dtype, state_pool updated in place)."""
+    num_tokens, num_k_heads, dk = k.shape
+    num_v_heads = terms[0].shape[0]
+    dv = terms[1].shape[-1]
     batch = slots.shape[0]
-    kernel = functools.partial(_state_kernel, block_v=block_v, group=num_v_heads // num_k_heads)
+    stacked = len(terms) == 4
+    kernel = functools.partial(_state_kernel, block_v=block_v, group=num_v_heads // num_k_heads, stacked=stacked)
+    args = (cu_seqlens, slot0, slots, has_initial.astype(jnp.int32), q, k, *terms, state_pool)
     return pl.pallas_call(
         kernel,
         out_shape=(
-            jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), q.dtype),
+            jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), out_dtype),
             jax.ShapeDtypeStruct(state_pool.shape, state_pool.dtype),
         ),
         grid=(batch + 1, num_v_heads, dv // block_v),
-        in_specs=[ANY] * 12,
+        in_specs=[ANY] * len(args),
         out_specs=[ANY] * 2,
-        input_output_aliases={11: 1},
+        input_output_aliases={len(args) - 1: 1},
         compiler_params=triton_params(num_warps, num_stages),
         interpret=interpret,
         name="gdn_chunk_state",
-    )(cu_seqlens, slots, has_initial.astype(jnp.int32), q, k, w, u, aqk, qs, ks, gc, state_pool)
+    )(*args)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 
 from pallas_kernels import gdn
 from pallas_kernels.gdn import reference as ref
-from pallas_kernels.gdn.chunk import chunk_table
+from pallas_kernels.gdn.chunk import ChunkConfig, chunk_table, first_chunk_slot
 from pallas_kernels.gdn.chunk_prepare import unit_lower_inverse
 from test_gdn_inputs import DIMS, assert_close, cu_from_lens, random_slots, state_pool, token_inputs
 
@@ -27,9 +27,9 @@ T, B, S = 256, 5, 8
 
 
 @functools.cache
-def kernel_fn(scale=None, use_qk_l2norm=True):
+def kernel_fn(scale=None, use_qk_l2norm=True, config=None):
     return jax.jit(functools.partial(gdn.gated_delta_rule, scale=scale, use_qk_l2norm=use_qk_l2norm,
-                                     interpret=True))
+                                     interpret=True, config=config))
 
 
 @functools.cache
@@ -51,8 +51,8 @@ def make_case(seed, lens, has_initial=None, dtype=np.float32):
             jnp.asarray(slots), jnp.asarray(np.asarray(has_initial)))
 
 
-def check(args, tol=1e-4, **kw):
-    o, pool = kernel_fn(**kw)(*args)
+def check(args, tol=1e-4, config=None, **kw):
+    o, pool = kernel_fn(config=config, **kw)(*args)
     ro, rpool = reference_fn(**kw)(*args)
     assert_close(o, ro, tol=tol, what="o")
     assert_close(pool, rpool, tol=tol, what="state pool")
@@ -67,15 +67,23 @@ LENS = [
 ]
 
 
+# Both forms of the chunk terms (B = 5 requests would pick the stacked one by itself), with dv = 32
+# in blocks of 16 so that two programs per (request, head) share the terms; the default config
+# (stacked, one dv block) runs in the other tests.
+STACKED = ChunkConfig(stacked=True, block_v=16)
+PER_CHUNK = ChunkConfig(stacked=False, block_v=16)
+
+
+@pytest.mark.parametrize("config", [STACKED, PER_CHUNK], ids=["stacked", "per_chunk"])
 @pytest.mark.parametrize("lens", LENS)
-def test_chunked_prefill_ragged(lens):
-    check(make_case(sum(lens) + len(LENS), lens))
+def test_chunked_prefill_ragged(lens, config):
+    check(make_case(sum(lens) + len(LENS), lens), config=config)
 
 
 def test_chunked_prefill_all_fresh_and_all_continued():
     lens = [40, 70, 0, 1, 90]
     check(make_case(11, lens, has_initial=np.zeros(B, bool)))
-    check(make_case(12, lens, has_initial=np.ones(B, bool)))
+    check(make_case(12, lens, has_initial=np.ones(B, bool)), config=PER_CHUNK)
 
 
 def test_chunked_prefill_scale_without_l2norm():
@@ -83,12 +91,14 @@ def test_chunked_prefill_scale_without_l2norm():
     args = list(make_case(13, [10, 64, 0, 77, 5]))
     args[1] = args[1] * 0.25
     check(tuple(args), scale=0.1, use_qk_l2norm=False)
+    check(tuple(args), scale=0.1, use_qk_l2norm=False, config=PER_CHUNK)
 
 
-def test_chunked_prefill_bfloat16_inputs():
+@pytest.mark.parametrize("config", [STACKED, PER_CHUNK], ids=["stacked", "per_chunk"])
+def test_chunked_prefill_bfloat16_inputs(config):
     # The GPU path: 16-bit dot operands. Looser tolerance, compared against float32 math.
     args = make_case(14, [0, 1, 64, 65, 100], dtype=jnp.bfloat16)
-    o, pool = kernel_fn()(*args)
+    o, pool = kernel_fn(config=config)(*args)
     up = [a.astype(jnp.float32) if a.dtype == jnp.bfloat16 else a for a in args]
     ro, rpool = reference_fn()(*up)
     assert o.dtype == jnp.bfloat16
@@ -110,6 +120,14 @@ def test_chunk_table():
     got = [(int(s), int(n)) for s, n in zip(start, length) if n > 0]
     assert got == expect
     assert start.shape == (T // 64 + B,)
+    assert [int(x) for x in first_chunk_slot(jnp.asarray(cu_from_lens(lens)))] == [0, 0, 1, 2, 4]
+
+
+def test_form_and_block_choice():
+    # Qwen3-Next heads: one request leaves the GPU idle in the state pass, eight fill it.
+    cfg = ChunkConfig()
+    assert cfg.use_stacked(1, 32, 128) and cfg.state_block_v(1, 32, 128) == 32
+    assert not cfg.use_stacked(8, 32, 128) and cfg.state_block_v(8, 32, 128) == 64
 
 
 def test_unit_lower_inverse_correlated_keys():

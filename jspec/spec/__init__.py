@@ -1,0 +1,1 @@
+"""Speculative decoding: settings, drafting, verification and acceptance."""

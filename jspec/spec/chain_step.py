@@ -1,0 +1,90 @@
+"""One speculative decode step for a chain drafter with its own model (STANDALONE), greedy.
+
+Everything on device, one jitted function per batch bucket:
+1. draft: S + 1 decode forwards of the draft model from each request's last token (the last one
+   only writes the draft KV of the S-th draft token, so a fully accepted chain leaves the draft
+   cache complete);
+2. verify: one target forward over [last, d1 .. dS] at positions L0 .. L0+S (causal extend);
+3. accept: d(j+1) is kept while it equals the target's argmax at j; the target's argmax after the
+   last kept token is the bonus token;
+4. the bonus becomes the request's next input (`last_token`); KV written for rejected tokens lies
+   past the new length and is overwritten by the next step before anything reads it.
+Output row: [number of tokens produced (n + 1), tokens..., -1 padding].
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jspec.models.batch import ForwardBatch
+from jspec.runtime.step import DeviceState, _apply_page_updates
+from jspec.runtime.step_inputs import Bucket
+
+
+def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int):
+    b_cap, s = bucket.batch_size, num_steps
+
+    def step(params, state: DeviceState, packed):
+        target_params, draft_params = params
+        x = bucket.unpack(packed)
+        req_to_page = _apply_page_updates(state.req_to_page, x["page_updates"])
+        slots = x["req_slots"]
+        valid = x["seq_lens"] > 0  # padding rows carry seq_len 0
+        l0 = x["positions"][:b_cap]  # position of each request's last token (not yet in the KV)
+        page_table = req_to_page[slots]
+
+        def slot_mapping(pos, row_valid):  # pos [B] -> flat KV slot, -1 for padding rows
+            page = jnp.take_along_axis(page_table, (pos // page_size)[:, None], axis=1)[:, 0]
+            return jnp.where(row_valid, page * page_size + pos % page_size, -1)
+
+        # 1. Draft, autoregressively, one token per request per forward.
+        draft = nnx.merge(draft_graphdef, draft_params)
+        dcaches = state.draft_caches
+        tok = state.last_token[slots]
+        drafts = []
+        for k in range(s + 1):
+            pos = l0 + k
+            batch = ForwardBatch(
+                input_ids=tok, positions=pos, seq_lens=jnp.where(valid, pos + 1, 0),
+                cu_q_lens=jnp.arange(b_cap + 1, dtype=jnp.int32), page_table=page_table,
+                slot_mapping=slot_mapping(pos, valid), state_slots=slots, has_initial_state=valid, mode="decode",
+            )
+            out, dcaches = draft(batch, dcaches, compute_logits=k < s)
+            if k < s:
+                tok = jnp.argmax(out.logits, axis=-1).astype(jnp.int32)
+                drafts.append(tok)
+        d = jnp.stack(drafts, axis=1)  # [B, S]
+
+        # 2. Verify all S + 1 tokens of every request in one target forward.
+        last = state.last_token[slots]
+        vt = jnp.concatenate([last[:, None], d], axis=1)  # [B, S+1]
+        vpos = l0[:, None] + jnp.arange(s + 1, dtype=jnp.int32)[None, :]
+        vmap_slots = jnp.take_along_axis(page_table, vpos // page_size, axis=1) * page_size + vpos % page_size
+        vslots = jnp.where(valid[:, None], vmap_slots, -1)
+        batch = ForwardBatch(
+            input_ids=vt.reshape(-1), positions=vpos.reshape(-1), seq_lens=jnp.where(valid, l0 + s + 1, 0),
+            cu_q_lens=(jnp.arange(b_cap + 1, dtype=jnp.int32) * (s + 1)), page_table=page_table,
+            slot_mapping=vslots.reshape(-1), state_slots=slots, has_initial_state=valid, mode="extend",
+        )
+        target = nnx.merge(graphdef, target_params)
+        out, caches = target(batch, state.caches)
+        a = jnp.argmax(out.logits, axis=-1).astype(jnp.int32).reshape(b_cap, s + 1)
+
+        # 3. Greedy acceptance along the chain.
+        n = jnp.sum(jnp.cumprod((d == a[:, :s]).astype(jnp.int32), axis=1), axis=1)  # [B] in 0..S
+        bonus = jnp.take_along_axis(a, n[:, None], axis=1)[:, 0]
+        j = jnp.arange(s + 1)[None, :]
+        d_pad = jnp.concatenate([d, jnp.zeros((b_cap, 1), jnp.int32)], axis=1)
+        tokens = jnp.where(j < n[:, None], d_pad, jnp.where(j == n[:, None], bonus[:, None], -1))
+        count = jnp.where(valid, n + 1, 0)
+
+        oob = state.last_token.shape[0]
+        last_token = state.last_token.at[jnp.where(valid, slots, oob)].set(bonus, mode="drop")
+        new_state = DeviceState(caches=caches, req_to_page=req_to_page, last_token=last_token,
+                                output_counts=state.output_counts, prompt_mask=state.prompt_mask,
+                                draft_caches=dcaches)
+        return new_state, jnp.concatenate([count[:, None], tokens], axis=1).astype(jnp.int32)
+
+    return step

@@ -1,0 +1,139 @@
+"""STANDALONE speculative decoding (chain, greedy): exactness against non-speculative greedy,
+full acceptance when the draft is the target, settings validation, no leaks."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+import tiny_models as tm  # noqa: E402
+
+from jspec import Engine  # noqa: E402
+from jspec.errors import ConfigError, InvalidRequestError  # noqa: E402
+
+BASE = dict(dtype="float32", cuda_graph_bs=[1, 2, 4], max_running_requests=4, show_progress=False,
+            compilation_cache_dir="none", chunked_prefill_size=8, context_length=96)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    target = str(tmp_path_factory.mktemp("spec_target"))
+    draft = str(tmp_path_factory.mktemp("spec_draft"))
+    tm.build("qwen3", target, seed=41)
+    tm.build("llama", draft, seed=42)  # a different architecture, same vocabulary
+    return target, draft
+
+
+def leak_free(eng):
+    assert eng.wait_idle(30)
+    eng.pages.check_all_free()
+    eng.slots.check_all_free()
+
+
+PROMPTS = [tm.random_ids(n, seed=100 + n) for n in (5, 19, 11, 2, 14)]
+GREEDY = {"max_new_tokens": 13, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def reference(dirs):
+    eng = Engine(dirs[0], page_size=16, **BASE)
+    try:
+        return [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)]
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.parametrize("page_size,steps", [(1, 3), (16, 2)])
+def test_greedy_output_equals_non_speculative(dirs, reference, page_size, steps):
+    eng = Engine(dirs[0], page_size=page_size, speculative_algorithm="STANDALONE",
+                 speculative_draft_model_path=dirs[1], speculative_num_steps=steps,
+                 speculative_num_draft_tokens=steps + 1, **BASE)
+    try:
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == reference
+        for o in outs:
+            m = o["meta_info"]
+            assert m["spec_verify_ct"] >= 1 and 1.0 <= m["spec_accept_length"] <= steps + 1
+            assert m["finish_reason"] == {"type": "length", "length": 13}
+        info = eng.get_server_info()
+        assert 1.0 <= info["avg_spec_accept_length"] <= steps + 1
+        assert set(info["spec_accept_length_histogram"]) <= set(range(1, steps + 2))
+        leak_free(eng)
+    finally:
+        eng.shutdown()
+
+
+def test_draft_equal_to_target_accepts_everything(dirs, reference):
+    steps = 3
+    eng = Engine(dirs[0], page_size=4, speculative_algorithm="STANDALONE", speculative_draft_model_path=dirs[0],
+                 speculative_num_steps=steps, **BASE)
+    try:
+        # 1 token from prefill + 3 verify steps of 4 tokens each.
+        sp = dict(GREEDY, max_new_tokens=1 + 3 * (steps + 1))
+        outs = eng.generate(input_ids=PROMPTS[:3], sampling_params=sp)
+        for o, ref in zip(outs, reference):
+            assert o["meta_info"]["spec_verify_ct"] == 3
+            assert o["output_ids"][:13] == ref
+        assert eng.get_server_info()["spec_accept_length_histogram"] == {steps + 1: 9}
+        assert eng.get_server_info()["avg_spec_accept_length"] == steps + 1
+        leak_free(eng)
+    finally:
+        eng.shutdown()
+
+
+def test_stop_token_inside_an_accepted_run_truncates(dirs, reference):
+    eng = Engine(dirs[0], page_size=4, speculative_algorithm="STANDALONE", speculative_draft_model_path=dirs[0],
+                 **BASE)
+    try:
+        ref = reference[1]
+        stop = ref[6]
+        out = eng.generate(input_ids=PROMPTS[1], sampling_params=dict(GREEDY, stop_token_ids=[stop],
+                                                                        ignore_eos=False))
+        assert out["output_ids"] == ref[: ref.index(stop) + 1]
+        leak_free(eng)
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(speculative_algorithm="STANDALONE", speculative_num_steps=3, speculative_num_draft_tokens=6),
+         "speculative_num_draft_tokens"),
+        (dict(speculative_algorithm="STANDALONE", speculative_num_steps=2, speculative_eagle_topk=2,
+              speculative_num_draft_tokens=6), "speculative_num_draft_tokens"),
+        (dict(speculative_algorithm="EAGLE3"), "not implemented"),
+        (dict(speculative_algorithm="WHATEVER"), "speculative_algorithm"),
+        (dict(speculative_algorithm="STANDALONE"), "speculative_draft_model_path"),
+        (dict(speculative_num_steps=3), "speculative_algorithm"),
+    ],
+)
+def test_bad_settings(dirs, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        Engine(dirs[0], **{**BASE, **kw})
+
+
+def test_draft_vocabulary_must_match(dirs, tmp_path):
+    other = str(tmp_path / "other_vocab")
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(other)
+    with pytest.raises(ConfigError, match="vocabulary"):
+        Engine(dirs[0], speculative_algorithm="STANDALONE", speculative_draft_model_path=other, **BASE)
+
+
+def test_sampling_requests_rejected_clearly(dirs):
+    eng = Engine(dirs[0], page_size=4, speculative_algorithm="STANDALONE", speculative_draft_model_path=dirs[1],
+                 **BASE)
+    try:
+        with pytest.raises(InvalidRequestError, match="temperature"):
+            eng.generate(input_ids=[1, 2, 3], sampling_params={"temperature": 0.7, "max_new_tokens": 4})
+        ok = eng.generate(input_ids=[1, 2, 3], sampling_params={"temperature": 0, "max_new_tokens": 4})
+        assert len(ok["output_ids"]) == 4
+    finally:
+        eng.shutdown()
