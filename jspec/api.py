@@ -36,6 +36,7 @@ _ENGINE_KEYS = {
     "compilation_cache_dir", "enable_mixed_chunk", "transfer_guard",
     "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
     "speculative_num_draft_tokens", "speculative_simulate_accept_length",
+    "speculative_ngram_min_match_window_size", "speculative_ngram_max_match_window_size",
 }
 
 
@@ -86,10 +87,11 @@ class Engine:
         from jspec.spec.config import check_draft, parse_spec_config
 
         self.spec = parse_spec_config(kwargs, target_family=config.family, target_is_hybrid=config.is_hybrid)
-        if self.spec is not None:
+        if self.spec is not None and self.spec.algorithm == "STANDALONE":
             if not os.path.isdir(str(self.spec.draft_model_path)):
                 raise ConfigError(f"speculative_draft_model_path={self.spec.draft_model_path!r} is not a directory")
             check_draft(self.spec, config, load_config(self.spec.draft_model_path))
+        if self.spec is not None:
             if kwargs.get("enable_mixed_chunk"):
                 raise ConfigError("enable_mixed_chunk with speculative decoding is not implemented yet")
             # The overlapped loop for speculation (spec v2) is not implemented yet: run synchronously.
@@ -163,7 +165,7 @@ class Engine:
         self._seed_counter = itertools.count()
 
         self.draft_model = None
-        if self.spec is not None:
+        if self.spec is not None and self.spec.draft_model_path:
             self.draft_model = load_model(self.spec.draft_model_path, dtype=dtype)
         self.pages = PageAllocator(num_pages, page_size)
         self.slots = SlotAllocator(num_slots)
@@ -178,7 +180,7 @@ class Engine:
                                   num_top_logprobs=self.max_top_logprobs, progress=show,
                                   draft_model=self.draft_model, spec=self.spec)
         self.core = EngineCore(self.runner, self.scheduler, tokenizer=self.tokenizer,
-                               eos_token_ids=self.eos_token_ids, overlap=self.overlap)
+                               eos_token_ids=self.eos_token_ids, overlap=self.overlap, spec=self.spec)
         self.server_args = dict(model_path=self.model.path, dtype=str(self.model.dtype), page_size=page_size,
                                 max_running_requests=max_running, max_total_tokens=self.pool_tokens,
                                 chunked_prefill_size=chunk, cuda_graph_bs=bs, prefill_token_buckets=buckets,

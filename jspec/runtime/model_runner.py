@@ -42,7 +42,9 @@ class ModelRunner:
             if spec is None:
                 self.buckets.append(Bucket("decode", b, b, b))
             else:  # a speculative step writes num_draft_tokens positions per request
-                self.buckets.append(Bucket("spec", b, b, b * (-(-spec.num_draft_tokens // page_size) + 1)))
+                host = spec.num_steps if spec.algorithm == "NGRAM" else 0
+                self.buckets.append(Bucket("spec", b, b, b * (-(-spec.num_draft_tokens // page_size) + 1),
+                                           num_host_drafts=host))
         for t in sorted(set(extend_token_sizes)):
             b = min(t, max_extend_requests)
             self.buckets.append(Bucket("extend", t, b, t // page_size + b + 1))

@@ -28,6 +28,7 @@ class Bucket:
     num_tokens: int  # T
     batch_size: int  # B
     num_page_updates: int  # U
+    num_host_drafts: int = 0  # draft tokens per request proposed on the host (NGRAM)
 
     def fields(self):
         t, b, u = self.num_tokens, self.batch_size, self.num_page_updates
@@ -35,6 +36,8 @@ class Bucket:
         out.append(("cu_q_lens", (b + 1,)))
         out += [(name, (b,)) for name in INT_FIELDS_B + FLOAT_FIELDS_B]
         out.append(("page_updates", (u, 3)))
+        if self.num_host_drafts:
+            out.append(("draft_tokens", (b, self.num_host_drafts)))
         return out
 
     @property
@@ -103,6 +106,9 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
     else:
         cu[n_req + 1:] = t
     assert t <= t_cap and n_req <= b_cap, (t, t_cap, n_req, b_cap)
+    if bucket.num_host_drafts:
+        for i, s in enumerate(plan.reqs):
+            f["draft_tokens"][i] = s.draft
     upd = f["page_updates"]
     upd[:] = -1
     if len(plan.page_updates) > u_cap:

@@ -1,4 +1,5 @@
-"""One speculative decode step for a chain drafter with its own model (STANDALONE), greedy.
+"""One speculative decode step for a chain drafter, greedy: a draft model (STANDALONE) or draft
+tokens proposed on the host (NGRAM).
 
 Everything on device, one jitted function per batch bucket:
 1. draft: S + 1 decode forwards of the draft model from each request's last token (the last one
@@ -27,7 +28,8 @@ def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
     b_cap, s = bucket.batch_size, num_steps
 
     def step(params, state: DeviceState, packed):
-        target_params, draft_params = params
+        # With a draft model params is (target, draft); host-drafted (NGRAM) steps get the target's.
+        target_params, draft_params = params if draft_graphdef is not None else (params, None)
         x = bucket.unpack(packed)
         req_to_page = _apply_page_updates(state.req_to_page, x["page_updates"])
         slots = x["req_slots"]
@@ -39,23 +41,31 @@ def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
             page = jnp.take_along_axis(page_table, (pos // page_size)[:, None], axis=1)[:, 0]
             return jnp.where(row_valid, page * page_size + pos % page_size, -1)
 
-        # 1. Draft, autoregressively, one token per request per forward.
-        draft = nnx.merge(draft_graphdef, draft_params)
+        def _draft_chain(draft_gd, dparams):
+            nonlocal dcaches
+            draft = nnx.merge(draft_gd, dparams)
+            tok = state.last_token[slots]
+            drafts = []
+            for k in range(s + 1):
+                pos = l0 + k
+                batch = ForwardBatch(
+                    input_ids=tok, positions=pos, seq_lens=jnp.where(valid, pos + 1, 0),
+                    cu_q_lens=jnp.arange(b_cap + 1, dtype=jnp.int32), page_table=page_table,
+                    slot_mapping=slot_mapping(pos, valid), state_slots=slots, has_initial_state=valid,
+                    mode="decode",
+                )
+                out, dcaches = draft(batch, dcaches, compute_logits=k < s)
+                if k < s:
+                    tok = jnp.argmax(out.logits, axis=-1).astype(jnp.int32)
+                    drafts.append(tok)
+            return jnp.stack(drafts, axis=1)  # [B, S]
+
+        # 1. Draft, autoregressively, one token per request per forward (or proposed by the host).
         dcaches = state.draft_caches
-        tok = state.last_token[slots]
-        drafts = []
-        for k in range(s + 1):
-            pos = l0 + k
-            batch = ForwardBatch(
-                input_ids=tok, positions=pos, seq_lens=jnp.where(valid, pos + 1, 0),
-                cu_q_lens=jnp.arange(b_cap + 1, dtype=jnp.int32), page_table=page_table,
-                slot_mapping=slot_mapping(pos, valid), state_slots=slots, has_initial_state=valid, mode="decode",
-            )
-            out, dcaches = draft(batch, dcaches, compute_logits=k < s)
-            if k < s:
-                tok = jnp.argmax(out.logits, axis=-1).astype(jnp.int32)
-                drafts.append(tok)
-        d = jnp.stack(drafts, axis=1)  # [B, S]
+        if draft_graphdef is None:
+            d = x["draft_tokens"]
+        else:
+            d = _draft_chain(draft_graphdef, draft_params)
 
         # 2. Verify all S + 1 tokens of every request in one target forward.
         last = state.last_token[slots]

@@ -1,7 +1,8 @@
 """Speculative-decoding settings (SGLang's keyword names) and their validation.
 
-Implemented so far: STANDALONE (any supported dense model as the drafter, same vocabulary) with a
-chain (topk 1), greedy acceptance, the synchronous loop. Everything else the keywords can ask for
+Implemented so far: STANDALONE (any supported dense model as the drafter, same vocabulary) and
+NGRAM (drafts from the request's own tokens), with a chain (topk 1), greedy acceptance, the
+synchronous loop. Everything else the keywords can ask for
 raises ConfigError naming the setting, so nothing runs with a silently different algorithm.
 """
 
@@ -12,7 +13,7 @@ import dataclasses
 from jspec.errors import ConfigError
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "NAIVE_EAGLE")
-IMPLEMENTED = ("STANDALONE",)
+IMPLEMENTED = ("STANDALONE", "NGRAM")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +23,8 @@ class SpecConfig:
     topk: int
     num_draft_tokens: int  # tokens verified per request per step: S + 1 for a chain
     draft_model_path: str | None
+    ngram_min_window: int = 1
+    ngram_max_window: int = 12
 
     @property
     def verify_tokens(self) -> int:
@@ -69,7 +72,17 @@ def parse_spec_config(kwargs: dict, *, target_family: str, target_is_hybrid: boo
     draft = kwargs.get("speculative_draft_model_path")
     if algo == "STANDALONE" and not draft:
         raise ConfigError("speculative_draft_model_path is required for STANDALONE")
-    return SpecConfig(algorithm=algo, num_steps=steps, topk=topk, num_draft_tokens=ndt, draft_model_path=draft)
+    lo = kwargs.get("speculative_ngram_min_match_window_size")
+    hi = kwargs.get("speculative_ngram_max_match_window_size")
+    lo, hi = (1 if lo is None else lo), (12 if hi is None else hi)
+    if algo == "NGRAM":
+        if draft:
+            raise ConfigError("speculative_draft_model_path: NGRAM uses no draft model")
+        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+            raise ConfigError("speculative_ngram_min_match_window_size / speculative_ngram_max_match_window_size: "
+                              f"need 1 <= min <= max, got {lo!r} / {hi!r}")
+    return SpecConfig(algorithm=algo, num_steps=steps, topk=topk, num_draft_tokens=ndt, draft_model_path=draft,
+                      ngram_min_window=lo, ngram_max_window=hi)
 
 
 def check_draft(spec: SpecConfig, target_cfg, draft_cfg) -> None:

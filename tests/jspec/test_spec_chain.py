@@ -1,4 +1,4 @@
-"""STANDALONE speculative decoding (chain, greedy): exactness against non-speculative greedy,
+"""STANDALONE and NGRAM speculative decoding (chain, greedy): exactness against non-speculative greedy,
 full acceptance when the draft is the target, settings validation, no leaks."""
 
 from __future__ import annotations
@@ -137,3 +137,36 @@ def test_sampling_requests_rejected_clearly(dirs):
         assert len(ok["output_ids"]) == 4
     finally:
         eng.shutdown()
+
+
+# ------------------------------------------------------------------------------------------- NGRAM
+def test_ngram_index_proposes_the_latest_continuation():
+    from jspec.spec.ngram import NgramIndex
+
+    idx = NgramIndex(1, 3)
+    ids = [5, 6, 7, 8, 1, 2, 6, 7, 9, 4, 6, 7]
+    # Suffix [6, 7] last occurred ending at index 7 (followed by 9, 4); longest window first:
+    # [4, 6, 7] never occurred, [6, 7] did.
+    assert idx.propose(ids, 3) == [9, 4, 6]
+    ids += [9]  # incremental: [7, 9] occurred at 7..8, followed by 4, 6, 7
+    assert idx.propose(ids, 2) == [4, 6]
+    assert NgramIndex(2, 3).propose([1, 2, 3], 2) == [3, 3]  # no match: filler only
+
+
+def test_ngram_exact_and_accepts_on_repetitive_text(dirs, reference):
+    eng = Engine(dirs[0], page_size=4, speculative_algorithm="NGRAM", speculative_num_steps=4,
+                 speculative_ngram_max_match_window_size=4, **BASE)
+    try:
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == reference
+        pattern = tm.random_ids(6, seed=9)
+        rep = eng.generate(input_ids=pattern * 5, sampling_params=dict(GREEDY, max_new_tokens=40))
+        assert rep["meta_info"]["spec_accept_length"] > 2, rep["meta_info"]
+        leak_free(eng)
+    finally:
+        eng.shutdown()
+
+
+def test_ngram_rejects_a_draft_model(dirs):
+    with pytest.raises(ConfigError, match="NGRAM"):
+        Engine(dirs[0], speculative_algorithm="NGRAM", speculative_draft_model_path=dirs[1], **BASE)
