@@ -40,7 +40,10 @@ class ModelRunner:
         self.buckets: list[Bucket] = []
         for b in sorted(set(decode_batch_sizes)):
             if spec is None:
-                self.buckets.append(Bucket("decode", b, b, b))
+                # Two variants: the host knows whether any request needs top-k / top-p, so the
+                # sampler's choice is static and no device-side conditional stalls dispatch.
+                self.buckets.append(Bucket("decode", b, b, b, sort=False))
+                self.buckets.append(Bucket("decode", b, b, b, sort=True))
             else:  # a speculative step writes num_draft_tokens positions per request
                 host = spec.num_steps if spec.algorithm == "NGRAM" else 0
                 self.buckets.append(Bucket("spec", b, b, b * (-(-spec.num_draft_tokens // page_size) + 1),
@@ -86,8 +89,14 @@ class ModelRunner:
         n_tok, n_req = plan.num_tokens, len(plan.reqs)
         if plan.mode == "decode" and self.spec is not None:
             plan.mode = "spec"
+        sort = None
+        if plan.mode == "decode":
+            vocab = self.model.config.vocab_size
+            sort = any(not s.req.sampling.is_greedy and (0 < s.req.sampling.top_k < vocab or s.req.sampling.top_p < 1.0)
+                       for s in plan.reqs)
         for b in self.buckets:
-            if b.mode == plan.mode and b.num_tokens >= n_tok and b.batch_size >= n_req:
+            if (b.mode == plan.mode and b.num_tokens >= n_tok and b.batch_size >= n_req
+                    and (plan.mode != "decode" or b.sort == sort)):
                 return b
         raise AssertionError(f"no {plan.mode} bucket for {n_tok} tokens / {n_req} requests")
 

@@ -142,8 +142,12 @@ def _top_k_top_p_keep(probs: jax.Array, top_k: jax.Array, top_p: jax.Array) -> j
     return (probs > cut_p) | ((probs == cut_p) & (ids <= cut_id))
 
 
-def _filter(logprobs: jax.Array, logits: jax.Array, batch: SamplingBatch) -> jax.Array:
-    """Filtered, renormalised probabilities from the processed logprobs; greedy rows one-hot."""
+def _filter(logprobs: jax.Array, logits: jax.Array, batch: SamplingBatch, sort: bool | None = None) -> jax.Array:
+    """Filtered, renormalised probabilities from the processed logprobs; greedy rows one-hot.
+
+    sort: None decides on the device (a lax.cond, whose predicate XLA on GPU reads on the host
+    mid-step, stalling dispatch of the next step); True / False is the caller's static promise that
+    some / no row needs top-k or top-p, so no conditional is compiled at all."""
     probs = jnp.exp(logprobs)
     vocab = probs.shape[-1]
     greedy = _greedy_rows(batch)
@@ -151,15 +155,20 @@ def _filter(logprobs: jax.Array, logits: jax.Array, batch: SamplingBatch) -> jax
     # The sort is the expensive part; most batches (greedy, plain temperature) need none of it.
     # Both branches give the same mask for a row without top-k / top-p, so which branch runs never
     # changes a row's result.
-    needs_sort = jnp.any(~greedy & ((top_k < vocab) | (batch.top_p < 1.0)))
-    keep = jax.lax.cond(
-        needs_sort,
-        _top_k_top_p_keep,
-        lambda p, k, tp: jnp.ones(p.shape, jnp.bool_),
-        probs,
-        top_k,
-        batch.top_p,
-    )
+    if sort is True:
+        keep = _top_k_top_p_keep(probs, top_k, batch.top_p)
+    elif sort is False:
+        keep = jnp.ones(probs.shape, jnp.bool_)
+    else:
+        needs_sort = jnp.any(~greedy & ((top_k < vocab) | (batch.top_p < 1.0)))
+        keep = jax.lax.cond(
+            needs_sort,
+            _top_k_top_p_keep,
+            lambda p, k, tp: jnp.ones(p.shape, jnp.bool_),
+            probs,
+            top_k,
+            batch.top_p,
+        )
     keep &= probs >= batch.min_p[:, None] * jnp.max(probs, axis=-1, keepdims=True)
     kept = jnp.where(keep, probs, 0.0)
     kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
@@ -185,11 +194,13 @@ def sample(
     prompt_mask: jax.Array,
     *,
     num_top_logprobs: int,
+    sort: bool | None = None,
 ) -> SampleOutput:
-    """Penalise, filter and draw one token per row. `num_top_logprobs` is static (0 allowed)."""
+    """Penalise, filter and draw one token per row. `num_top_logprobs` and `sort` (see `_filter`)
+    are static."""
     logits = apply_penalties(logits.astype(jnp.float32), batch, output_counts, prompt_mask)
     logprobs = _processed_logprobs(logits, batch)
-    probs = _filter(logprobs, logits, batch)
+    probs = _filter(logprobs, logits, batch, sort)
     keys = jax.vmap(_row_key)(batch.seed, batch.step)
     # log(0) = -inf: filtered-out tokens can never win the Gumbel-max inside categorical.
     drawn = jax.vmap(jax.random.categorical)(keys, jnp.log(probs))

@@ -103,7 +103,8 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
             repetition_penalty=x["repetition_penalty"], frequency_penalty=x["frequency_penalty"],
             presence_penalty=x["presence_penalty"], seed=x["seeds"], step=x["out_index"],
         )
-        so = sampling.sample(out.logits, sb, counts[slots], prompt_mask[slots], num_top_logprobs=num_top_logprobs)
+        so = sampling.sample(out.logits, sb, counts[slots], prompt_mask[slots], num_top_logprobs=num_top_logprobs,
+                             sort=bucket.sort)
         sampled = x["sample_mask"] > 0
         tokens = jnp.where(sampled, so.tokens, -1).astype(jnp.int32)
 

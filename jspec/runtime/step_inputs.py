@@ -29,6 +29,7 @@ class Bucket:
     batch_size: int  # B
     num_page_updates: int  # U
     num_host_drafts: int = 0  # draft tokens per request proposed on the host (NGRAM)
+    sort: bool | None = None  # sampler variant: None decides on device; True / False static
 
     def fields(self):
         t, b, u = self.num_tokens, self.batch_size, self.num_page_updates
