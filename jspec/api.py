@@ -270,10 +270,7 @@ class Engine:
         ):
             raise InvalidRequestError(f"top_logprobs_num: must be an int in [0, {self.max_top_logprobs}]")
         if self.spec is not None:
-            # Speculative sampling (rejection sampling), penalties and logprobs come with issue 5's rest.
-            if not sp.is_greedy:
-                raise InvalidRequestError("sampling_params.temperature: speculative decoding supports greedy "
-                                          "sampling only so far (temperature 0 or top_k 1)")
+            # Penalties and logprobs with speculation come with the rest of issue 5.
             for field, neutral in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0),
                                    ("presence_penalty", 0.0)):
                 if getattr(sp, field) != neutral:

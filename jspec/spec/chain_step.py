@@ -6,8 +6,13 @@ Everything on device, one jitted function per batch bucket:
    only writes the draft KV of the S-th draft token, so a fully accepted chain leaves the draft
    cache complete);
 2. verify: one target forward over [last, d1 .. dS] at positions L0 .. L0+S (causal extend);
-3. accept: d(j+1) is kept while it equals the target's argmax at j; the target's argmax after the
-   last kept token is the bonus token;
+3. accept: greedy rows keep d(j+1) while it equals the target's argmax at j, and the argmax after
+   the last kept token is the bonus; sampling rows use speculative (rejection) sampling, which
+   keeps the target distribution exactly: d(j+1) ~ q(j+1) is kept with probability
+   min(1, p(j)[d] / q(j+1)[d]); at the first rejection the bonus is drawn from
+   normalise(max(p(j) - q(j+1), 0)), and after a fully kept chain from p(S). p and q are the
+   filtered distributions (temperature, top-k, top-p, min-p) of target and drafter; a host
+   (NGRAM) proposal is a point mass q = one-hot(d);
 4. the bonus becomes the request's next input (`last_token`); KV written for rejected tokens lies
    past the new length and is overwritten by the next step before anything reads it.
 Output row: [number of tokens produced (n + 1), tokens..., -1 padding].
@@ -20,6 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.models.batch import ForwardBatch
+from jspec.runtime import sampler as sampling
 from jspec.runtime.step import DeviceState, _apply_page_updates
 from jspec.runtime.step_inputs import Bucket
 
@@ -36,6 +42,17 @@ def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
         valid = x["seq_lens"] > 0  # padding rows carry seq_len 0
         l0 = x["positions"][:b_cap]  # position of each request's last token (not yet in the KV)
         page_table = req_to_page[slots]
+        sb = sampling.SamplingBatch(
+            temperature=x["temperature"], top_p=x["top_p"], top_k=x["top_k"], min_p=x["min_p"],
+            repetition_penalty=x["repetition_penalty"], frequency_penalty=x["frequency_penalty"],
+            presence_penalty=x["presence_penalty"], seed=x["seeds"], step=x["out_index"],
+        )
+        greedy = x["temperature"] < sampling.GREEDY_TEMPERATURE
+
+        def row_keys(k: int):
+            # One stream per request, indexed by (index of the step's first output, use k): the
+            # same tokens whatever else is in the batch.
+            return jax.vmap(lambda sd, st: sampling._row_key(sd, st * (2 * s + 2) + k))(x["seeds"], x["out_index"])
 
         def slot_mapping(pos, row_valid):  # pos [B] -> flat KV slot, -1 for padding rows
             page = jnp.take_along_axis(page_table, (pos // page_size)[:, None], axis=1)[:, 0]
@@ -56,16 +73,22 @@ def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
                 )
                 out, dcaches = draft(batch, dcaches, compute_logits=k < s)
                 if k < s:
-                    tok = jnp.argmax(out.logits, axis=-1).astype(jnp.int32)
+                    q = sampling.filtered_probs(out.logits, sb)  # [B, V]
+                    drawn = jax.vmap(jax.random.categorical)(row_keys(k), jnp.log(q))
+                    tok = jnp.where(greedy, jnp.argmax(out.logits, axis=-1), drawn).astype(jnp.int32)
                     drafts.append(tok)
+                    qs.append(q)
             return jnp.stack(drafts, axis=1)  # [B, S]
 
         # 1. Draft, autoregressively, one token per request per forward (or proposed by the host).
         dcaches = state.draft_caches
+        qs = []
         if draft_graphdef is None:
             d = x["draft_tokens"]
+            q_all = None  # point masses at the host's proposals
         else:
             d = _draft_chain(draft_graphdef, draft_params)
+            q_all = jnp.stack(qs, axis=1)  # [B, S, V]
 
         # 2. Verify all S + 1 tokens of every request in one target forward.
         last = state.last_token[slots]
@@ -82,9 +105,37 @@ def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
         out, caches = target(batch, state.caches)
         a = jnp.argmax(out.logits, axis=-1).astype(jnp.int32).reshape(b_cap, s + 1)
 
-        # 3. Greedy acceptance along the chain.
-        n = jnp.sum(jnp.cumprod((d == a[:, :s]).astype(jnp.int32), axis=1), axis=1)  # [B] in 0..S
-        bonus = jnp.take_along_axis(a, n[:, None], axis=1)[:, 0]
+        # 3a. Greedy acceptance along the chain.
+        n_greedy = jnp.sum(jnp.cumprod((d == a[:, :s]).astype(jnp.int32), axis=1), axis=1)  # [B] in 0..S
+        bonus_greedy = jnp.take_along_axis(a, n_greedy[:, None], axis=1)[:, 0]
+
+        # 3b. Speculative sampling for the other rows.
+        vocab = out.logits.shape[-1]
+        rep = jax.tree_util.tree_map(lambda f: jnp.repeat(f, s + 1, axis=0), sb)
+        p_all = sampling.filtered_probs(out.logits, rep).reshape(b_cap, s + 1, vocab)
+        p_d = jnp.take_along_axis(p_all[:, :s], d[:, :, None], axis=2)[:, :, 0]  # p(j)[d(j+1)]
+        if q_all is None:
+            q_d = jnp.ones_like(p_d)
+        else:
+            q_d = jnp.take_along_axis(q_all, d[:, :, None], axis=2)[:, :, 0]
+        u = jnp.stack([jax.vmap(lambda kk: jax.random.uniform(kk))(row_keys(s + j)) for j in range(s)], axis=1)
+        keep = u * q_d < p_d  # u < p / q without dividing by a possibly tiny q
+        n_sample = jnp.sum(jnp.cumprod(keep.astype(jnp.int32), axis=1), axis=1)
+        p_n = jnp.take_along_axis(p_all, n_sample[:, None, None], axis=1)[:, 0]  # [B, V]
+        if q_all is None:
+            q_n = jax.nn.one_hot(jnp.take_along_axis(d, jnp.minimum(n_sample, s - 1)[:, None], axis=1)[:, 0], vocab)
+        else:
+            q_n = jnp.take_along_axis(q_all, jnp.minimum(n_sample, s - 1)[:, None, None], axis=1)[:, 0]
+        residual = jnp.maximum(p_n - q_n, 0.0)
+        mass = jnp.sum(residual, axis=-1, keepdims=True)
+        # After a fully kept chain the bonus comes from p(S) itself; a zero residual (p == q on the
+        # support, so rejection had probability 0) falls back to p as well.
+        use_p = (n_sample == s)[:, None] | (mass <= 0)
+        r = jnp.where(use_p, p_n, residual / jnp.where(mass > 0, mass, 1.0))
+        bonus_sample = jax.vmap(jax.random.categorical)(row_keys(2 * s + 1), jnp.log(r)).astype(jnp.int32)
+
+        n = jnp.where(greedy, n_greedy, n_sample)
+        bonus = jnp.where(greedy, bonus_greedy, bonus_sample)
         j = jnp.arange(s + 1)[None, :]
         d_pad = jnp.concatenate([d, jnp.zeros((b_cap, 1), jnp.int32)], axis=1)
         tokens = jnp.where(j < n[:, None], d_pad, jnp.where(j == n[:, None], bonus[:, None], -1))

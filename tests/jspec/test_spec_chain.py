@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
@@ -127,16 +128,80 @@ def test_draft_vocabulary_must_match(dirs, tmp_path):
         Engine(dirs[0], speculative_algorithm="STANDALONE", speculative_draft_model_path=other, **BASE)
 
 
-def test_sampling_requests_rejected_clearly(dirs):
+def test_penalties_rejected_clearly(dirs):
     eng = Engine(dirs[0], page_size=4, speculative_algorithm="STANDALONE", speculative_draft_model_path=dirs[1],
                  **BASE)
     try:
-        with pytest.raises(InvalidRequestError, match="temperature"):
-            eng.generate(input_ids=[1, 2, 3], sampling_params={"temperature": 0.7, "max_new_tokens": 4})
+        with pytest.raises(InvalidRequestError, match="frequency_penalty"):
+            eng.generate(input_ids=[1, 2, 3], sampling_params={"frequency_penalty": 0.5, "max_new_tokens": 4})
         ok = eng.generate(input_ids=[1, 2, 3], sampling_params={"temperature": 0, "max_new_tokens": 4})
         assert len(ok["output_ids"]) == 4
     finally:
         eng.shutdown()
+
+
+def _filtered(logits, temperature, top_p):
+    """numpy: softmax(logits / T) restricted to the top-p prefix (mass before a token < top_p)."""
+    z = logits / temperature
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")
+    before = np.cumsum(p[order]) - p[order]
+    keep = np.zeros_like(p, dtype=bool)
+    keep[order] = before < top_p if top_p < 1 else True
+    p = np.where(keep, p, 0.0)
+    return p / p.sum()
+
+
+@pytest.mark.parametrize("algo,temperature,top_p", [("STANDALONE", 1.0, 1.0), ("STANDALONE", 0.7, 0.9),
+                                                    ("NGRAM", 1.0, 1.0)])
+def test_speculative_sampling_follows_the_target_distribution(dirs, algo, temperature, top_p):
+    """The second output token always comes out of a speculative step (accepted draft or residual
+    draw). Given the first token, its law must be the target's own, not the drafter's: chi-square
+    of its counts against transformers' distribution for each observed first token."""
+    import transformers
+    from scipy import stats
+
+    target, draft = dirs
+    kw = dict(speculative_draft_model_path=draft) if algo == "STANDALONE" else {}
+    eng = Engine(target, page_size=4, speculative_algorithm=algo, speculative_num_steps=2,
+                 **{**BASE, "cuda_graph_bs": [1, 2, 4, 8], "max_running_requests": 8}, **kw)
+    prompt = tm.random_ids(6, seed=77)
+    n = 1500
+    try:
+        sps = [{"max_new_tokens": 2, "temperature": temperature, "top_p": top_p, "seed": i, "ignore_eos": True}
+               for i in range(n)]
+        outs = eng.generate(input_ids=[prompt] * n, sampling_params=sps)
+        leak_free(eng)
+    finally:
+        eng.shutdown()
+    pairs = np.array([o["output_ids"] for o in outs])
+    assert pairs.shape == (n, 2)
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=_torch().float32).eval()
+    expected = np.zeros(tm.VOCAB)
+    for first in np.unique(pairs[:, 0]):
+        count = int(np.sum(pairs[:, 0] == first))
+        logits = tm.hf_logits(hf, prompt + [int(first)])[-1].astype(np.float64)
+        expected += count * _filtered(logits, temperature, top_p)
+    observed = np.bincount(pairs[:, 1], minlength=tm.VOCAB).astype(float)
+    assert observed[expected == 0].sum() == 0, "a token outside the target's support was produced"
+    big = expected >= 5
+    obs = np.append(observed[big], observed[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    if exp[-1] < 5:  # too little mass to pool separately: fold it into the largest bin
+        obs, exp = obs[:-1], exp[:-1]
+        obs[np.argmax(exp)] += observed[~big].sum()
+        exp[np.argmax(exp)] += expected[~big].sum()
+    chi2 = float(np.sum((obs - exp) ** 2 / exp))
+    p_value = stats.chi2.sf(chi2, df=len(exp) - 1)
+    assert p_value > 1e-3, (chi2, len(exp), p_value)
+
+
+def _torch():
+    import torch
+
+    return torch
 
 
 # ------------------------------------------------------------------------------------------- NGRAM
