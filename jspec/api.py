@@ -128,7 +128,10 @@ class Engine:
         buckets = sorted(set(int(b) for b in buckets if b <= chunk) | {chunk})
 
         # KV pool size: explicit, or from free device memory, or a CPU default.
-        pages_per_seq = -(-context // page_size)
+        # A speculative step writes num_draft_tokens positions past the request's current length,
+        # so rows of the page table cover that much beyond the context length.
+        self.spec_extra = 0 if self.spec is None else self.spec.num_draft_tokens
+        pages_per_seq = -(-(context + self.spec_extra) // page_size)
         if max_total_tokens is None:
             free = _device_free_bytes()
             if free is None:
@@ -259,7 +262,7 @@ class Engine:
                 f"max_new_tokens: prompt ({len(input_ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) "
                 f"exceeds the context length {self.context_length}"
             )
-        if total > self.pool_tokens:
+        if total + self.spec_extra > self.pool_tokens:
             raise InvalidRequestError(
                 f"max_new_tokens: prompt + max_new_tokens ({total}) exceeds the KV pool ({self.pool_tokens} tokens)"
             )
