@@ -16,7 +16,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.72")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -328,10 +328,8 @@ class Engine:
         if self.tokenizer is None:
             return ""
         text = self.core.detok.decode(req.output_ids, req.sampling.skip_special_tokens)
-        end = getattr(req, "stop_text_end", None)
-        if end is not None:
-            state = getattr(req, "detok_state", None)
-            text = (state.text if state is not None else text)[:end]
+        if req.stop_text_end is not None:
+            text = (req.detok_state.text if req.detok_state is not None else text)[:req.stop_text_end]
         return text
 
     def _meta(self, req: Request) -> dict:
@@ -363,7 +361,7 @@ class Engine:
         while True:
             final = req.stream_queue.get()
             ids = req.output_ids[sent_ids:]
-            state = getattr(req, "detok_state", None)
+            state = req.detok_state
             text = self._text(req) if final else (state.text if state is not None else "")
             piece = text[len(sent_text):] if text.startswith(sent_text) else text
             sent_ids += len(ids)

@@ -167,9 +167,9 @@ class EngineCore:
         if sp.stop_token_ids and tok in sp.stop_token_ids:
             return {"type": "stop", "matched": tok}
         if sp.stop or req.stream_queue is not None:
-            state = req.detok_state if hasattr(req, "detok_state") else None
-            if state is None:
-                state = req.detok_state = DetokState()
+            if req.detok_state is None:
+                req.detok_state = DetokState()
+            state = req.detok_state
             before = len(state.text)
             self.detok.step(state, req.output_ids, sp.skip_special_tokens)
             if sp.stop:

@@ -8,6 +8,7 @@ import queue
 import threading
 import time
 
+from jspec.runtime.detokenizer import DetokState
 from jspec.runtime.sampling_params import SamplingParams
 
 
@@ -51,9 +52,8 @@ class Request:
     token_times: list[float] = dataclasses.field(default_factory=list)
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     stream_queue: "queue.Queue | None" = None
-    text: str = ""
-    sent_text_len: int = 0
-    sent_ids_len: int = 0
+    detok_state: "DetokState | None" = None  # incremental detokenization (stop strings, streaming)
+    stop_text_end: int | None = None  # where a matched stop string starts in the output text
 
     @property
     def all_ids(self) -> list[int]:

@@ -20,7 +20,6 @@ NaN included: every read here is masked before it can reach the output.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 MASK_MODES = ("causal", "tree", "full")
