@@ -22,8 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 
-from bench.engine_decode import (bytes_per_step, commit, copy_bandwidth, decode_plan, fill_random_kv,  # noqa: E402
-                                 log, page_table, time_step)
+from bench.engine_decode import commit, log  # noqa: E402
+from jspec.bench.step import (bytes_per_step, copy_bandwidth, decode_plan, fill_random_kv, page_table,  # noqa: E402
+                              time_step)
 from jspec.config import parse_hf_config  # noqa: E402
 from jspec.models import ops  # noqa: E402
 from jspec.models.loader import random_model  # noqa: E402

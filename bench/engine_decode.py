@@ -34,10 +34,8 @@ import jax.numpy as jnp  # noqa: E402
 from jspec.config import parse_hf_config  # noqa: E402
 from jspec.models.loader import random_model  # noqa: E402
 from jspec.models.presets import preset_config  # noqa: E402
-from jspec.bench.step import (bytes_per_step, copy_bandwidth, decode_plan, fill_random_kv,  # noqa: E402,F401
-                               page_table, time_step)
+from jspec.bench.step import copy_bandwidth, roofline  # noqa: E402
 from jspec.runtime.model_runner import ModelRunner  # noqa: E402
-from jspec.runtime.step_inputs import pack  # noqa: E402
 
 T0 = time.perf_counter()
 
@@ -72,33 +70,17 @@ def bench_model(preset, grid, copy_bps, results, budget_end, cache_dir):
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    runner = ModelRunner(model, page_size=page_size, num_pages=need_pages, num_slots=max_b + 1,
-                         pages_per_seq=pages_per_seq, decode_batch_sizes=decode_bs, extend_token_sizes=[],
-                         max_extend_requests=1, progress=False)
-    entry["compile_cold_s"] = runner.compile_seconds
-    entry["compile_buckets"] = len(runner.buckets)
-    log(f"{preset}: compiled {len(runner.buckets)} decode buckets cold in {runner.compile_seconds:.1f}s")
-    fill_random_kv(runner, jax.random.PRNGKey(7))
-
-    for b, c in grid:
-        if time.perf_counter() > budget_end:
-            entry["points"].append({"batch": b, "context": c, "skipped": "time budget"})
-            continue
-        bucket = next(x for x in runner.buckets if x.batch_size == b)
-        runner.state.req_to_page = page_table(b, c, page_size, pages_per_seq, max_b + 1)
-        packed = jax.device_put(pack(decode_plan(b, c), bucket))
-        sec = time_step(runner, bucket, packed)
-        by = bytes_per_step(cfg, model, b, c)
-        floor = by["total"] / copy_bps
-        point = {"batch": b, "context": c, "ms_per_step": sec * 1e3, "floor_ms": floor * 1e3,
-                 "fraction_of_floor": floor / sec, "bytes": by, "tokens_per_s": b / sec}
-        entry["points"].append(point)
-        log(f"{preset}: B={b:4d} ctx={c:5d}  {sec * 1e3:7.3f} ms/step  floor {floor * 1e3:6.3f} ms"
-            f"  -> {floor / sec:.2f} of floor")
+    # The roofline (timing, bytes, floor) is `jspec bench step`'s; it compiles the decode buckets cold.
+    records = roofline(model, grid, copy_bps=copy_bps, page_size=page_size)
+    entry["compile_cold_s"] = records[0]["compile_s"]
+    entry["points"] = records
+    log(f"{preset}: compiled decode buckets cold in {entry['compile_cold_s']:.1f}s")
+    for r in records:
+        log(f"{preset}: B={r['batch']:4d} ctx={r['context']:5d}  {r['ms_per_step']:7.3f} ms/step  "
+            f"floor {r['floor_ms']:6.3f} ms  -> {r['fraction_of_copy_bandwidth']:.2f} of floor")
 
     # Warm start: a second runner over the same buckets reads the persistent compilation cache.
     if time.perf_counter() < budget_end:
-        del runner
         r2 = ModelRunner(model, page_size=page_size, num_pages=need_pages, num_slots=max_b + 1,
                          pages_per_seq=pages_per_seq, decode_batch_sizes=decode_bs, extend_token_sizes=[],
                          max_extend_requests=1, progress=False)

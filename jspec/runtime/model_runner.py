@@ -46,8 +46,9 @@ class ModelRunner:
                 self.buckets.append(Bucket("decode", b, b, b, sort=True))
             else:  # a speculative step writes num_draft_tokens positions per request
                 host = spec.num_steps if spec.algorithm == "NGRAM" else 0
-                self.buckets.append(Bucket("spec", b, b, b * (-(-spec.num_draft_tokens // page_size) + 1),
-                                           num_host_drafts=host))
+                for sort in (False, True):
+                    self.buckets.append(Bucket("spec", b, b, b * (-(-spec.num_draft_tokens // page_size) + 1),
+                                               num_host_drafts=host, sort=sort))
         for t in sorted(set(extend_token_sizes)):
             b = min(t, max_extend_requests)
             self.buckets.append(Bucket("extend", t, b, t // page_size + b + 1))
@@ -90,13 +91,12 @@ class ModelRunner:
         if plan.mode == "decode" and self.spec is not None:
             plan.mode = "spec"
         sort = None
-        if plan.mode == "decode":
+        if plan.mode in ("decode", "spec"):
             vocab = self.model.config.vocab_size
-            sort = any(not s.req.sampling.is_greedy and (0 < s.req.sampling.top_k < vocab or s.req.sampling.top_p < 1.0)
-                       for s in plan.reqs)
+            sort = any(s.req.sampling.needs_sort(vocab) for s in plan.reqs)
         for b in self.buckets:
             if (b.mode == plan.mode and b.num_tokens >= n_tok and b.batch_size >= n_req
-                    and (plan.mode != "decode" or b.sort == sort)):
+                    and (sort is None or b.sort == sort)):
                 return b
         raise AssertionError(f"no {plan.mode} bucket for {n_tok} tokens / {n_req} requests")
 

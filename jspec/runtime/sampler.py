@@ -177,10 +177,11 @@ def _filter(logprobs: jax.Array, logits: jax.Array, batch: SamplingBatch, sort: 
     return jnp.where(greedy[:, None], one_hot, kept)
 
 
-def filtered_probs(logits: jax.Array, batch: SamplingBatch) -> jax.Array:
-    """`[B, V]` probabilities that `sample` draws from, given already penalised logits."""
+def filtered_probs(logits: jax.Array, batch: SamplingBatch, sort: bool | None = None) -> jax.Array:
+    """`[B, V]` probabilities that `sample` draws from, given already penalised logits (`sort` as in
+    `_filter`)."""
     logits = logits.astype(jnp.float32)
-    return _filter(_processed_logprobs(logits, batch), logits, batch)
+    return _filter(_processed_logprobs(logits, batch), logits, batch, sort)
 
 
 def _row_key(seed: jax.Array, step: jax.Array) -> jax.Array:

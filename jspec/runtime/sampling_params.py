@@ -166,6 +166,11 @@ class SamplingParams:
         params.check_vocab(vocab_size)
         return params
 
+    def needs_sort(self, vocab_size: int) -> bool:
+        """Whether sampling this request needs the sampler's full sort (top-k below the vocabulary
+        or top-p below 1, on a non-greedy row): the host picks the step variant from it."""
+        return not self.is_greedy and (0 < self.top_k < vocab_size or self.top_p < 1.0)
+
     @property
     def is_greedy(self) -> bool:
         """SGLang samples greedily for a near-zero temperature and for top_k = 1 alike."""

@@ -73,7 +73,7 @@ def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
                 )
                 out, dcaches = draft(batch, dcaches, compute_logits=k < s)
                 if k < s:
-                    q = sampling.filtered_probs(out.logits, sb)  # [B, V]
+                    q = sampling.filtered_probs(out.logits, sb, sort=bucket.sort)  # [B, V]
                     drawn = jax.vmap(jax.random.categorical)(row_keys(k), jnp.log(q))
                     tok = jnp.where(greedy, jnp.argmax(out.logits, axis=-1), drawn).astype(jnp.int32)
                     drafts.append(tok)
@@ -112,7 +112,7 @@ def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
         # 3b. Speculative sampling for the other rows.
         vocab = out.logits.shape[-1]
         rep = jax.tree_util.tree_map(lambda f: jnp.repeat(f, s + 1, axis=0), sb)
-        p_all = sampling.filtered_probs(out.logits, rep).reshape(b_cap, s + 1, vocab)
+        p_all = sampling.filtered_probs(out.logits, rep, sort=bucket.sort).reshape(b_cap, s + 1, vocab)
         p_d = jnp.take_along_axis(p_all[:, :s], d[:, :, None], axis=2)[:, :, 0]  # p(j)[d(j+1)]
         if q_all is None:
             q_d = jnp.ones_like(p_d)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from pallas_kernels.gdn.common import ANY, block_for, cdiv, inv_norm, splat, triton_params
+from pallas_kernels.gdn.common import ANY, block_for, cdiv, delta_rule_token, splat, triton_params
 
 
 def _recurrent_kernel(
@@ -49,18 +49,8 @@ def _recurrent_kernel(
     slot = slots_ref[b]
 
     def token(t, s):
-        q = q_ref[t, hk, :].astype(jnp.float32)
-        k = k_ref[t, hk, :].astype(jnp.float32)
-        if use_qk_l2norm:
-            q = q * inv_norm(q)
-            k = k * inv_norm(k)
-        q = q * scale
-        v = v_ref[t, h, cols].astype(jnp.float32)
-        s = s * jnp.exp(g_ref[t, h].astype(jnp.float32))
-        delta = (v - jnp.sum(s * k[:, None], axis=0)) * beta_ref[t, h].astype(jnp.float32)
-        s = s + k[:, None] * delta[None, :]
-        o_ref[t, h, cols] = jnp.sum(s * q[:, None], axis=0).astype(o_ref.dtype)
-        return s
+        return delta_rule_token(s, t, h, hk, cols, q_ref, k_ref, v_ref, g_ref, beta_ref, o_ref,
+                                scale=scale, use_qk_l2norm=use_qk_l2norm)
 
     @pl.when(r1 > r0)
     def _():

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from pallas_kernels.gdn.common import ANY, block_for, inv_norm, triton_params
+from pallas_kernels.gdn.common import ANY, block_for, delta_rule_token, triton_params
 
 
 def _verify_kernel(
@@ -54,17 +54,8 @@ def _verify_kernel(
 
             s = jax.lax.cond(p == j - 1, lambda prev=prev: prev, elsewhere)
 
-        q = q_ref[t, hk, :].astype(jnp.float32)
-        k = k_ref[t, hk, :].astype(jnp.float32)
-        if use_qk_l2norm:
-            q = q * inv_norm(q)
-            k = k * inv_norm(k)
-        q = q * scale
-        v = v_ref[t, h, cols].astype(jnp.float32)
-        s = s * jnp.exp(g_ref[t, h].astype(jnp.float32))
-        delta = (v - jnp.sum(s * k[:, None], axis=0)) * beta_ref[t, h].astype(jnp.float32)
-        s = s + k[:, None] * delta[None, :]
-        o_ref[t, h, cols] = jnp.sum(s * q[:, None], axis=0).astype(o_ref.dtype)
+        s = delta_rule_token(s, t, h, hk, cols, q_ref, k_ref, v_ref, g_ref, beta_ref, o_ref,
+                             scale=scale, use_qk_l2norm=use_qk_l2norm)
         scratch_ref[b, j, h, :, cols] = s
         if barrier and j + 1 < num_draft:
             plt.debug_barrier()  # later tokens may read this state back from scratch
