@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import queue
 import threading
@@ -28,6 +29,7 @@ from jspec.runtime.request import Request
 from jspec.runtime.sampling_params import SamplingParams
 from jspec.runtime.scheduler import Scheduler
 
+logger = logging.getLogger("jspec")
 DEFAULT_CUDA_GRAPH_BS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256]
 _ENGINE_KEYS = {
     "model_path", "dtype", "page_size", "max_running_requests", "max_total_tokens", "chunked_prefill_size",
@@ -87,7 +89,8 @@ class Engine:
         from jspec.spec.config import check_draft, parse_spec_config
 
         self.spec = parse_spec_config(kwargs, target_family=config.family, target_is_hybrid=config.is_hybrid)
-        if self.spec is not None and self.spec.algorithm == "STANDALONE":
+        if (self.spec is not None and self.spec.algorithm == "STANDALONE"
+                and isinstance(self.spec.draft_model_path, (str, os.PathLike))):
             if not os.path.isdir(str(self.spec.draft_model_path)):
                 raise ConfigError(f"speculative_draft_model_path={self.spec.draft_model_path!r} is not a directory")
             check_draft(self.spec, config, load_config(self.spec.draft_model_path))
@@ -130,7 +133,7 @@ class Engine:
         # KV pool size: explicit, or from free device memory, or a CPU default.
         # A speculative step writes num_draft_tokens positions past the request's current length,
         # so rows of the page table cover that much beyond the context length.
-        self.spec_extra = 0 if self.spec is None else self.spec.num_draft_tokens
+        self.spec_extra = 0 if self.spec is None else self.spec.kv_ahead
         pages_per_seq = -(-(context + self.spec_extra) // page_size)
         if max_total_tokens is None:
             free = _device_free_bytes()
@@ -168,15 +171,18 @@ class Engine:
         self._seed_counter = itertools.count()
 
         self.draft_model = None
-        if self.spec is not None and self.spec.draft_model_path:
-            self.draft_model = load_model(self.spec.draft_model_path, dtype=dtype)
+        if self.spec is not None and self.spec.draft_kind is not None:
+            self.draft_model = self._load_draft(dtype)
+            if self.spec.simulate_accept_length is not None:
+                logger.warning("speculative_simulate_accept_length=%s: acceptance is simulated for benchmarking; "
+                               "outputs are NOT the target's", self.spec.simulate_accept_length)
         self.pages = PageAllocator(num_pages, page_size)
         self.slots = SlotAllocator(num_slots)
         self.scheduler = Scheduler(self.pages, self.slots, max_running_requests=max_running,
                                    chunked_prefill_size=chunk, max_extend_requests=min(max_running, 64),
                                    max_decode_requests=bs[-1],
                                    enable_mixed_chunk=bool(kwargs.get("enable_mixed_chunk", False)),
-                                   spec_tokens=0 if self.spec is None else self.spec.num_draft_tokens)
+                                   spec_tokens=0 if self.spec is None else self.spec.kv_ahead)
         self.runner = ModelRunner(self.model, page_size=page_size, num_pages=num_pages, num_slots=num_slots,
                                   pages_per_seq=pages_per_seq, decode_batch_sizes=bs,
                                   extend_token_sizes=buckets, max_extend_requests=min(max_running, 64),
@@ -196,6 +202,21 @@ class Engine:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="jspec-engine", daemon=True)
         self._thread.start()
+
+    def _load_draft(self, dtype):
+        """The drafter: a loaded object passes through (benchmarks build random ones); a path is
+        read in its published format (NEXTN: the target's own `mtp.*` tensors by default)."""
+        path = self.spec.draft_model_path
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            return path
+        if self.spec.draft_kind == "model":
+            return load_model(path, dtype=dtype)
+        from jspec.models.drafters.loader import load_drafter
+
+        path = path or self.model.path
+        if not os.path.isdir(str(path)):
+            raise ConfigError(f"speculative_draft_model_path={path!r} is not a directory")
+        return load_drafter(self.spec.algorithm, str(path), self.model, self.model.dtype)
 
     @staticmethod
     def _generation_eos(path: str) -> set[int]:
@@ -407,6 +428,7 @@ class Engine:
             "speculative_num_draft_tokens": self.spec.num_draft_tokens,
             "avg_spec_accept_length": (sum(k * v for k, v in hist.items()) / steps) if steps else None,
             "spec_accept_length_histogram": hist,
+            "speculative_simulate_accept_length": self.spec.simulate_accept_length,
         }
 
     def wait_idle(self, timeout: float = 60.0) -> bool:

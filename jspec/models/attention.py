@@ -14,7 +14,9 @@ from jspec.models.rope import apply_rope
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, dtype):
+    def __init__(self, cfg: ModelConfig, *, dtype, in_features: int | None = None):
+        """in_features: width of the input x when it is not hidden_size (EAGLE3's midlayer attends
+        over [embedding | hidden], 2E wide); the output is always hidden_size."""
         h, g, d, e = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
         self.num_heads, self.num_kv_heads, self.head_dim = h, g, d
         self.output_gate = cfg.attn_output_gate
@@ -22,7 +24,8 @@ class Attention(nnx.Module):
         # q, k and v in one projection (HF's q_proj / k_proj / v_proj concatenated at load): one
         # weight read and one GEMM launch instead of three, which matters at decode batch sizes.
         self.q_out = h * d * (2 if self.output_gate else 1)
-        self.qkv_proj = Linear(e, self.q_out + 2 * g * d, bias=cfg.attention_bias, dtype=dtype)
+        e_in = e if in_features is None else in_features
+        self.qkv_proj = Linear(e_in, self.q_out + 2 * g * d, bias=cfg.attention_bias, dtype=dtype)
         self.o_proj = Linear(h * d, e, bias=cfg.attention_bias, dtype=dtype)
         if cfg.qk_norm:
             kw = dict(eps=cfg.rms_norm_eps, zero_centred=cfg.zero_centred_norm, dtype=dtype)
@@ -32,7 +35,7 @@ class Attention(nnx.Module):
             self.q_norm = self.k_norm = None
 
     def __call__(self, x, cos_sin, kv, batch: ForwardBatch):
-        """x `[T, E]`; kv = (k_pages, v_pages). Returns (out `[T, E]`, new kv)."""
+        """x `[T, E]` (or `[T, in_features]`); kv = (k_pages, v_pages). Returns (out `[T, E]`, new kv)."""
         t = x.shape[0]
         h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = jnp.split(self.qkv_proj(x), [self.q_out, self.q_out + g * d], axis=-1)
@@ -52,7 +55,10 @@ class Attention(nnx.Module):
         scale = d ** -0.5
         if batch.mode == "decode":
             o = ops.paged_decode(q, k_pages, v_pages, batch.page_table, batch.seq_lens, sm_scale=scale)
-        else:
+        elif batch.mode == "verify" and batch.tree_mask is not None:
+            o = ops.paged_attention(q, k_pages, v_pages, batch.page_table, batch.seq_lens, batch.cu_q_lens,
+                                    sm_scale=scale, mask_mode="tree", custom_mask=batch.tree_mask)
+        else:  # extend, and chain verify (a chain is the causal case)
             o = ops.paged_attention(
                 q, k_pages, v_pages, batch.page_table, batch.seq_lens, batch.cu_q_lens, sm_scale=scale
             )

@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-MODES = ("extend", "decode")
+MODES = ("extend", "decode", "verify")
 
 
 @jax.tree_util.register_dataclass
@@ -23,7 +23,12 @@ class ForwardBatch:
 
     input_ids, positions, slot_mapping: [T]; seq_lens, state_slots, has_initial_state: [B];
     cu_q_lens: [B + 1]; page_table: [B, pages_per_seq]. `mode` is static: "extend" (prefill
-    chunks, any q_len) or "decode" (exactly one token per request, T == B).
+    chunks, any q_len), "decode" (exactly one token per request, T == B) or "verify" (exactly N
+    draft tokens per request, T == B * N: attention is causal, or follows `tree_mask` [B, N, N];
+    Gated-DeltaNet layers leave the state pool untouched and return the state after every draft
+    token, each continuing from its parent's, `parents` [B, N] with -1 = the committed state).
+    In verify mode `positions` are the RoPE positions (a tree node's depth past the prefix) while
+    `slot_mapping` places node j at KV index seq_len - N + j, the order the tree mask uses.
     """
 
     input_ids: jax.Array
@@ -34,6 +39,8 @@ class ForwardBatch:
     slot_mapping: jax.Array
     state_slots: jax.Array
     has_initial_state: jax.Array
+    parents: jax.Array | None = None
+    tree_mask: jax.Array | None = None
     mode: str = dataclasses.field(default="extend", metadata=dict(static=True))
 
     @property

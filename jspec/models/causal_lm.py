@@ -53,14 +53,18 @@ class DecoderStack(nnx.Module):
 class ForwardOutput:
     """logits `[R, V]` float32 for the selected rows; final_hidden `[R, E]` (after the final norm);
     aux_hidden `[R, len(capture), E]`: the residual stream entering each captured layer (index
-    `num_layers` is the un-normed output of the last layer), as HF's `output_hidden_states[i]`."""
+    `num_layers` is the un-normed output of the last layer), as HF's `output_hidden_states[i]`.
+    With `all_hidden`, final_hidden and aux_hidden keep all T rows. gdn_scratch (verify mode):
+    per GDN layer (conv scratch, state scratch) after every draft token, for `ops.gdn_commit`."""
 
     logits: jax.Array | None
     final_hidden: jax.Array
     aux_hidden: jax.Array | None
+    gdn_scratch: list | None = None
 
 
-jax.tree_util.register_dataclass(ForwardOutput, data_fields=["logits", "final_hidden", "aux_hidden"], meta_fields=[])
+jax.tree_util.register_dataclass(ForwardOutput, data_fields=["logits", "final_hidden", "aux_hidden", "gdn_scratch"],
+                                 meta_fields=[])
 
 
 class CausalLM(nnx.Module):
@@ -86,17 +90,21 @@ class CausalLM(nnx.Module):
         capture_layers: tuple[int, ...] = (),
         compute_logits: bool = True,
         input_embeds=None,
+        all_hidden: bool = False,
     ) -> tuple[ForwardOutput, Caches]:
         """Run the stack over the step's T tokens.
 
         logits_indices `[R]`: rows whose outputs are wanted (e.g. each request's last token); None
         keeps all T. input_embeds `[T, E]` replaces the token embedding (drafters feed their own).
+        all_hidden: hidden states of all T rows even when logits are wanted for a few (a drafter
+        extends over every token of a prefill chunk).
         """
         cfg = self.config
         x = self.model.embed_tokens(batch.input_ids) if input_embeds is None else input_embeds
         cos_sin = rope_cos_sin(cfg.rope, batch.positions)
         kv, conv, ssm = list(caches.kv), list(caches.conv), list(caches.ssm)
         captured = {}
+        scratch = [] if batch.mode == "verify" else None
         attn_i = gdn_i = 0
         for i, layer in enumerate(self.model.layers):
             if i in capture_layers:
@@ -106,17 +114,25 @@ class CausalLM(nnx.Module):
                 h, kv[attn_i] = layer.self_attn(h, cos_sin, kv[attn_i], batch)
                 attn_i += 1
             else:
-                h, conv[gdn_i], ssm[gdn_i] = layer.linear_attn(h, conv[gdn_i], ssm[gdn_i], batch)
+                h, c, st = layer.linear_attn(h, conv[gdn_i], ssm[gdn_i], batch)
+                if scratch is not None:
+                    scratch.append((c, st))  # the pools stay as they are until commit
+                else:
+                    conv[gdn_i], ssm[gdn_i] = c, st
                 gdn_i += 1
             x = x + h
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         if cfg.num_hidden_layers in capture_layers:
             captured[cfg.num_hidden_layers] = x
 
-        if logits_indices is not None:
-            x = x[logits_indices]
-            captured = {k: v[logits_indices] for k, v in captured.items()}
-        final = self.model.norm(x)
-        logits = self.compute_logits(final) if compute_logits else None
+        final = self.model.norm(x if all_hidden or logits_indices is None else x[logits_indices])
+        if all_hidden:
+            logits_in = final if logits_indices is None else final[logits_indices]
+        else:
+            logits_in = final
+            if logits_indices is not None:
+                captured = {k: v[logits_indices] for k, v in captured.items()}
+        logits = self.compute_logits(logits_in) if compute_logits else None
         aux = jnp.stack([captured[i] for i in capture_layers], axis=1) if capture_layers else None
-        return ForwardOutput(logits=logits, final_hidden=final, aux_hidden=aux), Caches(kv=kv, conv=conv, ssm=ssm)
+        return (ForwardOutput(logits=logits, final_hidden=final, aux_hidden=aux, gdn_scratch=scratch),
+                Caches(kv=kv, conv=conv, ssm=ssm))

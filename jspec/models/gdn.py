@@ -76,18 +76,29 @@ class GatedDeltaNet(nnx.Module):
         return q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk), v.reshape(t, self.hv, self.dv)
 
     def __call__(self, x, conv_pool, ssm_pool, batch: ForwardBatch):
-        """x `[T, E]` -> (out `[T, E]`, conv_pool, ssm_pool)."""
+        """x `[T, E]` -> (out `[T, E]`, conv, ssm).
+
+        conv / ssm are the updated pools, except in verify mode, where the pools must survive a
+        rejection: then they are the per-draft-token scratch `[B, N, C, K-1]` / `[B, N, Hv, dk, dv]`
+        that `ops.gdn_commit` later copies into the slots for the accepted token."""
         t = x.shape[0]
         mixed, z, b, a = self._project(x)
         weight = self.conv1d.weight[...][:, 0, :]
-        mixed, conv_pool = ops.causal_conv1d(
-            mixed, weight, conv_pool, batch.cu_q_lens, batch.state_slots, batch.has_initial_state
-        )
+        verify = batch.mode == "verify"
+        if verify:
+            mixed, conv = ops.causal_conv1d_verify(mixed, weight, conv_pool, batch.state_slots, batch.parents)
+        else:
+            mixed, conv = ops.causal_conv1d(
+                mixed, weight, conv_pool, batch.cu_q_lens, batch.state_slots, batch.has_initial_state
+            )
         q, k, v = self._split_heads(mixed)
         g, beta = self._gates(b, a)
-        core, ssm_pool = ops.gated_delta_rule(
-            q, k, v, g, beta, ssm_pool, batch.cu_q_lens, batch.state_slots, batch.has_initial_state,
-            decode=batch.mode == "decode",
-        )
+        if verify:
+            core, ssm = ops.gated_delta_rule_verify(q, k, v, g, beta, ssm_pool, batch.state_slots, batch.parents)
+        else:
+            core, ssm = ops.gated_delta_rule(
+                q, k, v, g, beta, ssm_pool, batch.cu_q_lens, batch.state_slots, batch.has_initial_state,
+                decode=batch.mode == "decode",
+            )
         out = self.norm(core.astype(x.dtype), z).reshape(t, self.hv * self.dv)
-        return self.out_proj(out), conv_pool, ssm_pool
+        return self.out_proj(out), conv, ssm

@@ -18,6 +18,7 @@ from jspec.models.batch import empty_caches
 from jspec.runtime.scheduler import StepPlan
 from jspec.runtime.step import DeviceState, make_step
 from jspec.runtime.step_inputs import Bucket, pack
+from jspec.spec.eagle_step import init_spec_state
 
 
 @dataclasses.dataclass
@@ -47,11 +48,12 @@ class ModelRunner:
             else:  # a speculative step writes num_draft_tokens positions per request
                 host = spec.num_steps if spec.algorithm == "NGRAM" else 0
                 for sort in (False, True):
-                    self.buckets.append(Bucket("spec", b, b, b * (-(-spec.num_draft_tokens // page_size) + 1),
+                    self.buckets.append(Bucket("spec", b, b, b * (-(-spec.kv_ahead // page_size) + 1),
                                                num_host_drafts=host, sort=sort))
+        self.draft_kind = None if spec is None else spec.draft_kind
         for t in sorted(set(extend_token_sizes)):
             b = min(t, max_extend_requests)
-            self.buckets.append(Bucket("extend", t, b, t // page_size + b + 1))
+            self.buckets.append(Bucket("extend", t, b, t // page_size + b + 1, next_ids=self.draft_kind == "eagle"))
         cfg = model.config
         self.state = DeviceState(
             caches=empty_caches(cfg, num_pages=num_pages, page_size=page_size, num_state_slots=num_slots,
@@ -63,6 +65,8 @@ class ModelRunner:
             draft_caches=None if draft_model is None else empty_caches(
                 draft_model.config, num_pages=num_pages, page_size=page_size, num_state_slots=num_slots,
                 dtype=draft_model.dtype),
+            spec_state=None if self.draft_kind != "eagle" else init_spec_state(
+                num_slots, cfg.hidden_size, model.dtype, topk=spec.topk),
         )
         self.params = model.params if draft_model is None else (model.params, draft_model.params)
         self.compiled: dict[Bucket, object] = {}
@@ -75,12 +79,22 @@ class ModelRunner:
             draft_gd = None if self.draft_model is None else self.draft_model.graphdef
             if bucket.mode == "spec":
                 from jspec.spec.chain_step import make_chain_spec_step
+                from jspec.spec.eagle_step import make_eagle_spec_step
 
-                fn = make_chain_spec_step(self.model.graphdef, draft_gd, bucket, page_size=self.page_size,
-                                          num_steps=self.spec.num_steps)
+                from jspec.spec.tree_step import make_tree_spec_step
+
+                sp = self.spec
+                kw = dict(page_size=self.page_size, num_steps=sp.num_steps,
+                          simulate_accept_length=sp.simulate_accept_length)
+                if sp.topk > 1:
+                    fn = make_tree_spec_step(self.model.graphdef, draft_gd, bucket, topk=sp.topk,
+                                             num_draft_tokens=sp.num_draft_tokens, **kw)
+                else:
+                    make = make_eagle_spec_step if self.draft_kind == "eagle" else make_chain_spec_step
+                    fn = make(self.model.graphdef, draft_gd, bucket, **kw)
             else:
                 fn = make_step(self.model.graphdef, bucket, page_size=self.page_size,
-                               num_top_logprobs=self.num_top, draft_graphdef=draft_gd)
+                               num_top_logprobs=self.num_top, draft_graphdef=draft_gd, draft_kind=self.draft_kind)
             packed = jax.ShapeDtypeStruct((bucket.size,), jnp.int32)
             self.compiled[bucket] = jax.jit(fn, donate_argnums=(1,)).lower(
                 self.params, self.state, packed).compile()

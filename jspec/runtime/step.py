@@ -32,6 +32,10 @@ class DeviceState:
     output_counts: jax.Array  # [num_slots, V] int32: output tokens so far (frequency/presence penalty)
     prompt_mask: jax.Array  # [num_slots, V] bool: tokens of the prompt (repetition penalty)
     draft_caches: Caches | None = None  # a drafter's own KV (same page table), when speculating
+    # What a hidden-state drafter (EAGLE family) carries from one step to the next, per slot:
+    # "tokens" [num_slots, K] its top-K proposals for the next position, "logp" [num_slots, K]
+    # their log-probabilities, "hidden" [num_slots, E] the hidden it feeds back.
+    spec_state: dict | None = None
 
 
 def _apply_page_updates(req_to_page, updates):
@@ -40,11 +44,14 @@ def _apply_page_updates(req_to_page, updates):
     return req_to_page.at[slot, idx].set(page, mode="drop")
 
 
-def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int, draft_graphdef=None):
+def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int, draft_graphdef=None,
+              draft_kind: str | None = None):
     """The step function for one bucket: (params, DeviceState, packed int32) -> (DeviceState, out).
 
-    With a drafter (`draft_graphdef`), params is (target params, draft params) and the draft model
-    runs over the same tokens, pages and positions, so its KV cache tracks the target's."""
+    With a drafter (`draft_graphdef`), params is (target params, draft params). A draft model
+    (draft_kind "model", STANDALONE) runs over the same tokens, pages and positions, so its KV cache
+    tracks the target's; a hidden-state drafter ("eagle": EAGLE, EAGLE3, NEXTN) runs over the same
+    positions with the tokens shifted by one and the target's hidden states (`spec/eagle_step.py`)."""
 
     def step(params, state: DeviceState, packed):
         draft_params = None
@@ -79,10 +86,12 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
         )
         last_idx = jnp.maximum(cu[1:] - 1, 0)
         module = nnx.merge(graphdef, params)
-        out, caches = module(batch, state.caches, logits_indices=last_idx)
+        draft = None if draft_graphdef is None else nnx.merge(draft_graphdef, draft_params)
+        eagle = draft_kind == "eagle"
+        out, caches = module(batch, state.caches, logits_indices=last_idx,
+                             capture_layers=draft.capture_layers if eagle else (), all_hidden=eagle)
         draft_caches = state.draft_caches
-        if draft_graphdef is not None:
-            draft = nnx.merge(draft_graphdef, draft_params)
+        if draft_kind == "model":
             _, draft_caches = draft(batch, draft_caches, logits_indices=last_idx, compute_logits=False)
 
         # Penalty state: reset on (re)admission, then count this step's prompt / re-fed tokens.
@@ -112,6 +121,16 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
         last_token = state.last_token.at[write_slot].set(so.tokens, mode="drop")
         counts = counts.at[write_slot, jnp.maximum(so.tokens, 0)].add(1, mode="drop")
 
+        spec_state = state.spec_state
+        if eagle:
+            from jspec.spec.eagle_step import prefill_draft
+
+            # -1: the request's newest token, which this step just sampled (or an earlier one did).
+            next_ids = jnp.where(x["next_ids"] >= 0, x["next_ids"], last_token[tok_slot])
+            next_ids = jnp.where(valid_tok, next_ids, 0)
+            draft_caches, spec_state = prefill_draft(draft, module, draft_caches, batch, out, next_ids, sampled,
+                                                     last_idx, spec_state, spec_state["tokens"].shape[1])
+
         packed_out = jnp.concatenate(
             [
                 tokens[:, None],
@@ -122,7 +141,8 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
             axis=1,
         )
         new_state = DeviceState(caches=caches, req_to_page=req_to_page, last_token=last_token,
-                                output_counts=counts, prompt_mask=prompt_mask, draft_caches=draft_caches)
+                                output_counts=counts, prompt_mask=prompt_mask, draft_caches=draft_caches,
+                                spec_state=spec_state)
         return new_state, packed_out
 
     return step

@@ -30,6 +30,7 @@ class Bucket:
     num_page_updates: int  # U
     num_host_drafts: int = 0  # draft tokens per request proposed on the host (NGRAM)
     sort: bool | None = None  # sampler variant: None decides on device; True / False static
+    next_ids: bool = False  # extend steps for a hidden-state drafter: the token after each token
 
     def fields(self):
         t, b, u = self.num_tokens, self.batch_size, self.num_page_updates
@@ -39,6 +40,8 @@ class Bucket:
         out.append(("page_updates", (u, 3)))
         if self.num_host_drafts:
             out.append(("draft_tokens", (b, self.num_host_drafts)))
+        if self.next_ids:
+            out.append(("next_ids", (t,)))
         return out
 
     @property
@@ -107,6 +110,20 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
     else:
         cu[n_req + 1:] = t
     assert t <= t_cap and n_req <= b_cap, (t, t_cap, n_req, b_cap)
+    if bucket.next_ids:
+        # The token after each token (EAGLE-family drafters lag by one); -1 where it is the
+        # request's newest token, which only the device has (sampled by this very step).
+        nxt = f["next_ids"]
+        nxt[:] = -1
+        t = 0
+        for s in plan.reqs:
+            n = s.num_tokens
+            if s.token_ids is not None:
+                seq = s.req.all_ids
+                for k in range(n):
+                    i = s.start + k + 1
+                    nxt[t + k] = seq[i] if i < len(seq) else -1
+            t += n
     if bucket.num_host_drafts:
         for i, s in enumerate(plan.reqs):
             f["draft_tokens"][i] = s.draft

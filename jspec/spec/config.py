@@ -1,9 +1,10 @@
 """Speculative-decoding settings (SGLang's keyword names) and their validation.
 
-Implemented so far: STANDALONE (any supported dense model as the drafter, same vocabulary) and
-NGRAM (drafts from the request's own tokens), with a chain (topk 1), greedy acceptance, the
-synchronous loop. Everything else the keywords can ask for
-raises ConfigError naming the setting, so nothing runs with a silently different algorithm.
+Implemented: STANDALONE (any supported dense model as the drafter, same vocabulary), NGRAM
+(drafts from the request's own tokens), and the hidden-state drafters EAGLE, EAGLE3 and NEXTN
+(MTP), with a chain (topk 1), greedy and sampling acceptance, hybrid (Gated-DeltaNet) targets,
+the synchronous loop. Everything else the keywords can ask for raises ConfigError naming the
+setting, so nothing runs with a silently different algorithm.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import dataclasses
 from jspec.errors import ConfigError
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "NAIVE_EAGLE")
-IMPLEMENTED = ("STANDALONE", "NGRAM")
+IMPLEMENTED = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+HIDDEN_STATE_DRAFTERS = ("EAGLE", "EAGLE3", "NEXTN")
+MTP_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,10 +28,27 @@ class SpecConfig:
     draft_model_path: str | None
     ngram_min_window: int = 1
     ngram_max_window: int = 12
+    simulate_accept_length: float | None = None  # benchmark only: forced mean accept length
 
     @property
     def verify_tokens(self) -> int:
         return self.num_draft_tokens
+
+    @property
+    def kv_ahead(self) -> int:
+        """KV indices past a request's length that one speculative step may write (pages for
+        them are allocated before the step): the verified tokens, and for a tree also the draft
+        tree and the drafter's catch-up over the accepted path."""
+        if self.topk == 1:
+            return self.num_draft_tokens
+        return max(self.num_draft_tokens, (self.num_steps - 1) * self.topk, self.num_steps + 1)
+
+    @property
+    def draft_kind(self) -> str | None:
+        """"eagle" (reads target hidden states), "model" (STANDALONE) or None (host drafts, NGRAM)."""
+        if self.algorithm in HIDDEN_STATE_DRAFTERS:
+            return "eagle"
+        return "model" if self.algorithm == "STANDALONE" else None
 
 
 def parse_spec_config(kwargs: dict, *, target_family: str, target_is_hybrid: bool) -> SpecConfig | None:
@@ -46,10 +66,12 @@ def parse_spec_config(kwargs: dict, *, target_family: str, target_is_hybrid: boo
     steps = kwargs.get("speculative_num_steps")
     topk = kwargs.get("speculative_eagle_topk")
     ndt = kwargs.get("speculative_num_draft_tokens")
-    # SGLang's defaults when unset: 3 steps, topk 1, 4 draft tokens.
+    if steps is None and topk is None and ndt is None:
+        # SGLang's defaults when all are unset: 3 / 1 / 4, and 5 / 4 / 8 for Llama targets.
+        steps, topk, ndt = (5, 4, 8) if target_family == "llama" and algo in HIDDEN_STATE_DRAFTERS else (3, 1, 4)
     steps = 3 if steps is None else steps
     topk = 1 if topk is None else topk
-    ndt = steps + 1 if ndt is None else ndt
+    ndt = (steps + 1 if topk == 1 else min(topk * steps + 1, 8)) if ndt is None else ndt
     for name, v in (("speculative_num_steps", steps), ("speculative_eagle_topk", topk),
                     ("speculative_num_draft_tokens", ndt)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -62,16 +84,21 @@ def parse_spec_config(kwargs: dict, *, target_family: str, target_is_hybrid: boo
     if ndt > topk * steps + 1:
         raise ConfigError(f"speculative_num_draft_tokens={ndt} exceeds speculative_eagle_topk * "
                           f"speculative_num_steps + 1 = {topk * steps + 1}")
-    if topk != 1:
-        raise ConfigError(f"speculative_eagle_topk={topk}: tree drafting is not implemented yet (only 1)")
-    if target_is_hybrid:
-        raise ConfigError(f"speculative decoding on hybrid Gated-DeltaNet targets ({target_family}) is not "
-                          "implemented yet")
-    if kwargs.get("speculative_simulate_accept_length") is not None:
-        raise ConfigError("speculative_simulate_accept_length is not implemented yet")
+    if topk != 1 and algo not in HIDDEN_STATE_DRAFTERS:
+        raise ConfigError(f"speculative_eagle_topk={topk}: draft trees need an EAGLE-family drafter "
+                          f"({', '.join(HIDDEN_STATE_DRAFTERS)}); {algo} drafts a chain (topk 1)")
+    sim = kwargs.get("speculative_simulate_accept_length")
+    if sim is not None:
+        if isinstance(sim, bool) or not isinstance(sim, (int, float)) or not 1.0 <= sim <= steps + 1:
+            raise ConfigError(f"speculative_simulate_accept_length={sim!r}: must be a number in "
+                              f"[1, speculative_num_steps + 1 = {steps + 1}]")
+        sim = float(sim)
     draft = kwargs.get("speculative_draft_model_path")
-    if algo == "STANDALONE" and not draft:
-        raise ConfigError("speculative_draft_model_path is required for STANDALONE")
+    if algo in ("STANDALONE", "EAGLE", "EAGLE3") and not draft:
+        raise ConfigError(f"speculative_draft_model_path is required for {algo}")
+    if algo == "NEXTN" and target_family not in MTP_FAMILIES:
+        raise ConfigError(f"speculative_algorithm='NEXTN': a {target_family} target has no MTP layer "
+                          f"(NEXTN serves {', '.join(MTP_FAMILIES)})")
     lo = kwargs.get("speculative_ngram_min_match_window_size")
     hi = kwargs.get("speculative_ngram_max_match_window_size")
     lo, hi = (1 if lo is None else lo), (12 if hi is None else hi)
@@ -82,7 +109,7 @@ def parse_spec_config(kwargs: dict, *, target_family: str, target_is_hybrid: boo
             raise ConfigError("speculative_ngram_min_match_window_size / speculative_ngram_max_match_window_size: "
                               f"need 1 <= min <= max, got {lo!r} / {hi!r}")
     return SpecConfig(algorithm=algo, num_steps=steps, topk=topk, num_draft_tokens=ndt, draft_model_path=draft,
-                      ngram_min_window=lo, ngram_max_window=hi)
+                      ngram_min_window=lo, ngram_max_window=hi, simulate_accept_length=sim)
 
 
 def check_draft(spec: SpecConfig, target_cfg, draft_cfg) -> None:

@@ -1,0 +1,169 @@
+"""One speculative decode step for a hidden-state drafter with a draft tree (topk K > 1).
+
+Like `eagle_step.py` (read it first), but:
+1. draft: depth 1 is the carried top-K; S - 1 drafter forwards expand it (`spec/tree.py`). The
+   forward for depth i runs over all kept nodes of depths 1..i (i * K tokens per request, KV
+   indices L0 .. L0 + i*K - 1) with their ancestor mask, so every node attends exactly to the
+   prompt, its ancestors and itself; its hidden input is its parent's output hidden. Re-running
+   the shallower depths repeats identical work (the drafter is one layer) and keeps the attention
+   a plain tree-masked extend;
+2. verify the root plus the N - 1 best candidates with the tree mask (hybrid targets: the GDN
+   verify kernels follow the same parents);
+3. walk the tree (greedy or exact sampling), then move the accepted nodes' KV from their tree
+   indices L0 + path[j] to L0 + j in every target layer, and commit the GDN state of the last
+   accepted node;
+4. extend the drafter over the accepted path, as for a chain.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jspec.models.batch import Caches
+from jspec.runtime.step import DeviceState
+from jspec.runtime.step_inputs import Bucket
+from jspec.spec import accept, tree, verify
+from jspec.spec.chain_step import step_common
+from jspec.spec.eagle_step import _proposals, store
+
+
+def move_kv(caches: Caches, page_table, l0, path, n, valid, page_size: int) -> Caches:
+    """Copy the KV of accepted nodes path[j] (tree index) to index j, for j = 1..n, every layer."""
+    b, s1 = path.shape
+    j = jnp.arange(1, s1, dtype=jnp.int32)[None, :]
+    src = verify.kv_slots_at(page_table, l0[:, None] + path[:, 1:], page_size)
+    dst = verify.kv_slots_at(page_table, l0[:, None] + j, page_size)
+    keep = valid[:, None] & (j <= n[:, None]) & (path[:, 1:] != j)
+    src, dst = src.reshape(-1), jnp.where(keep, dst, -1).reshape(-1)
+    kv = []
+    for k_pages, v_pages in caches.kv:
+        p, l = k_pages.shape[:2]
+
+        def move(pages):
+            flat = pages.reshape((p * l,) + pages.shape[2:])
+            moved = flat[jnp.maximum(src, 0)]
+            return flat.at[jnp.where(dst >= 0, dst, p * l)].set(moved, mode="drop").reshape(pages.shape)
+
+        kv.append((move(k_pages), move(v_pages)))
+    return Caches(kv=kv, conv=caches.conv, ssm=caches.ssm)
+
+
+def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int, topk: int,
+                        num_draft_tokens: int, simulate_accept_length: float | None = None):
+    b_cap, s, k, n_nodes = bucket.batch_size, num_steps, topk, num_draft_tokens
+    pool_depth = np.concatenate([np.ones(k, np.int32)] + [np.full(k * k, d, np.int32) for d in range(2, s + 1)])
+
+    def step(params, state: DeviceState, packed):
+        target_params, draft_params = params
+        x, req_to_page, slots, valid, l0, page_table, sb, greedy, key_fn = step_common(bucket, state, packed, s + 1)
+        target = nnx.merge(graphdef, target_params)
+        drafter = nnx.merge(draft_graphdef, draft_params)
+        dcaches, spec = state.draft_caches, state.spec_state
+        last = state.last_token[slots]
+
+        # 1. Draft tree. Kept nodes per depth: tokens [B, K], scores, pool index, parent (kept index
+        #    among all kept nodes so far, -1 = root), hidden input [B, K, E].
+        kept_tok, kept_score = spec["tokens"][slots], spec["logp"][slots]
+        kept_pool = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b_cap, k))
+        kept_parent = jnp.full((b_cap, k), -1, jnp.int32)
+        root_hidden = spec["hidden"][slots]
+        kept_hidden = jnp.broadcast_to(root_hidden[:, None], (b_cap, k, root_hidden.shape[-1]))
+        pool_tok, pool_score = [kept_tok], [kept_score]
+        pool_parent = [jnp.full((b_cap, k), -1, jnp.int32)]
+        toks, parents, hiddens = [], [], []
+        pool_base = k
+        for depth in range(1, s):
+            toks.append(kept_tok)
+            parents.append(kept_parent)
+            hiddens.append(kept_hidden)
+            t_all = jnp.concatenate(toks, axis=1)  # [B, depth*K]
+            par_all = jnp.concatenate(parents, axis=1)
+            h_all = jnp.concatenate(hiddens, axis=1)
+            m = t_all.shape[1]
+            dep = jnp.broadcast_to(jnp.repeat(jnp.arange(depth, dtype=jnp.int32), k), (b_cap, m))
+            batch = verify.verify_batch(t_all, l0, valid, page_table, slots, page_size, depth=dep,
+                                        parents=par_all, tree_mask=tree.ancestor_mask(par_all))
+            rows_new = (jnp.arange(b_cap)[:, None] * m + (m - k) + jnp.arange(k)[None, :]).reshape(-1)
+            out, dcaches = drafter(batch, dcaches, h_all.reshape(b_cap * m, -1), target=target,
+                                   logits_indices=rows_new)
+            c_tok, c_lp = _proposals(drafter, out, k)  # [B*K, K]
+            c_tok, c_lp = c_tok.reshape(b_cap, k * k), c_lp.reshape(b_cap, k, k)
+            c_score = (kept_score[:, :, None] + c_lp).reshape(b_cap, k * k)
+            c_from = jnp.repeat(jnp.arange(k), k)[None, :]  # which kept node each child expands
+            pool_tok.append(c_tok)
+            pool_score.append(c_score)
+            pool_parent.append(jnp.broadcast_to(jnp.take_along_axis(kept_pool, c_from, axis=1), (b_cap, k * k)))
+            # Keep the K best children for the next expansion.
+            best_score, best = jax.lax.top_k(c_score, k)
+            from_kept = best // k
+            kept_tok = jnp.take_along_axis(c_tok, best, axis=1)
+            kept_score = best_score
+            kept_parent = (depth - 1) * k + from_kept  # index among all kept nodes so far
+            kept_pool = pool_base + best
+            kept_hidden = jnp.take_along_axis(out.hidden.reshape(b_cap, k, -1), from_kept[:, :, None], axis=1)
+            pool_base += k * k
+        d, depth, parents_t = tree.select(jnp.concatenate(pool_tok, axis=1), jnp.concatenate(pool_score, axis=1),
+                                          jnp.concatenate(pool_parent, axis=1), pool_depth, n_nodes)
+
+        # 2. Verify the tree.
+        vt = jnp.concatenate([last[:, None], d], axis=1)  # [B, N]
+        vbatch = verify.verify_batch(vt, l0, valid, page_table, slots, page_size, depth=depth, parents=parents_t,
+                                     tree_mask=tree.ancestor_mask(parents_t))
+        out, caches = target(vbatch, state.caches, capture_layers=drafter.capture_layers)
+        logits = out.logits.reshape(b_cap, n_nodes, -1)
+
+        # 3. Accept, move the accepted KV into place, commit hybrid state.
+        if simulate_accept_length is None:
+            path, n, bonus = tree.walk(logits, vt, parents_t, sb, greedy, key_fn, s, sort=bucket.sort)
+        else:  # benchmark only: a forced number kept along the first-child path
+            path = first_child_path(parents_t, s)
+            n, bonus = accept.simulated(jnp.take_along_axis(logits, path[:, :, None], axis=1), key_fn,
+                                        simulate_accept_length, s, sb, greedy, sort=bucket.sort,
+                                        limit=path_len(path))
+        caches = move_kv(caches, page_table, l0, path, n, valid, page_size)
+        last_node = jnp.take_along_axis(path, n[:, None], axis=1)[:, 0]
+        caches = verify.commit(caches, out.gdn_scratch, slots, jnp.where(valid, last_node, -1))
+        kept = jnp.take_along_axis(vt, path, axis=1)[:, 1:]  # [B, S] accepted draft tokens (valid up to n)
+
+        # 4. Drafter catch-up over the accepted path.
+        j = jnp.arange(s + 1)[None, :]
+        d_next = jnp.concatenate([kept, jnp.zeros((b_cap, 1), jnp.int32)], axis=1)
+        ext_tokens = jnp.where(j < n[:, None], d_next, bonus[:, None])
+        hidden = drafter.target_hidden(out)
+        hidden = hidden.reshape(b_cap, n_nodes, -1)
+        hidden = jnp.take_along_axis(hidden, path[:, :, None], axis=1).reshape(b_cap * (s + 1), -1)
+        ebatch = verify.extend_batch(ext_tokens, l0, valid, page_table, slots, page_size)
+        rows = jnp.arange(b_cap) * (s + 1) + n
+        dout, dcaches = drafter(ebatch, dcaches, hidden, target=target, logits_indices=rows)
+        tokens, logp = _proposals(drafter, dout, k)
+        spec = store(spec, slots, valid, tokens, logp, dout.hidden)
+
+        oob = state.last_token.shape[0]
+        last_token = state.last_token.at[jnp.where(valid, slots, oob)].set(bonus, mode="drop")
+        new_state = DeviceState(caches=caches, req_to_page=req_to_page, last_token=last_token,
+                                output_counts=state.output_counts, prompt_mask=state.prompt_mask,
+                                draft_caches=dcaches, spec_state=spec)
+        return new_state, accept.output_rows(kept, n, bonus, valid)
+
+    return step
+
+
+def first_child_path(parents, max_depth: int):
+    """Root, its first child, that child's first child, ... (`[B, max_depth + 1]`, repeats at a leaf)."""
+    b, n = parents.shape
+    cur = jnp.zeros((b,), jnp.int32)
+    path = [cur]
+    for _ in range(max_depth):
+        kids = parents == cur[:, None]
+        has = jnp.any(kids, axis=1)
+        cur = jnp.where(has, jnp.argmax(kids, axis=1).astype(jnp.int32), cur)
+        path.append(cur)
+    return jnp.stack(path, axis=1)
+
+
+def path_len(path):
+    """Number of distinct steps along a `first_child_path` (stops growing at a leaf)."""
+    return jnp.sum((path[:, 1:] != path[:, :-1]).astype(jnp.int32), axis=1)

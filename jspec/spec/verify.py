@@ -1,0 +1,80 @@
+"""The target's verify forward and the commit of its hybrid state, shared by every drafter.
+
+Each request verifies N tokens: node 0 is its last token (sampled last step, not yet in the KV)
+and nodes 1..N-1 are draft tokens. Node j's KV goes to index L0 + j (L0 = the request's current
+length), its RoPE position is L0 + depth(j); a chain has depth(j) = j and needs no mask (causal),
+a tree passes its ancestor mask. Gated-DeltaNet layers run in verify mode: the slot's state is
+not touched, the state after every node comes back as scratch, and `commit` copies the accepted
+node's state into the slot afterwards. So rejection costs nothing to undo: rejected KV lies past
+the new length and is overwritten later; rejected states are never written.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jspec.models import ops
+from jspec.models.batch import Caches, ForwardBatch
+
+
+def chain_parents(batch_size: int, n: int):
+    """`[B, N]`: node j's parent is j - 1; the root continues from the committed state (-1)."""
+    return jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32) - 1, (batch_size, n))
+
+
+def kv_slots_at(page_table, idx, page_size: int):
+    """Flat KV slots of KV indices `idx` `[B, M]` through each request's page-table row."""
+    page = jnp.take_along_axis(page_table, idx // page_size, axis=1)
+    return page * page_size + idx % page_size
+
+
+def kv_slots(page_table, start, n: int, page_size: int, valid):
+    """Flat KV slots `[B, N]` of indices start .. start + N - 1 per request; -1 on padding rows."""
+    idx = start[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]
+    return jnp.where(valid[:, None], kv_slots_at(page_table, idx, page_size), -1)
+
+
+def verify_batch(tokens, l0, valid, page_table, slots, page_size: int, *, depth=None, parents=None,
+                 tree_mask=None) -> ForwardBatch:
+    """ForwardBatch for tokens `[B, N]` verified at KV indices l0 .. l0 + N - 1."""
+    b, n = tokens.shape
+    depth = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n)) if depth is None else depth
+    return ForwardBatch(
+        input_ids=tokens.reshape(-1), positions=(l0[:, None] + depth).reshape(-1),
+        seq_lens=jnp.where(valid, l0 + n, 0), cu_q_lens=jnp.arange(b + 1, dtype=jnp.int32) * n,
+        page_table=page_table, slot_mapping=kv_slots(page_table, l0, n, page_size, valid).reshape(-1),
+        state_slots=slots, has_initial_state=valid,
+        parents=chain_parents(b, n) if parents is None else parents, tree_mask=tree_mask, mode="verify",
+    )
+
+
+def extend_batch(tokens, l0, valid, page_table, slots, page_size: int) -> ForwardBatch:
+    """A causal extend of tokens `[B, N]` at positions l0 .. l0 + N - 1 (the drafter's catch-up)."""
+    b, n = tokens.shape
+    pos = l0[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]
+    return ForwardBatch(
+        input_ids=tokens.reshape(-1), positions=pos.reshape(-1), seq_lens=jnp.where(valid, l0 + n, 0),
+        cu_q_lens=jnp.arange(b + 1, dtype=jnp.int32) * n, page_table=page_table,
+        slot_mapping=kv_slots(page_table, l0, n, page_size, valid).reshape(-1), state_slots=slots,
+        has_initial_state=valid, mode="extend",
+    )
+
+
+def decode_batch(tokens, pos, valid, page_table, slots, page_size: int) -> ForwardBatch:
+    """One token per request at position `pos` `[B]` (a draft step)."""
+    return ForwardBatch(
+        input_ids=tokens, positions=pos, seq_lens=jnp.where(valid, pos + 1, 0),
+        cu_q_lens=jnp.arange(tokens.shape[0] + 1, dtype=jnp.int32), page_table=page_table,
+        slot_mapping=kv_slots(page_table, pos, 1, page_size, valid)[:, 0], state_slots=slots,
+        has_initial_state=valid, mode="decode",
+    )
+
+
+def commit(caches: Caches, scratch, slots, accepted) -> Caches:
+    """Copy node `accepted[b]`'s GDN state and conv window into slot `slots[b]` (negative: keep)."""
+    if not scratch:
+        return caches
+    conv, ssm = list(caches.conv), list(caches.ssm)
+    for i, (conv_scr, ssm_scr) in enumerate(scratch):
+        ssm[i], conv[i] = ops.gdn_commit(ssm[i], conv[i], ssm_scr, conv_scr, slots, accepted)
+    return Caches(kv=caches.kv, conv=conv, ssm=ssm)
