@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import sys
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import tiny_models as tm  # noqa: E402
+from spec_checks import leak_free, second_token_follows_target  # noqa: E402
 
 from jspec import Engine  # noqa: E402
 from jspec.errors import ConfigError, InvalidRequestError  # noqa: E402
@@ -26,12 +26,6 @@ def dirs(tmp_path_factory):
     tm.build("qwen3", target, seed=41)
     tm.build("llama", draft, seed=42)  # a different architecture, same vocabulary
     return target, draft
-
-
-def leak_free(eng):
-    assert eng.wait_idle(30)
-    eng.pages.check_all_free()
-    eng.slots.check_all_free()
 
 
 # The last prompt plus 13 new tokens ends exactly at the context length (96): speculative steps
@@ -144,28 +138,12 @@ def test_penalties_rejected_clearly(dirs):
         eng.shutdown()
 
 
-def _filtered(logits, temperature, top_p):
-    """numpy: softmax(logits / T) restricted to the top-p prefix (mass before a token < top_p)."""
-    z = logits / temperature
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    order = np.argsort(-p, kind="stable")
-    before = np.cumsum(p[order]) - p[order]
-    keep = np.zeros_like(p, dtype=bool)
-    keep[order] = before < top_p if top_p < 1 else True
-    p = np.where(keep, p, 0.0)
-    return p / p.sum()
-
-
 @pytest.mark.parametrize("algo,temperature,top_p", [("STANDALONE", 1.0, 1.0), ("STANDALONE", 0.7, 0.9),
                                                     ("NGRAM", 1.0, 1.0)])
 def test_speculative_sampling_follows_the_target_distribution(dirs, algo, temperature, top_p):
     """The second output token always comes out of a speculative step (accepted draft or residual
     draw). Given the first token, its law must be the target's own, not the drafter's: chi-square
     of its counts against transformers' distribution for each observed first token."""
-    import transformers
-    from scipy import stats
-
     target, draft = dirs
     kw = dict(speculative_draft_model_path=draft) if algo == "STANDALONE" else {}
     eng = Engine(target, page_size=4, speculative_algorithm=algo, speculative_num_steps=2,
@@ -179,33 +157,7 @@ def test_speculative_sampling_follows_the_target_distribution(dirs, algo, temper
         leak_free(eng)
     finally:
         eng.shutdown()
-    pairs = np.array([o["output_ids"] for o in outs])
-    assert pairs.shape == (n, 2)
-
-    hf = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=_torch().float32).eval()
-    expected = np.zeros(tm.VOCAB)
-    for first in np.unique(pairs[:, 0]):
-        count = int(np.sum(pairs[:, 0] == first))
-        logits = tm.hf_logits(hf, prompt + [int(first)])[-1].astype(np.float64)
-        expected += count * _filtered(logits, temperature, top_p)
-    observed = np.bincount(pairs[:, 1], minlength=tm.VOCAB).astype(float)
-    assert observed[expected == 0].sum() == 0, "a token outside the target's support was produced"
-    big = expected >= 5
-    obs = np.append(observed[big], observed[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    if exp[-1] < 5:  # too little mass to pool separately: fold it into the largest bin
-        obs, exp = obs[:-1], exp[:-1]
-        obs[np.argmax(exp)] += observed[~big].sum()
-        exp[np.argmax(exp)] += expected[~big].sum()
-    chi2 = float(np.sum((obs - exp) ** 2 / exp))
-    p_value = stats.chi2.sf(chi2, df=len(exp) - 1)
-    assert p_value > 1e-3, (chi2, len(exp), p_value)
-
-
-def _torch():
-    import torch
-
-    return torch
+    second_token_follows_target(outs, prompt, target, temperature, top_p)
 
 
 # ------------------------------------------------------------------------------------------- NGRAM

@@ -104,9 +104,9 @@ def test_tree_select_is_closed_and_parent_first():
     rng = np.random.default_rng(0)
     k, s, n = 3, 4, 9
     depth = np.concatenate([np.ones(k, np.int32)] + [np.full(k * k, d, np.int32) for d in range(2, s + 1)])
-    for trial in range(20):
+    for _ in range(20):
         b = 4
-        scores, parents, base, kept = [], [], 0, None
+        scores, parents = [], []
         lvl = np.sort(rng.uniform(-3, 0, (b, k)))[:, ::-1]
         scores.append(lvl)
         parents.append(np.full((b, k), -1))

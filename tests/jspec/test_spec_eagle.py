@@ -1,0 +1,162 @@
+"""EAGLE, EAGLE3 and NEXTN (MTP) speculative decoding, chain and tree: greedy output equal to
+non-speculative greedy output (random drafters in their published formats, which almost never
+agree, and "agreeing" drafters built to match a near-bigram target, which almost always do), exact
+sampling through a tree, simulated acceptance, settings errors, no leaks."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+import tiny_drafters as td  # noqa: E402
+import tiny_models as tm  # noqa: E402
+from spec_checks import leak_free, second_token_follows_target  # noqa: E402
+
+from jspec import Engine  # noqa: E402
+from jspec.errors import ConfigError  # noqa: E402
+
+BASE = dict(dtype="float32", cuda_graph_bs=[4], max_running_requests=4, show_progress=False,
+            compilation_cache_dir="none", chunked_prefill_size=8, context_length=96)
+# Mixed lengths; with chunked prefill 8 the long ones take several chunks, the short one is one token.
+PROMPTS = [tm.random_ids(n, seed=200 + n) for n in (5, 19, 1, 12, 9)]
+GREEDY = {"max_new_tokens": 14, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eagle")
+    d = {k: str(root / k) for k in ("qwen3", "qnext", "eagle", "eagle3", "bigram", "agree_eagle", "bigram_next",
+                                    "flat", "agree_flat")}
+    tm.build("qwen3", d["qwen3"], seed=41)
+    td.write_eagle(d["eagle"], d["qwen3"], seed=1)
+    td.write_eagle3(d["eagle3"], d["qwen3"], seed=2, draft_vocab=60)
+    tm.build("qwen3_next", d["qnext"], seed=5)
+    td.add_mtp(d["qnext"], seed=3)
+    tm.build("qwen3", d["bigram"], seed=43)
+    td.make_near_bigram(d["bigram"], 0)
+    td.write_agreeing_eagle(d["agree_eagle"], d["bigram"], seed=4)
+    tm.build("qwen3_next", d["bigram_next"], seed=6)
+    td.add_agreeing_mtp(d["bigram_next"], seed=7)
+    # Flattened (top token ~0.5 at temperature 1) so that sampling rejects drafts often.
+    tm.build("qwen3", d["flat"], seed=43)
+    td.make_near_bigram(d["flat"], 0, logit_scale=0.07)
+    td.write_agreeing_eagle(d["agree_flat"], d["flat"], seed=4, logit_scale=0.07)
+    return d
+
+
+_refs: dict = {}
+
+
+def reference(target: str, page_size: int):
+    if target not in _refs:
+        eng = Engine(target, page_size=page_size, **BASE)
+        try:
+            _refs[target] = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)]
+        finally:
+            eng.shutdown()
+    return _refs[target]
+
+
+def spec_engine(models, algo, target, draft, *, steps, topk, ndt, page_size, **kw):
+    extra = {} if draft is None else dict(speculative_draft_model_path=models[draft])
+    return Engine(models[target], page_size=page_size, speculative_algorithm=algo, speculative_num_steps=steps,
+                  speculative_eagle_topk=topk, speculative_num_draft_tokens=ndt, **extra, **{**BASE, **kw})
+
+
+CASES = [
+    # algo, target, draft, steps, topk, draft tokens, page size
+    ("EAGLE3", "qwen3", "eagle3", 3, 1, 4, 1),
+    ("EAGLE3", "qwen3", "eagle3", 3, 2, 5, 16),
+    ("EAGLE", "qwen3", "eagle", 2, 1, 3, 16),
+    ("NEXTN", "qnext", None, 3, 1, 4, 4),
+    ("NEXTN", "qnext", None, 2, 3, 6, 1),
+]
+
+
+@pytest.mark.parametrize("algo,target,draft,steps,topk,ndt,page_size", CASES)
+def test_random_drafters_give_the_target_greedy_output(models, algo, target, draft, steps, topk, ndt, page_size):
+    ref = reference(models[target], 4)
+    eng = spec_engine(models, algo, target, draft, steps=steps, topk=topk, ndt=ndt, page_size=page_size)
+    try:
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == ref
+        info = eng.get_server_info()
+        assert info["avg_spec_accept_length"] >= 1.0
+        assert sum(info["spec_accept_length_histogram"].values()) == sum(o["meta_info"]["spec_verify_ct"]
+                                                                         for o in outs)
+        leak_free(eng)
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.parametrize("algo,target,draft,topk,ndt", [
+    ("EAGLE", "bigram", "agree_eagle", 1, 4),
+    ("EAGLE", "bigram", "agree_eagle", 2, 6),
+    ("NEXTN", "bigram_next", None, 1, 4),
+    ("NEXTN", "bigram_next", None, 2, 6),
+])
+def test_agreeing_drafters_are_accepted_and_exact(models, algo, target, draft, topk, ndt):
+    """Drafts that the target mostly keeps: exercises multi-token acceptance, tree walks, the KV
+    move of accepted tree nodes, hybrid commits past node 0 and the drafter's catch-up."""
+    ref = reference(models[target], 4)
+    eng = spec_engine(models, algo, target, draft, steps=3, topk=topk, ndt=ndt, page_size=4)
+    try:
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == ref
+        assert eng.get_server_info()["avg_spec_accept_length"] > 2.5
+        leak_free(eng)
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_tree_sampling_follows_the_target_distribution(models, temperature, top_p):
+    """Point-mass drafts tried sibling by sibling against the residual: the second output token
+    (always produced by a tree step) must follow the target's own distribution."""
+    eng = spec_engine(models, "EAGLE", "flat", "agree_flat", steps=2, topk=2, ndt=4, page_size=4,
+                      **{"cuda_graph_bs": [8], "max_running_requests": 8})
+    prompt = tm.random_ids(6, seed=78)
+    n = 1500
+    try:
+        sps = [{"max_new_tokens": 2, "temperature": temperature, "top_p": top_p, "seed": i, "ignore_eos": True}
+               for i in range(n)]
+        outs = eng.generate(input_ids=[prompt] * n, sampling_params=sps)
+        leak_free(eng)
+    finally:
+        eng.shutdown()
+    assert eng.get_server_info()["avg_spec_accept_length"] > 1.2  # drafts were kept, and rejected
+    second_token_follows_target(outs, prompt, models["flat"], temperature, top_p)
+
+
+def test_simulated_accept_length(models):
+    """Benchmark mode: the mean accept length is forced (outputs then are not the target's)."""
+    eng = spec_engine(models, "EAGLE3", "qwen3", "eagle3", steps=3, topk=1, ndt=4, page_size=4,
+                      speculative_simulate_accept_length=2.5)
+    try:
+        eng.generate(input_ids=PROMPTS * 3, sampling_params=dict(GREEDY, max_new_tokens=40))
+        info = eng.get_server_info()
+        assert info["speculative_simulate_accept_length"] == 2.5
+        assert abs(info["avg_spec_accept_length"] - 2.5) < 0.3
+        leak_free(eng)
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(speculative_algorithm="EAGLE3"), "speculative_draft_model_path is required"),
+    (dict(speculative_algorithm="NGRAM", speculative_eagle_topk=2, speculative_num_draft_tokens=4), "topk"),
+    (dict(speculative_algorithm="EAGLE", speculative_draft_model_path="/nonexistent"), "not a directory"),
+])
+def test_bad_settings(models, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        Engine(models["qwen3"], page_size=4, **{**BASE, **kw})
+
+
+def test_nextn_needs_mtp_tensors(tmp_path):
+    bare = str(tmp_path / "no_mtp")
+    tm.build("qwen3_next", bare, seed=8)
+    with pytest.raises(Exception, match="mtp"):
+        Engine(bare, page_size=4, speculative_algorithm="NEXTN", **BASE)
