@@ -69,8 +69,17 @@ def prefill_draft(drafter, target, dcaches, batch, target_out, next_ids, rows_do
     return dcaches, store(spec_state, batch.state_slots, rows_done, tokens, logp, out.hidden)
 
 
+def partial(state: DeviceState, *, caches=None, dcaches=None) -> DeviceState:
+    """The state after a cut step (benchmarks): what the phases so far wrote."""
+    return DeviceState(caches=state.caches if caches is None else caches, req_to_page=state.req_to_page,
+                       last_token=state.last_token, output_counts=state.output_counts,
+                       prompt_mask=state.prompt_mask, draft_caches=dcaches, spec_state=state.spec_state)
+
+
 def make_eagle_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int,
-                         simulate_accept_length: float | None = None):
+                         simulate_accept_length: float | None = None, stop_after: str | None = None):
+    """stop_after ("draft" | "verify" | "accept"): benchmarks only, a step cut after that phase
+    (its work kept alive through the returned state and output), to time the phases cumulatively."""
     b_cap, s = bucket.batch_size, num_steps
 
     def step(params, state: DeviceState, packed):
@@ -91,17 +100,23 @@ def make_eagle_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
             hidden = out.hidden
             drafts.append(tok)
         d = jnp.stack(drafts, axis=1)  # [B, S]
+        if stop_after == "draft":
+            return partial(state, dcaches=dcaches), d
 
         # 2. Verify, accept, commit.
         vt = jnp.concatenate([last[:, None], d], axis=1)  # [B, S+1]
         vbatch = verify.verify_batch(vt, l0, valid, page_table, slots, page_size)
         out, caches = target(vbatch, state.caches, capture_layers=drafter.capture_layers)
         logits = out.logits.reshape(b_cap, s + 1, -1)
+        if stop_after == "verify":
+            return partial(state, caches=caches, dcaches=dcaches), jnp.argmax(logits, axis=-1)
         if simulate_accept_length is None:
             n, bonus = accept.chain(logits, d, None, sb, greedy, key_fn, sort=bucket.sort)
         else:
             n, bonus = accept.simulated(logits, key_fn, simulate_accept_length, s, sb, greedy, sort=bucket.sort)
         caches = verify.commit(caches, out.gdn_scratch, slots, jnp.where(valid, n, -1))
+        if stop_after == "accept":
+            return partial(state, caches=caches, dcaches=dcaches), accept.output_rows(d, n, bonus, valid)
 
         # 3. Drafter catch-up over the verified positions: node j's next token is d(j+1) for the
         #    kept ones and the bonus at n; later nodes were rejected and their outputs are unused.

@@ -27,7 +27,7 @@ from jspec.runtime.step import DeviceState
 from jspec.runtime.step_inputs import Bucket
 from jspec.spec import accept, tree, verify
 from jspec.spec.chain_step import step_common
-from jspec.spec.eagle_step import _proposals, store
+from jspec.spec.eagle_step import _proposals, partial, store
 
 
 def move_kv(caches: Caches, page_table, l0, path, n, valid, page_size: int) -> Caches:
@@ -52,7 +52,8 @@ def move_kv(caches: Caches, page_table, l0, path, n, valid, page_size: int) -> C
 
 
 def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int, topk: int,
-                        num_draft_tokens: int, simulate_accept_length: float | None = None):
+                        num_draft_tokens: int, simulate_accept_length: float | None = None,
+                        stop_after: str | None = None):
     b_cap, s, k, n_nodes = bucket.batch_size, num_steps, topk, num_draft_tokens
     pool_depth = np.concatenate([np.ones(k, np.int32)] + [np.full(k * k, d, np.int32) for d in range(2, s + 1)])
 
@@ -107,6 +108,8 @@ def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: 
             pool_base += k * k
         d, depth, parents_t = tree.select(jnp.concatenate(pool_tok, axis=1), jnp.concatenate(pool_score, axis=1),
                                           jnp.concatenate(pool_parent, axis=1), pool_depth, n_nodes)
+        if stop_after == "draft":
+            return partial(state, dcaches=dcaches), jnp.concatenate([d, parents_t], axis=1)
 
         # 2. Verify the tree.
         vt = jnp.concatenate([last[:, None], d], axis=1)  # [B, N]
@@ -114,6 +117,8 @@ def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: 
                                      tree_mask=tree.ancestor_mask(parents_t))
         out, caches = target(vbatch, state.caches, capture_layers=drafter.capture_layers)
         logits = out.logits.reshape(b_cap, n_nodes, -1)
+        if stop_after == "verify":
+            return partial(state, caches=caches, dcaches=dcaches), jnp.argmax(logits, axis=-1)
 
         # 3. Accept, move the accepted KV into place, commit hybrid state.
         if simulate_accept_length is None:
@@ -127,6 +132,8 @@ def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: 
         last_node = jnp.take_along_axis(path, n[:, None], axis=1)[:, 0]
         caches = verify.commit(caches, out.gdn_scratch, slots, jnp.where(valid, last_node, -1))
         kept = jnp.take_along_axis(vt, path, axis=1)[:, 1:]  # [B, S] accepted draft tokens (valid up to n)
+        if stop_after == "accept":
+            return partial(state, caches=caches, dcaches=dcaches), accept.output_rows(kept, n, bonus, valid)
 
         # 4. Drafter catch-up over the accepted path.
         j = jnp.arange(s + 1)[None, :]
