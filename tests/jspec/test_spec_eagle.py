@@ -160,3 +160,61 @@ def test_nextn_needs_mtp_tensors(tmp_path):
     tm.build("qwen3_next", bare, seed=8)
     with pytest.raises(Exception, match="mtp"):
         Engine(bare, page_size=4, speculative_algorithm="NEXTN", **BASE)
+
+
+def test_stress_retraction_aborts_without_recompiling(models):
+    """A pool small enough to force retraction, random aborts from other threads, a tree drafter
+    that keeps most drafts: finished greedy requests still equal non-speculative greedy output,
+    nothing leaks, and nothing compiles after start-up."""
+    import random
+    import threading
+
+    import jax
+
+    rng = random.Random(3)
+    prompts = [tm.random_ids(rng.randint(1, 30), seed=500 + i) for i in range(48)]
+    lens = [rng.randint(1, 20) for _ in prompts]
+    ref_eng = Engine(models["bigram"], page_size=4, **BASE)
+    try:
+        ref = [o["output_ids"] for o in ref_eng.generate(
+            input_ids=prompts, sampling_params=[dict(GREEDY, max_new_tokens=n) for n in lens])]
+    finally:
+        ref_eng.shutdown()
+
+    eng = spec_engine(models, "EAGLE", "bigram", "agree_eagle", steps=3, topk=2, ndt=6, page_size=4,
+                      context_length=64, max_total_tokens=88)
+    compiles = []
+
+    def listener(event, duration, **kw):
+        if "compile" in event:
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        results, threads = {}, []
+
+        def worker(i):
+            results[i] = eng.generate(input_ids=prompts[i], sampling_params=dict(GREEDY, max_new_tokens=lens[i]),
+                                      rid=f"r{i}")
+
+        for i in range(len(prompts)):
+            th = threading.Thread(target=worker, args=(i,))
+            th.start()
+            threads.append(th)
+            if rng.random() < 0.2:
+                eng.abort(f"r{rng.randint(0, i)}")
+        for th in threads:
+            th.join(120)
+        assert len(results) == len(prompts)
+        done = [i for i, r in results.items() if r["meta_info"]["finish_reason"]["type"] == "length"]
+        assert len(done) > len(prompts) // 2
+        for i in done:
+            assert results[i]["output_ids"] == ref[i], i
+        info = eng.get_server_info()
+        assert info["num_retractions"] > 0 and info["last_error"] is None
+        assert info["avg_spec_accept_length"] > 2.0
+        leak_free(eng)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+        eng.shutdown()
+    assert compiles == []
