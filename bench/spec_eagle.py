@@ -13,7 +13,7 @@ random KV per request:
   (the synchronous spec-v1 loop: host work between steps included) against no speculation.
 
 Usage: python bench/spec_eagle.py --out spec_eagle.json [--targets qwen3-8b:EAGLE3,qwen3-next-12l:NEXTN]
-       [--batches 1,8,32,64] [--context 1024] [--e2e]
+       [--batches 1,8,32,64] [--context 1024] [--e2e 1,32]
 """
 
 from __future__ import annotations
@@ -99,7 +99,9 @@ def bench_target(preset, algo, batches, ctx, trees, split_batches, res, profile_
     page_size = 16
     configs = [SpecConfig(algo, 3, 1, 4, None, simulate_accept_length=1.0)]
     configs += [SpecConfig(algo, s, k, n, None, simulate_accept_length=1.0) for s, k, n in trees]
-    ahead = max(c.kv_ahead for c in configs)
+    # Each timed spec step moves every request on by one token (accept length 1) on the device, so
+    # the page table covers a margin past the context for the ~100 calls of a measurement.
+    ahead = max(c.kv_ahead for c in configs) + 256
     pages_per_seq = -(-(ctx + ahead) // page_size)
     max_b = max(batches)
     runner = ModelRunner(model, page_size=page_size, num_pages=max_b * pages_per_seq + 1, num_slots=max_b + 1,
@@ -135,6 +137,8 @@ def bench_target(preset, algo, batches, ctx, trees, split_batches, res, profile_
             packed = jax.device_put(pack(plan, bucket))
             rec = {}
             for phase in (PHASES if b in split_batches else (None,)):
+                # Every request's last token at index ctx - 1 again (speculative steps advance it).
+                state.seq_lens = jnp.zeros_like(state.seq_lens).at[1:b + 1].set(ctx - 1)
                 fn = jax.jit(spec_fn(model, drafter, sp, bucket, page_size, phase), donate_argnums=(1,))
                 fn = fn.lower(params, state, packed).compile()
                 sec, state = timed(fn, params, state, packed)
@@ -164,16 +168,18 @@ def bench_target(preset, algo, batches, ctx, trees, split_batches, res, profile_
 
 
 def e2e(model, drafter, algo, res, *, prompt_len=128, new_tokens=256, batch=1):
+    """Engine.generate: no speculation, spec v1 (synchronous loop) and spec v2 (overlap)."""
     from jspec import Engine
 
     rng = np.random.default_rng(0)
     prompts = [rng.integers(10, min(1000, model.config.vocab_size), prompt_len).tolist() for _ in range(batch)]
     sp = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
     out = {}
-    for name, kw in (("no_spec", {}), ("spec_sim3", dict(speculative_algorithm=algo, speculative_num_steps=3,
-                                                         speculative_eagle_topk=1, speculative_num_draft_tokens=4,
-                                                         speculative_draft_model_path=drafter,
-                                                         speculative_simulate_accept_length=3.0))):
+    spec = dict(speculative_algorithm=algo, speculative_num_steps=3, speculative_eagle_topk=1,
+                speculative_num_draft_tokens=4, speculative_draft_model_path=drafter,
+                speculative_simulate_accept_length=3.0)
+    for name, kw in (("no_spec", {}), ("spec_sim3_v1", dict(spec, disable_overlap_schedule=True)),
+                     ("spec_sim3_v2", spec)):
         eng = Engine(model, cuda_graph_bs=[batch], max_running_requests=batch, context_length=2048,
                      max_total_tokens=batch * 2048 + 64, chunked_prefill_size=256, show_progress=False, **kw)
         try:
@@ -188,7 +194,9 @@ def e2e(model, drafter, algo, res, *, prompt_len=128, new_tokens=256, batch=1):
         finally:
             eng.shutdown()
         log(f"e2e {algo} B={batch} {name}: {out[name]['tokens_per_s']:.1f} tok/s")
-    out["speedup"] = out["spec_sim3"]["tokens_per_s"] / out["no_spec"]["tokens_per_s"]
+    out["speedup_v1"] = out["spec_sim3_v1"]["tokens_per_s"] / out["no_spec"]["tokens_per_s"]
+    out["speedup_v2"] = out["spec_sim3_v2"]["tokens_per_s"] / out["no_spec"]["tokens_per_s"]
+    out["v2_over_v1"] = out["spec_sim3_v2"]["tokens_per_s"] / out["spec_sim3_v1"]["tokens_per_s"]
     res.setdefault("e2e", {})[f"{algo}_b{batch}"] = out
 
 
@@ -200,7 +208,7 @@ def main(argv=None):
     ap.add_argument("--split-batches", default="1,32")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--trees", default="5:4:8", help="steps:topk:draft_tokens, comma separated")
-    ap.add_argument("--e2e", action="store_true")
+    ap.add_argument("--e2e", default="", help="batch sizes for the Engine.generate runs (e.g. 1,32)")
     ap.add_argument("--profile-batches", default="", help="batch sizes whose decode / spec steps get a kernel profile")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
@@ -214,8 +222,8 @@ def main(argv=None):
                                       {int(b) for b in args.profile_batches.split(",") if b})
         with open(args.out, "w") as f:
             json.dump(res, f, indent=2)
-        if args.e2e:
-            e2e(model, drafter, algo, res)
+        for b in ([int(x) for x in args.e2e.split(",")] if args.e2e else []):
+            e2e(model, drafter, algo, res, batch=b)
             with open(args.out, "w") as f:
                 json.dump(res, f, indent=2)
         del model, drafter

@@ -97,8 +97,9 @@ class Engine:
         if self.spec is not None:
             if kwargs.get("enable_mixed_chunk"):
                 raise ConfigError("enable_mixed_chunk with speculative decoding is not implemented yet")
-            # The overlapped loop for speculation (spec v2) is not implemented yet: run synchronously.
-            disable_overlap_schedule = True
+            if self.spec.algorithm == "NGRAM":
+                # Host drafts continue the request's latest tokens, which overlap has not read yet.
+                disable_overlap_schedule = True
         context = int(kwargs.get("context_length") or config.max_position_embeddings)
         if context < 2:
             raise ConfigError(f"context_length must be >= 2, got {context}")
@@ -134,6 +135,10 @@ class Engine:
         # A speculative step writes num_draft_tokens positions past the request's current length,
         # so rows of the page table cover that much beyond the context length.
         self.spec_extra = 0 if self.spec is None else self.spec.kv_ahead
+        if self.spec is not None and not disable_overlap_schedule:
+            # Spec v2: a step already in flight for a request that has just finished may still
+            # accept up to num_steps + 1 tokens and write ahead of them.
+            self.spec_extra += self.spec.num_steps + 1
         pages_per_seq = -(-(context + self.spec_extra) // page_size)
         if max_total_tokens is None:
             free = _device_free_bytes()
@@ -182,7 +187,8 @@ class Engine:
                                    chunked_prefill_size=chunk, max_extend_requests=min(max_running, 64),
                                    max_decode_requests=bs[-1],
                                    enable_mixed_chunk=bool(kwargs.get("enable_mixed_chunk", False)),
-                                   spec_tokens=0 if self.spec is None else self.spec.kv_ahead)
+                                   spec_tokens=0 if self.spec is None else self.spec.kv_ahead,
+                                   spec_max_accept=0 if self.spec is None else self.spec.num_steps + 1)
         self.runner = ModelRunner(self.model, page_size=page_size, num_pages=num_pages, num_slots=num_slots,
                                   pages_per_seq=pages_per_seq, decode_batch_sizes=bs,
                                   extend_token_sizes=buckets, max_extend_requests=min(max_running, 64),

@@ -17,6 +17,7 @@ import os
 import jax
 
 from pallas_kernels.gdn import reference as gdn_ref
+from pallas_kernels.moe import reference as moe_ref
 from pallas_kernels.paged_attention import reference as attn_ref
 
 BACKENDS = ("reference", "pallas", "interpret")
@@ -121,3 +122,13 @@ def gated_delta_rule_verify(q, k, v, g, beta, state_pool, slots, parents):
 def gdn_commit(state_pool, conv_pool, state_scratch, conv_scratch, slots, accepted):
     fn, kw = _pick("gdn", "commit", gdn_ref.commit)
     return fn(state_pool, conv_pool, state_scratch, conv_scratch, slots, accepted, **kw)
+
+
+# ----------------------------------------------------------------------------- mixture of experts
+
+
+def moe_gather(x, experts, weights, gate_up, down):
+    """Routed experts of a few tokens: each (token, k) pair streams its expert's weights once.
+    x [T, E], experts / weights [T, K], gate_up [X, E, 2I], down [X, I, E] -> [T, E]."""
+    fn, kw = _pick("moe", "moe_gather", moe_ref.moe_gather)
+    return fn(x, experts, weights, gate_up, down, **kw)

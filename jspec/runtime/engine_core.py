@@ -133,14 +133,16 @@ class EngineCore:
 
     def _process_spec(self, handle: StepHandle) -> None:
         """A verify step's row: [count, tokens...]. Tokens are taken one by one so a stop condition
-        (or max_new_tokens) inside the accepted run truncates it; the synchronous loop then moves
-        the request's KV length by what was accepted (the bonus token becomes the next input)."""
+        (or max_new_tokens) inside the accepted run truncates it; the request's known KV length then
+        moves by what was accepted (the bonus token becomes the next input). With overlap the next
+        step is already on the device: it found the new length there, not here."""
         out = self.runner.fetch(handle)
         now = time.perf_counter()
         for i, s in enumerate(handle.plan.reqs):
             req = s.req
-            if req.finished:
-                continue
+            if req.finished or req.slot is None:
+                continue  # finished (or retracted) after this step was dispatched: drop its row
+            req.spec_inflight -= 1
             count = int(out[i, 0])
             req.spec_verify_ct += 1
             self.accept_histogram[count] = self.accept_histogram.get(count, 0) + 1
@@ -155,7 +157,7 @@ class EngineCore:
             if reason is not None:
                 self._finish(req, reason)
                 continue
-            req.kv_len = s.start + count
+            req.kv_len += count
             req.scheduled_outputs = len(req.output_ids)
             if req.stream_queue is not None:
                 req.stream_queue.put(False)

@@ -67,6 +67,7 @@ class ModelRunner:
                 dtype=draft_model.dtype),
             spec_state=None if self.draft_kind != "eagle" else init_spec_state(
                 num_slots, cfg.hidden_size, model.dtype, topk=spec.topk),
+            seq_lens=None if spec is None else jnp.zeros((num_slots,), jnp.int32),
         )
         self.params = model.params if draft_model is None else (model.params, draft_model.params)
         self.compiled: dict[Bucket, object] = {}

@@ -44,6 +44,7 @@ class Request:
     admit_order: int = 0
     num_retractions: int = 0
     spec_verify_ct: int = 0  # speculative verify steps this request took part in
+    spec_inflight: int = 0  # speculative steps dispatched for it whose results are not read yet
 
     # Timing and streaming.
     arrival_time: float = dataclasses.field(default_factory=time.perf_counter)

@@ -62,7 +62,7 @@ class NeedSync(Exception):
 class Scheduler:
     def __init__(self, pages: PageAllocator, slots: SlotAllocator, *, max_running_requests: int,
                  chunked_prefill_size: int, max_extend_requests: int, max_decode_requests: int,
-                 enable_mixed_chunk: bool = False, spec_tokens: int = 0):
+                 enable_mixed_chunk: bool = False, spec_tokens: int = 0, spec_max_accept: int = 0):
         self.pages, self.slots = pages, slots
         self.max_running = max_running_requests
         self.chunk_budget = chunked_prefill_size
@@ -70,8 +70,10 @@ class Scheduler:
         self.max_decode_requests = max_decode_requests
         self.mixed = enable_mixed_chunk
         # Speculative decode: each decode step writes KV for `spec_tokens` positions per request and
-        # produces a number of tokens known only from its results (the synchronous loop applies it).
+        # produces up to `spec_max_accept` tokens, a number known only from its results. With steps in
+        # flight the host does not know a request's length yet, so it plans pages for the longest one.
         self.spec_tokens = spec_tokens
+        self.spec_max_accept = spec_max_accept
         self.ahead = spec_tokens or 1
         self.num_mixed_decode_rows = 0
         self.waiting: deque[Request] = deque()
@@ -133,7 +135,7 @@ class Scheduler:
     def _plan_extend(self, decodable: list[Request]) -> StepPlan | None:
         budget, updates, chosen = self.chunk_budget, [], []
         # Pages the decoding requests will need next step: keep them free when admitting.
-        reserve = sum(max(0, self.pages.pages_for(r.kv_len + self.ahead) - len(r.pages)) for r in decodable)
+        reserve = sum(max(0, self.pages.pages_for(self._kv_bound(r)) - len(r.pages)) for r in decodable)
         for req in self.running:  # continue prompts already started
             if req.in_prefill and budget > 0 and len(chosen) < self.max_extend_requests:
                 s = self._chunk(req, budget, updates, reset=False)
@@ -175,27 +177,33 @@ class Scheduler:
 
     def _plan_decode(self, decodable: list[Request], inflight: bool) -> StepPlan | None:
         decodable = sorted(decodable, key=lambda r: r.admit_order)[: self.max_decode_requests]
-        ahead = self.ahead
-        need = sum(max(0, self.pages.pages_for(r.kv_len + ahead) - len(r.pages)) for r in decodable)
+        need = sum(max(0, self.pages.pages_for(self._kv_bound(r)) - len(r.pages)) for r in decodable)
         while need > self.pages.num_free:
             if inflight:
                 raise NeedSync()
             victim = max(self.running, key=lambda r: r.admit_order)
             if victim in decodable:
                 decodable.remove(victim)
-                need -= max(0, self.pages.pages_for(victim.kv_len + ahead) - len(victim.pages))
+                need -= max(0, self.pages.pages_for(self._kv_bound(victim)) - len(victim.pages))
             self.retract(victim)
             if not decodable:
                 return None
         updates, chosen = [], []
         for req in decodable:
-            ok = self._grow(req, req.kv_len + ahead, updates)
+            ok = self._grow(req, self._kv_bound(req), updates)
             assert ok
             chosen.append(ScheduledReq(req, req.kv_len, None, True, False, req.scheduled_outputs))
-            if not self.spec_tokens:
+            if self.spec_tokens:
+                req.spec_inflight += 1  # its length is known again when this step is processed
+            else:
                 req.kv_len += 1
                 req.scheduled_outputs += 1
         return StepPlan("decode", chosen, updates)
+
+    def _kv_bound(self, req: Request) -> int:
+        """KV indices the request's next decode step may write: its known length, plus the most its
+        steps still in flight can accept, plus what the step itself writes ahead."""
+        return req.kv_len + req.spec_inflight * self.spec_max_accept + self.ahead
 
     # ----------------------------------------------------------------------------- resources
     def _release(self, req: Request) -> None:
@@ -212,6 +220,7 @@ class Scheduler:
         self.running.remove(req)
         req.status = Status.WAITING
         req.kv_len = 0
+        req.spec_inflight = 0
         req.prefill_target = len(req.all_ids)
         req.scheduled_outputs = len(req.output_ids)
         req.num_retractions += 1

@@ -36,6 +36,9 @@ class DeviceState:
     # "tokens" [num_slots, K] its top-K proposals for the next position, "logp" [num_slots, K]
     # their log-probabilities, "hidden" [num_slots, E] the hidden it feeds back.
     spec_state: dict | None = None
+    # Speculating: each slot's KV length (= the position of its last token), kept on the device so
+    # the host can plan step N+1 before it knows how many tokens step N accepted (spec v2).
+    seq_lens: jax.Array | None = None
 
 
 def _apply_page_updates(req_to_page, updates):
@@ -121,7 +124,9 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
         last_token = state.last_token.at[write_slot].set(so.tokens, mode="drop")
         counts = counts.at[write_slot, jnp.maximum(so.tokens, 0)].add(1, mode="drop")
 
-        spec_state = state.spec_state
+        spec_state, seq_lens = state.spec_state, state.seq_lens
+        if seq_lens is not None:  # a finished prompt: the sampled token sits at index seq_len
+            seq_lens = seq_lens.at[write_slot].set(x["seq_lens"], mode="drop")
         if eagle:
             from jspec.spec.eagle_step import prefill_draft
 
@@ -142,7 +147,7 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
         )
         new_state = DeviceState(caches=caches, req_to_page=req_to_page, last_token=last_token,
                                 output_counts=counts, prompt_mask=prompt_mask, draft_caches=draft_caches,
-                                spec_state=spec_state)
+                                spec_state=spec_state, seq_lens=seq_lens)
         return new_state, packed_out
 
     return step

@@ -30,7 +30,11 @@ def step_common(bucket: Bucket, state: DeviceState, packed, num_keys: int):
     req_to_page = _apply_page_updates(state.req_to_page, x["page_updates"])
     slots = x["req_slots"]
     valid = x["seq_lens"] > 0  # padding rows carry seq_len 0
-    l0 = x["positions"][:bucket.batch_size]  # KV index of each request's last token (not yet in the KV)
+    # KV index of each request's last token (not yet in the KV), from the device: with overlap the
+    # host plans this step before it knows what the previous one accepted. Its output index moves
+    # with it, so it is the host's (output index - position) plus the device's position.
+    l0 = jnp.where(valid, state.seq_lens[slots], 0)
+    x["out_index"] = l0 + x["out_index"] - x["positions"][:bucket.batch_size]
     sb = sampling.SamplingBatch(
         temperature=x["temperature"], top_p=x["top_p"], top_k=x["top_k"], min_p=x["min_p"],
         repetition_penalty=x["repetition_penalty"], frequency_penalty=x["frequency_penalty"],
@@ -44,6 +48,12 @@ def step_common(bucket: Bucket, state: DeviceState, packed, num_keys: int):
         return jax.vmap(lambda sd, st: sampling._row_key(sd, st * num_keys + k))(x["seeds"], x["out_index"])
 
     return x, req_to_page, slots, valid, l0, req_to_page[slots], sb, greedy, key_fn
+
+
+def advance(state: DeviceState, slots, valid, l0, n):
+    """Each request's new KV length: its last token and n kept drafts are now in the KV."""
+    oob = state.seq_lens.shape[0]
+    return state.seq_lens.at[jnp.where(valid, slots, oob)].set(l0 + n + 1, mode="drop")
 
 
 def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int,
@@ -92,7 +102,8 @@ def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
         last_token = state.last_token.at[jnp.where(valid, slots, oob)].set(bonus, mode="drop")
         new_state = DeviceState(caches=caches, req_to_page=req_to_page, last_token=last_token,
                                 output_counts=state.output_counts, prompt_mask=state.prompt_mask,
-                                draft_caches=dcaches, spec_state=state.spec_state)
+                                draft_caches=dcaches, spec_state=state.spec_state,
+                                seq_lens=advance(state, slots, valid, l0, n))
         return new_state, accept.output_rows(d, n, bonus, valid)
 
     return step

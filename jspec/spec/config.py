@@ -2,8 +2,9 @@
 
 Implemented: STANDALONE (any supported dense model as the drafter, same vocabulary), NGRAM
 (drafts from the request's own tokens), and the hidden-state drafters EAGLE, EAGLE3 and NEXTN
-(MTP), with a chain (topk 1), greedy and sampling acceptance, hybrid (Gated-DeltaNet) targets,
-the synchronous loop. Everything else the keywords can ask for raises ConfigError naming the
+(MTP), with chains and (EAGLE family) trees, greedy and sampling acceptance, hybrid
+(Gated-DeltaNet) targets, the overlapped loop (spec v2; NGRAM stays synchronous) or, with
+disable_overlap_schedule, the synchronous one (spec v1). Everything else the keywords can ask for raises ConfigError naming the
 setting, so nothing runs with a silently different algorithm.
 """
 

@@ -28,7 +28,7 @@ from flax import nnx
 from jspec.runtime.step import DeviceState
 from jspec.runtime.step_inputs import Bucket
 from jspec.spec import accept, verify
-from jspec.spec.chain_step import step_common
+from jspec.spec.chain_step import advance, step_common
 
 
 def init_spec_state(num_slots: int, hidden_size: int, dtype, topk: int = 1) -> dict:
@@ -73,7 +73,8 @@ def partial(state: DeviceState, *, caches=None, dcaches=None) -> DeviceState:
     """The state after a cut step (benchmarks): what the phases so far wrote."""
     return DeviceState(caches=state.caches if caches is None else caches, req_to_page=state.req_to_page,
                        last_token=state.last_token, output_counts=state.output_counts,
-                       prompt_mask=state.prompt_mask, draft_caches=dcaches, spec_state=state.spec_state)
+                       prompt_mask=state.prompt_mask, draft_caches=dcaches, spec_state=state.spec_state,
+                       seq_lens=state.seq_lens)
 
 
 def make_eagle_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int,
@@ -133,7 +134,7 @@ def make_eagle_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
         last_token = state.last_token.at[jnp.where(valid, slots, oob)].set(bonus, mode="drop")
         new_state = DeviceState(caches=caches, req_to_page=req_to_page, last_token=last_token,
                                 output_counts=state.output_counts, prompt_mask=state.prompt_mask,
-                                draft_caches=dcaches, spec_state=spec)
+                                draft_caches=dcaches, spec_state=spec, seq_lens=advance(state, slots, valid, l0, n))
         return new_state, accept.output_rows(d, n, bonus, valid)
 
     return step

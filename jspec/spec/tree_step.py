@@ -26,7 +26,7 @@ from jspec.models.batch import Caches
 from jspec.runtime.step import DeviceState
 from jspec.runtime.step_inputs import Bucket
 from jspec.spec import accept, tree, verify
-from jspec.spec.chain_step import step_common
+from jspec.spec.chain_step import advance, step_common
 from jspec.spec.eagle_step import _proposals, partial, store
 
 
@@ -152,7 +152,7 @@ def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: 
         last_token = state.last_token.at[jnp.where(valid, slots, oob)].set(bonus, mode="drop")
         new_state = DeviceState(caches=caches, req_to_page=req_to_page, last_token=last_token,
                                 output_counts=state.output_counts, prompt_mask=state.prompt_mask,
-                                draft_caches=dcaches, spec_state=spec)
+                                draft_caches=dcaches, spec_state=spec, seq_lens=advance(state, slots, valid, l0, n))
         return new_state, accept.output_rows(kept, n, bonus, valid)
 
     return step

@@ -163,9 +163,9 @@ def test_nextn_needs_mtp_tensors(tmp_path):
 
 
 def test_stress_retraction_aborts_without_recompiling(models):
-    """A pool small enough to force retraction, random aborts from other threads, a tree drafter
-    that keeps most drafts: finished greedy requests still equal non-speculative greedy output,
-    nothing leaks, and nothing compiles after start-up."""
+    """Up to 16 requests per step, a pool small enough to force retraction, random aborts from
+    other threads, a tree drafter that keeps most drafts: finished greedy requests still equal
+    non-speculative greedy output, nothing leaks, and nothing compiles after start-up."""
     import random
     import threading
 
@@ -173,7 +173,7 @@ def test_stress_retraction_aborts_without_recompiling(models):
 
     rng = random.Random(3)
     prompts = [tm.random_ids(rng.randint(1, 30), seed=500 + i) for i in range(48)]
-    lens = [rng.randint(1, 20) for _ in prompts]
+    lens = [rng.randint(8, 30) for _ in prompts]
     ref_eng = Engine(models["bigram"], page_size=4, **BASE)
     try:
         ref = [o["output_ids"] for o in ref_eng.generate(
@@ -182,7 +182,7 @@ def test_stress_retraction_aborts_without_recompiling(models):
         ref_eng.shutdown()
 
     eng = spec_engine(models, "EAGLE", "bigram", "agree_eagle", steps=3, topk=2, ndt=6, page_size=4,
-                      context_length=64, max_total_tokens=88)
+                      context_length=64, max_total_tokens=100, cuda_graph_bs=[16], max_running_requests=16)
     compiles = []
 
     def listener(event, duration, **kw):
@@ -218,3 +218,26 @@ def test_stress_retraction_aborts_without_recompiling(models):
         jax.monitoring.unregister_event_duration_listener(listener)
         eng.shutdown()
     assert compiles == []
+
+
+@pytest.mark.parametrize("algo,target,draft,topk,ndt", [
+    ("EAGLE", "bigram", "agree_eagle", 1, 4),
+    ("NEXTN", "bigram_next", None, 2, 6),
+])
+def test_overlap_v2_equals_v1(models, algo, target, draft, topk, ndt):
+    """Spec v2 (overlap, the default) dispatches step N+1 before reading step N; it must give the
+    synchronous loop's outputs exactly, greedy and seeded sampling alike, and its loop must make no
+    device-to-host transfer beyond each step's explicit output fetch."""
+    sps = [dict(GREEDY)] * 3 + [{"max_new_tokens": 14, "temperature": 0.8, "top_p": 0.9, "seed": 11 + i,
+                                 "ignore_eos": True} for i in range(2)]
+    outs = {}
+    for mode, extra in (("v1", dict(disable_overlap_schedule=True)), ("v2", dict(transfer_guard="disallow"))):
+        eng = spec_engine(models, algo, target, draft, steps=3, topk=topk, ndt=ndt, page_size=4, **extra)
+        try:
+            outs[mode] = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=sps)]
+            assert eng.get_server_info()["last_error"] is None
+            leak_free(eng)
+        finally:
+            eng.shutdown()
+    assert outs["v2"] == outs["v1"]
+    assert outs["v1"][:3] == reference(models[target], 4)[:3]
