@@ -67,7 +67,10 @@ class SparseMoE(nnx.Module):
         if self.norm_topk_prob:
             weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
         weights = weights.astype(x.dtype)
-        if t * k <= self.num_experts // 2:
+        # The gather kernel streams one expert slab per (token, expert) pair (repeats mostly hit L2);
+        # the grouped GEMM reads every expert once. Gather wins while pairs <= experts (H200:
+        # bench/results/kernels_moe_h200.json, spec_eagle_h200.json).
+        if t * k <= self.num_experts:
             out = self._routed_gather(x, experts, weights)
         else:
             out = self._routed_grouped(x, experts, weights)
