@@ -217,12 +217,15 @@ class Engine:
             return path
         if self.spec.draft_kind == "model":
             return load_model(path, dtype=dtype)
-        from jspec.models.drafters.loader import load_drafter
+        from jspec.models.drafters.loader import checkpoint_format, load_drafter
 
+        kind = self.spec.algorithm
+        if kind == "NAIVE_EAGLE":
+            kind = "NEXTN" if path is None else None
         path = path or self.model.path
         if not os.path.isdir(str(path)):
             raise ConfigError(f"speculative_draft_model_path={path!r} is not a directory")
-        return load_drafter(self.spec.algorithm, str(path), self.model, self.model.dtype)
+        return load_drafter(kind or checkpoint_format(path), str(path), self.model, self.model.dtype)
 
     @staticmethod
     def _generation_eos(path: str) -> set[int]:

@@ -61,7 +61,8 @@ def _add_engine_flags(p) -> None:
                    help="decodes ride along in prefill steps instead of alternating with them")
     g.add_argument("--skip-tokenizer-init", action="store_true",
                    help="engine without tokenizer: streamed requests are not detokenized every step")
-    g.add_argument("--speculative-draft-model-path")
+    g.add_argument("--speculative-draft-model-path",
+                   help="draft checkpoint directory; \"random\" with --model-path random:PRESET: a random EAGLE / EAGLE3 / MTP head")
     g.add_argument("--quiet", action="store_true", help="no compile progress bar")
 
 

@@ -117,12 +117,32 @@ def open_model(args):
     return random_model(parse_hf_config(preset_config(name)), dtype=args.dtype, seed=args.seed)
 
 
+def with_draft(kw: dict, model, args) -> dict:
+    """Engine keywords with `--speculative-draft-model-path random` replaced by a drafter of the
+    algorithm's format with random weights for the target (EAGLE3: a 32000-token draft
+    vocabulary, as published heads use), built in memory; the record keeps the word "random"."""
+    if kw.get("speculative_draft_model_path") != "random":
+        return kw
+    from jspec.errors import ConfigError
+    from jspec.models.drafters.loader import random_drafter
+    from jspec.models.loader import Model
+
+    algo = str(kw.get("speculative_algorithm", "")).upper()
+    if not isinstance(model, Model) or algo not in ("EAGLE", "EAGLE3", "NEXTN"):
+        raise ConfigError("--speculative-draft-model-path random: needs --model-path random:PRESET and an "
+                          "EAGLE, EAGLE3 or NEXTN --speculative-algorithm")
+    shape = {"draft_vocab_size": min(32000, model.config.vocab_size)} if algo == "EAGLE3" else {}
+    drafter = random_drafter(algo, model, dtype=model.dtype, seed=args.seed + 1, **shape)
+    return {**kw, "speculative_draft_model_path": drafter}
+
+
 def run_serve(args, command: str) -> dict:
     from jspec.api import Engine
 
     env = environment()
     kw = {**engine_kwargs(args), **spec_kwargs(args)}
-    engine = Engine(open_model(args), **kw)
+    model = open_model(args)
+    engine = Engine(model, **with_draft(kw, model, args))
     try:
         rec = measure(engine, args, kw, env, command)
     finally:

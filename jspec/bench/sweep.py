@@ -12,7 +12,7 @@ import argparse
 import itertools
 
 from jspec.bench.record import fmt, append_jsonl, environment, make_record
-from jspec.bench.serve import SPEC_KEYS, engine_kwargs, measure, open_model, settings
+from jspec.bench.serve import SPEC_KEYS, engine_kwargs, measure, open_model, settings, with_draft
 
 
 def grid(args) -> list[dict]:
@@ -80,7 +80,7 @@ def run_sweep(args, command: str, engine_factory=None) -> list[dict]:
         kw = _engine_args(args, cfg)
         spec = {k: cfg[k] for k in SPEC_KEYS}
         try:
-            engine = engine_factory(model, **kw)
+            engine = engine_factory(model, **with_draft(kw, model, args))
         except Exception as e:  # noqa: BLE001 - record it, go on with the next setting
             engine, build_error = None, f"{type(e).__name__}: {e}"
         for c in args.max_concurrency_list:

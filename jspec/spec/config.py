@@ -15,8 +15,11 @@ import dataclasses
 from jspec.errors import ConfigError
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "NAIVE_EAGLE")
-IMPLEMENTED = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
-HIDDEN_STATE_DRAFTERS = ("EAGLE", "EAGLE3", "NEXTN")
+IMPLEMENTED = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "NAIVE_EAGLE")
+# NAIVE_EAGLE: an EAGLE / EAGLE3 head (format read from the draft's config.json) or, without a
+# draft path, the target's MTP layer, fixed at one draft token per step (2 verified tokens), so
+# one fused function verifies, accepts, extends the drafter and drafts the next token.
+HIDDEN_STATE_DRAFTERS = ("EAGLE", "EAGLE3", "NEXTN", "NAIVE_EAGLE")
 MTP_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 
@@ -67,6 +70,12 @@ def parse_spec_config(kwargs: dict, *, target_family: str, target_is_hybrid: boo
     steps = kwargs.get("speculative_num_steps")
     topk = kwargs.get("speculative_eagle_topk")
     ndt = kwargs.get("speculative_num_draft_tokens")
+    if algo == "NAIVE_EAGLE":
+        for name, v, want in (("speculative_num_steps", steps, 1), ("speculative_eagle_topk", topk, 1),
+                              ("speculative_num_draft_tokens", ndt, 2)):
+            if v is not None and v != want:
+                raise ConfigError(f"{name}={v!r}: NAIVE_EAGLE drafts one token per step ({name} must be {want})")
+        steps, topk, ndt = 1, 1, 2
     if steps is None and topk is None and ndt is None:
         # SGLang's defaults when all are unset: 3 / 1 / 4, and 5 / 4 / 8 for Llama targets.
         steps, topk, ndt = (5, 4, 8) if target_family == "llama" and algo in HIDDEN_STATE_DRAFTERS else (3, 1, 4)
@@ -97,7 +106,7 @@ def parse_spec_config(kwargs: dict, *, target_family: str, target_is_hybrid: boo
     draft = kwargs.get("speculative_draft_model_path")
     if algo in ("STANDALONE", "EAGLE", "EAGLE3") and not draft:
         raise ConfigError(f"speculative_draft_model_path is required for {algo}")
-    if algo == "NEXTN" and target_family not in MTP_FAMILIES:
+    if (algo == "NEXTN" or (algo == "NAIVE_EAGLE" and not draft)) and target_family not in MTP_FAMILIES:
         raise ConfigError(f"speculative_algorithm='NEXTN': a {target_family} target has no MTP layer "
                           f"(NEXTN serves {', '.join(MTP_FAMILIES)})")
     lo = kwargs.get("speculative_ngram_min_match_window_size")

@@ -29,7 +29,7 @@ GREEDY = {"max_new_tokens": 14, "temperature": 0, "ignore_eos": True}
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("eagle")
     d = {k: str(root / k) for k in ("qwen3", "qnext", "eagle", "eagle3", "bigram", "agree_eagle", "bigram_next",
-                                    "flat", "agree_flat")}
+                                    "flat", "agree_flat", "llama", "llama_eagle")}
     tm.build("qwen3", d["qwen3"], seed=41)
     td.write_eagle(d["eagle"], d["qwen3"], seed=1)
     td.write_eagle3(d["eagle3"], d["qwen3"], seed=2, draft_vocab=60)
@@ -44,6 +44,8 @@ def models(tmp_path_factory):
     tm.build("qwen3", d["flat"], seed=43)
     td.make_near_bigram(d["flat"], 0, logit_scale=0.07)
     td.write_agreeing_eagle(d["agree_flat"], d["flat"], seed=4, logit_scale=0.07)
+    tm.build("llama", d["llama"], seed=44)
+    td.write_eagle(d["llama_eagle"], d["llama"], seed=9, embed=False)
     return d
 
 
@@ -125,6 +127,37 @@ def test_agreeing_drafters_are_accepted_and_exact(models, algo, target, draft, t
         assert outs["v1"] == outs["v2"]
 
 
+def test_llama_target_gets_sglang_defaults_and_exact_trees(models):
+    """Unset steps / topk / draft tokens on a Llama target: SGLang's 5 / 4 / 8 (a tree)."""
+    ref = reference(models["llama"], 4)
+    eng = Engine(models["llama"], page_size=16, speculative_algorithm="EAGLE",
+                 speculative_draft_model_path=models["llama_eagle"], **BASE)
+    try:
+        info = eng.get_server_info()
+        assert (info["speculative_num_steps"], info["speculative_eagle_topk"],
+                info["speculative_num_draft_tokens"]) == (5, 4, 8)
+        assert [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)] == ref
+        leak_free(eng)
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.parametrize("target,draft", [("bigram", "agree_eagle"), ("bigram_next", None)])
+def test_naive_eagle_one_fused_step(models, target, draft):
+    """NAIVE_EAGLE: [last, one draft] verified per step, the drafter's format read from its
+    config.json (EAGLE here), or the target's MTP layer without a draft path."""
+    ref = reference(models[target], 4)
+    eng = spec_engine(models, "NAIVE_EAGLE", target, draft, steps=None, topk=None, ndt=None, page_size=4)
+    try:
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == ref
+        info = eng.get_server_info()
+        assert info["speculative_num_draft_tokens"] == 2 and 1.5 < info["avg_spec_accept_length"] <= 2.0
+        leak_free(eng)
+    finally:
+        eng.shutdown()
+
+
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
 def test_tree_sampling_follows_the_target_distribution(models, temperature, top_p):
     """Point-mass drafts tried sibling by sibling against the residual: the second output token
@@ -162,6 +195,8 @@ def test_simulated_accept_length(models):
     (dict(speculative_algorithm="EAGLE3"), "speculative_draft_model_path is required"),
     (dict(speculative_algorithm="NGRAM", speculative_eagle_topk=2, speculative_num_draft_tokens=4), "topk"),
     (dict(speculative_algorithm="EAGLE", speculative_draft_model_path="/nonexistent"), "not a directory"),
+    (dict(speculative_algorithm="NAIVE_EAGLE", speculative_num_steps=2), "one token per step"),
+    (dict(speculative_algorithm="NAIVE_EAGLE"), "no MTP layer"),
 ])
 def test_bad_settings(models, kw, match):
     with pytest.raises(ConfigError, match=match):

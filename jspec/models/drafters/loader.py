@@ -288,6 +288,22 @@ def _read_d2t(src: _Tensors, draft_vocab: int, vocab: int, required: bool) -> np
     return d2t.astype(np.int32)
 
 
+def checkpoint_format(path: str | os.PathLike) -> str:
+    """"EAGLE" or "EAGLE3": which head format a draft directory holds, from its config.json
+    architectures (NAIVE_EAGLE takes either)."""
+    file = os.path.join(os.fspath(path), "config.json")
+    if not os.path.exists(file):
+        raise ConfigError(f"speculative_draft_model_path={os.fspath(path)!r} has no config.json")
+    with open(file) as f:
+        archs = json.load(f).get("architectures") or []
+    if any(a in EAGLE3_ARCHITECTURES for a in archs):
+        return "EAGLE3"
+    if any(a in EAGLE_ARCHITECTURES for a in archs):
+        return "EAGLE"
+    raise ConfigError(f"speculative_draft_model_path={os.fspath(path)!r}: architectures {archs} are neither an "
+                      f"EAGLE ({', '.join(EAGLE_ARCHITECTURES)}) nor an EAGLE3 head ({', '.join(EAGLE3_ARCHITECTURES)})")
+
+
 def load_drafter(kind: str, path: str | os.PathLike, target: Model, dtype=None) -> DraftModel:
     """Load an EAGLE / EAGLE3 head directory, or (NEXTN) the MTP layer of the target's directory.
 
