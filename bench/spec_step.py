@@ -18,6 +18,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.72")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 
 from bench.engine_decode import commit, log  # noqa: E402
 from jspec.bench.step import decode_plan, fill_random_kv, page_table, time_step  # noqa: E402
@@ -41,7 +42,9 @@ def main(argv=None):
     cfg = parse_hf_config(preset_config(args.preset))
     model = random_model(cfg, dtype="bfloat16", seed=0, scale=0.02)
     page_size, ctx = 16, args.context
-    pages_per_seq = -(-(ctx + 2 * args.steps + 2) // page_size)
+    # Timed speculative steps move each request on by its accept length on the device: a margin.
+    margin = 2 * args.steps + 2 + 512
+    pages_per_seq = -(-(ctx + margin) // page_size)
     num_pages = max(batches) * pages_per_seq + 1
     spec = SpecConfig(algorithm="NGRAM", num_steps=args.steps, topk=1, num_draft_tokens=args.steps + 1,
                       draft_model_path=None)
@@ -58,7 +61,9 @@ def main(argv=None):
         point = {"batch": b}
         for name, r in runners.items():
             bucket = next(x for x in r.buckets if x.batch_size == b)
-            r.state.req_to_page = page_table(b, ctx, page_size, pages_per_seq, max(batches) + 1)
+            r.state.req_to_page = page_table(b, ctx + margin, page_size, pages_per_seq, max(batches) + 1)
+            if r.state.seq_lens is not None:  # speculative steps read each request's length on the device
+                r.state.seq_lens = jnp.zeros_like(r.state.seq_lens).at[1:b + 1].set(ctx - 1)
             plan = decode_plan(b, ctx)
             for s in plan.reqs:
                 s.draft = [7] * args.steps
