@@ -39,7 +39,7 @@ def init_spec_state(num_slots: int, hidden_size: int, dtype, topk: int = 1) -> d
     }
 
 
-def _proposals(drafter, out, topk: int):
+def proposals(drafter, out, topk: int):
     """Top-K draft proposals (target ids) and their log-probabilities from a DraftOutput."""
     logp = jax.nn.log_softmax(out.logits, axis=-1)
     lp, ids = jax.lax.top_k(logp, topk)
@@ -65,11 +65,11 @@ def prefill_draft(drafter, target, dcaches, batch, target_out, next_ids, rows_do
     shifted = dataclasses.replace(batch, input_ids=next_ids)
     out, dcaches = drafter(shifted, dcaches, drafter.target_hidden(target_out), target=target,
                            logits_indices=logits_indices)
-    tokens, logp = _proposals(drafter, out, topk)
+    tokens, logp = proposals(drafter, out, topk)
     return dcaches, store(spec_state, batch.state_slots, rows_done, tokens, logp, out.hidden)
 
 
-def partial(state: DeviceState, *, caches=None, dcaches=None) -> DeviceState:
+def cut_state(state: DeviceState, *, caches=None, dcaches=None) -> DeviceState:
     """The state after a cut step (benchmarks): what the phases so far wrote."""
     return DeviceState(caches=state.caches if caches is None else caches, req_to_page=state.req_to_page,
                        last_token=state.last_token, output_counts=state.output_counts,
@@ -97,12 +97,12 @@ def make_eagle_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
         for i in range(1, s):
             batch = verify.decode_batch(tok, l0 + i - 1, valid, page_table, slots, page_size)
             out, dcaches = drafter(batch, dcaches, hidden, target=target)
-            tok = _proposals(drafter, out, 1)[0][:, 0]
+            tok = proposals(drafter, out, 1)[0][:, 0]
             hidden = out.hidden
             drafts.append(tok)
         d = jnp.stack(drafts, axis=1)  # [B, S]
         if stop_after == "draft":
-            return partial(state, dcaches=dcaches), d
+            return cut_state(state, dcaches=dcaches), d
 
         # 2. Verify, accept, commit.
         vt = jnp.concatenate([last[:, None], d], axis=1)  # [B, S+1]
@@ -110,14 +110,14 @@ def make_eagle_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
         out, caches = target(vbatch, state.caches, capture_layers=drafter.capture_layers)
         logits = out.logits.reshape(b_cap, s + 1, -1)
         if stop_after == "verify":
-            return partial(state, caches=caches, dcaches=dcaches), jnp.argmax(logits, axis=-1)
+            return cut_state(state, caches=caches, dcaches=dcaches), jnp.argmax(logits, axis=-1)
         if simulate_accept_length is None:
             n, bonus = accept.chain(logits, d, None, sb, greedy, key_fn, sort=bucket.sort)
         else:
             n, bonus = accept.simulated(logits, key_fn, simulate_accept_length, s, sb, greedy, sort=bucket.sort)
         caches = verify.commit(caches, out.gdn_scratch, slots, jnp.where(valid, n, -1))
         if stop_after == "accept":
-            return partial(state, caches=caches, dcaches=dcaches), accept.output_rows(d, n, bonus, valid)
+            return cut_state(state, caches=caches, dcaches=dcaches), accept.output_rows(d, n, bonus, valid)
 
         # 3. Drafter catch-up over the verified positions: node j's next token is d(j+1) for the
         #    kept ones and the bonus at n; later nodes were rejected and their outputs are unused.
@@ -127,7 +127,7 @@ def make_eagle_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
         ebatch = verify.extend_batch(ext_tokens, l0, valid, page_table, slots, page_size)
         rows = jnp.arange(b_cap) * (s + 1) + n
         dout, dcaches = drafter(ebatch, dcaches, drafter.target_hidden(out), target=target, logits_indices=rows)
-        tokens, logp = _proposals(drafter, dout, spec["tokens"].shape[1])
+        tokens, logp = proposals(drafter, dout, spec["tokens"].shape[1])
         spec = store(spec, slots, valid, tokens, logp, dout.hidden)
 
         oob = state.last_token.shape[0]

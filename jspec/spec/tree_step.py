@@ -27,7 +27,7 @@ from jspec.runtime.step import DeviceState
 from jspec.runtime.step_inputs import Bucket
 from jspec.spec import accept, tree, verify
 from jspec.spec.chain_step import advance, step_common
-from jspec.spec.eagle_step import _proposals, partial, store
+from jspec.spec.eagle_step import proposals, cut_state, store
 
 
 def move_kv(caches: Caches, page_table, l0, path, n, valid, page_size: int) -> Caches:
@@ -90,7 +90,7 @@ def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: 
             rows_new = (jnp.arange(b_cap)[:, None] * m + (m - k) + jnp.arange(k)[None, :]).reshape(-1)
             out, dcaches = drafter(batch, dcaches, h_all.reshape(b_cap * m, -1), target=target,
                                    logits_indices=rows_new)
-            c_tok, c_lp = _proposals(drafter, out, k)  # [B*K, K]
+            c_tok, c_lp = proposals(drafter, out, k)  # [B*K, K]
             c_tok, c_lp = c_tok.reshape(b_cap, k * k), c_lp.reshape(b_cap, k, k)
             c_score = (kept_score[:, :, None] + c_lp).reshape(b_cap, k * k)
             c_from = jnp.repeat(jnp.arange(k), k)[None, :]  # which kept node each child expands
@@ -109,7 +109,7 @@ def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: 
         d, depth, parents_t = tree.select(jnp.concatenate(pool_tok, axis=1), jnp.concatenate(pool_score, axis=1),
                                           jnp.concatenate(pool_parent, axis=1), pool_depth, n_nodes)
         if stop_after == "draft":
-            return partial(state, dcaches=dcaches), jnp.concatenate([d, parents_t], axis=1)
+            return cut_state(state, dcaches=dcaches), jnp.concatenate([d, parents_t], axis=1)
 
         # 2. Verify the tree.
         vt = jnp.concatenate([last[:, None], d], axis=1)  # [B, N]
@@ -118,7 +118,7 @@ def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: 
         out, caches = target(vbatch, state.caches, capture_layers=drafter.capture_layers)
         logits = out.logits.reshape(b_cap, n_nodes, -1)
         if stop_after == "verify":
-            return partial(state, caches=caches, dcaches=dcaches), jnp.argmax(logits, axis=-1)
+            return cut_state(state, caches=caches, dcaches=dcaches), jnp.argmax(logits, axis=-1)
 
         # 3. Accept, move the accepted KV into place, commit hybrid state.
         if simulate_accept_length is None:
@@ -133,7 +133,7 @@ def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: 
         caches = verify.commit(caches, out.gdn_scratch, slots, jnp.where(valid, last_node, -1))
         kept = jnp.take_along_axis(vt, path, axis=1)[:, 1:]  # [B, S] accepted draft tokens (valid up to n)
         if stop_after == "accept":
-            return partial(state, caches=caches, dcaches=dcaches), accept.output_rows(kept, n, bonus, valid)
+            return cut_state(state, caches=caches, dcaches=dcaches), accept.output_rows(kept, n, bonus, valid)
 
         # 4. Drafter catch-up over the accepted path.
         j = jnp.arange(s + 1)[None, :]
@@ -145,7 +145,7 @@ def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: 
         ebatch = verify.extend_batch(ext_tokens, l0, valid, page_table, slots, page_size)
         rows = jnp.arange(b_cap) * (s + 1) + n
         dout, dcaches = drafter(ebatch, dcaches, hidden, target=target, logits_indices=rows)
-        tokens, logp = _proposals(drafter, dout, k)
+        tokens, logp = proposals(drafter, dout, k)
         spec = store(spec, slots, valid, tokens, logp, dout.hidden)
 
         oob = state.last_token.shape[0]
