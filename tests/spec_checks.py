@@ -27,6 +27,16 @@ def _filtered(logits, temperature, top_p):
     return p / p.sum()
 
 
+def two_token_draws(eng, prompt, n: int, temperature: float, top_p: float):
+    """n seeded requests of two tokens from one prompt: the first comes from prefill, the second
+    always from a speculative step. Checks that nothing leaked."""
+    sps = [{"max_new_tokens": 2, "temperature": temperature, "top_p": top_p, "seed": i, "ignore_eos": True}
+           for i in range(n)]
+    outs = eng.generate(input_ids=[prompt] * n, sampling_params=sps)
+    leak_free(eng)
+    return outs
+
+
 def second_token_follows_target(outs, prompt, target_dir, temperature, top_p):
     """The second output token always comes out of a speculative step (accepted draft or residual
     draw). Given the first token, its law must be the target's own, not the drafter's: chi-square

@@ -50,10 +50,17 @@ def step_common(bucket: Bucket, state: DeviceState, packed, num_keys: int):
     return x, req_to_page, slots, valid, l0, req_to_page[slots], sb, greedy, key_fn
 
 
-def advance(state: DeviceState, slots, valid, l0, n):
-    """Each request's new KV length: its last token and n kept drafts are now in the KV."""
-    oob = state.seq_lens.shape[0]
-    return state.seq_lens.at[jnp.where(valid, slots, oob)].set(l0 + n + 1, mode="drop")
+def next_state(state: DeviceState, *, caches, req_to_page, slots, valid, l0, n, bonus, draft_caches,
+               spec_state) -> DeviceState:
+    """The state after a speculative step: the bonus is each request's next input, and its KV
+    length moves past its last token and the n kept drafts."""
+    oob = state.last_token.shape[0]
+    at = jnp.where(valid, slots, oob)
+    return DeviceState(caches=caches, req_to_page=req_to_page,
+                       last_token=state.last_token.at[at].set(bonus, mode="drop"),
+                       output_counts=state.output_counts, prompt_mask=state.prompt_mask,
+                       draft_caches=draft_caches, spec_state=spec_state,
+                       seq_lens=state.seq_lens.at[at].set(l0 + n + 1, mode="drop"))
 
 
 def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int,
@@ -98,12 +105,8 @@ def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
             n, bonus = accept.simulated(logits, key_fn, simulate_accept_length, s, sb, greedy, sort=bucket.sort)
         caches = verify.commit(caches, out.gdn_scratch, slots, jnp.where(valid, n, -1))
 
-        oob = state.last_token.shape[0]
-        last_token = state.last_token.at[jnp.where(valid, slots, oob)].set(bonus, mode="drop")
-        new_state = DeviceState(caches=caches, req_to_page=req_to_page, last_token=last_token,
-                                output_counts=state.output_counts, prompt_mask=state.prompt_mask,
-                                draft_caches=dcaches, spec_state=state.spec_state,
-                                seq_lens=advance(state, slots, valid, l0, n))
+        new_state = next_state(state, caches=caches, req_to_page=req_to_page, slots=slots, valid=valid, l0=l0,
+                               n=n, bonus=bonus, draft_caches=dcaches, spec_state=state.spec_state)
         return new_state, accept.output_rows(d, n, bonus, valid)
 
     return step

@@ -28,7 +28,7 @@ from flax import nnx
 from jspec.runtime.step import DeviceState
 from jspec.runtime.step_inputs import Bucket
 from jspec.spec import accept, verify
-from jspec.spec.chain_step import advance, step_common
+from jspec.spec.chain_step import next_state, step_common
 
 
 def init_spec_state(num_slots: int, hidden_size: int, dtype, topk: int = 1) -> dict:
@@ -67,6 +67,24 @@ def prefill_draft(drafter, target, dcaches, batch, target_out, next_ids, rows_do
                            logits_indices=logits_indices)
     tokens, logp = proposals(drafter, out, topk)
     return dcaches, store(spec_state, batch.state_slots, rows_done, tokens, logp, out.hidden)
+
+
+def catch_up(drafter, target, dcaches, spec, kept, n, bonus, hidden, l0, valid, page_table, slots,
+             page_size: int):
+    """The drafter's catch-up over the S + 1 verified positions L0 .. L0+S: node j's next token is
+    the kept draft kept[j] for j < n and the bonus at n; later nodes were rejected and their
+    outputs go unused. hidden `[B*(S+1), Hin]`: the target's hidden at those positions (along the
+    accepted path for a tree). Its output at L0 + n gives the carried proposals and hidden.
+    Returns (draft caches, spec_state)."""
+    b, s = kept.shape
+    j = jnp.arange(s + 1)[None, :]
+    d_next = jnp.concatenate([kept, jnp.zeros((b, 1), jnp.int32)], axis=1)
+    ext_tokens = jnp.where(j < n[:, None], d_next, bonus[:, None])
+    ebatch = verify.extend_batch(ext_tokens, l0, valid, page_table, slots, page_size)
+    rows = jnp.arange(b) * (s + 1) + n
+    dout, dcaches = drafter(ebatch, dcaches, hidden, target=target, logits_indices=rows)
+    tokens, logp = proposals(drafter, dout, spec["tokens"].shape[1])
+    return dcaches, store(spec, slots, valid, tokens, logp, dout.hidden)
 
 
 def cut_state(state: DeviceState, *, caches=None, dcaches=None) -> DeviceState:
@@ -119,22 +137,11 @@ def make_eagle_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
         if stop_after == "accept":
             return cut_state(state, caches=caches, dcaches=dcaches), accept.output_rows(d, n, bonus, valid)
 
-        # 3. Drafter catch-up over the verified positions: node j's next token is d(j+1) for the
-        #    kept ones and the bonus at n; later nodes were rejected and their outputs are unused.
-        j = jnp.arange(s + 1)[None, :]
-        d_next = jnp.concatenate([d, jnp.zeros((b_cap, 1), jnp.int32)], axis=1)
-        ext_tokens = jnp.where(j < n[:, None], d_next, bonus[:, None])
-        ebatch = verify.extend_batch(ext_tokens, l0, valid, page_table, slots, page_size)
-        rows = jnp.arange(b_cap) * (s + 1) + n
-        dout, dcaches = drafter(ebatch, dcaches, drafter.target_hidden(out), target=target, logits_indices=rows)
-        tokens, logp = proposals(drafter, dout, spec["tokens"].shape[1])
-        spec = store(spec, slots, valid, tokens, logp, dout.hidden)
-
-        oob = state.last_token.shape[0]
-        last_token = state.last_token.at[jnp.where(valid, slots, oob)].set(bonus, mode="drop")
-        new_state = DeviceState(caches=caches, req_to_page=req_to_page, last_token=last_token,
-                                output_counts=state.output_counts, prompt_mask=state.prompt_mask,
-                                draft_caches=dcaches, spec_state=spec, seq_lens=advance(state, slots, valid, l0, n))
+        # 3. Drafter catch-up over the verified positions.
+        dcaches, spec = catch_up(drafter, target, dcaches, spec, d, n, bonus, drafter.target_hidden(out), l0, valid,
+                                 page_table, slots, page_size)
+        new_state = next_state(state, caches=caches, req_to_page=req_to_page, slots=slots, valid=valid, l0=l0,
+                               n=n, bonus=bonus, draft_caches=dcaches, spec_state=spec)
         return new_state, accept.output_rows(d, n, bonus, valid)
 
     return step

@@ -26,8 +26,8 @@ from jspec.models.batch import Caches
 from jspec.runtime.step import DeviceState
 from jspec.runtime.step_inputs import Bucket
 from jspec.spec import accept, tree, verify
-from jspec.spec.chain_step import advance, step_common
-from jspec.spec.eagle_step import proposals, cut_state, store
+from jspec.spec.chain_step import next_state, step_common
+from jspec.spec.eagle_step import catch_up, cut_state, proposals
 
 
 def move_kv(caches: Caches, page_table, l0, path, n, valid, page_size: int) -> Caches:
@@ -135,24 +135,13 @@ def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: 
         if stop_after == "accept":
             return cut_state(state, caches=caches, dcaches=dcaches), accept.output_rows(kept, n, bonus, valid)
 
-        # 4. Drafter catch-up over the accepted path.
-        j = jnp.arange(s + 1)[None, :]
-        d_next = jnp.concatenate([kept, jnp.zeros((b_cap, 1), jnp.int32)], axis=1)
-        ext_tokens = jnp.where(j < n[:, None], d_next, bonus[:, None])
-        hidden = drafter.target_hidden(out)
-        hidden = hidden.reshape(b_cap, n_nodes, -1)
+        # 4. Drafter catch-up over the accepted path (the target's hidden gathered along it).
+        hidden = drafter.target_hidden(out).reshape(b_cap, n_nodes, -1)
         hidden = jnp.take_along_axis(hidden, path[:, :, None], axis=1).reshape(b_cap * (s + 1), -1)
-        ebatch = verify.extend_batch(ext_tokens, l0, valid, page_table, slots, page_size)
-        rows = jnp.arange(b_cap) * (s + 1) + n
-        dout, dcaches = drafter(ebatch, dcaches, hidden, target=target, logits_indices=rows)
-        tokens, logp = proposals(drafter, dout, k)
-        spec = store(spec, slots, valid, tokens, logp, dout.hidden)
-
-        oob = state.last_token.shape[0]
-        last_token = state.last_token.at[jnp.where(valid, slots, oob)].set(bonus, mode="drop")
-        new_state = DeviceState(caches=caches, req_to_page=req_to_page, last_token=last_token,
-                                output_counts=state.output_counts, prompt_mask=state.prompt_mask,
-                                draft_caches=dcaches, spec_state=spec, seq_lens=advance(state, slots, valid, l0, n))
+        dcaches, spec = catch_up(drafter, target, dcaches, spec, kept, n, bonus, hidden, l0, valid, page_table,
+                                 slots, page_size)
+        new_state = next_state(state, caches=caches, req_to_page=req_to_page, slots=slots, valid=valid, l0=l0,
+                               n=n, bonus=bonus, draft_caches=dcaches, spec_state=spec)
         return new_state, accept.output_rows(kept, n, bonus, valid)
 
     return step

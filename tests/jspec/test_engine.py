@@ -17,6 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import tiny_models as tm  # noqa: E402
+from compile_checks import compilations  # noqa: E402
 
 from jspec import Engine  # noqa: E402
 from jspec.errors import ConfigError, InvalidRequestError  # noqa: E402
@@ -210,17 +211,7 @@ def test_construction_errors(qwen3_dir, tmp_path):
 
 # --------------------------------------------------------------------------- compilation
 def test_zero_recompilation_after_warmup(engine):
-    compiles = []
-
-    def listener(event, duration, **kw):
-        if "compile" in event:
-            compiles.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        jax.jit(lambda x: x * 3 + 1)(np.arange(5.0))  # the listener must see a real compilation
-        assert compiles, "compile listener saw nothing: the check below would be vacuous"
-        compiles.clear()
+    with compilations() as compiles:
         rng = random.Random(0)
         for _ in range(3):
             prompts = [tm.random_ids(rng.randint(1, 40), seed=rng.randint(0, 10**6)) for _ in range(rng.randint(1, 6))]
@@ -228,8 +219,6 @@ def test_zero_recompilation_after_warmup(engine):
                     "top_k": rng.choice([-1, 5]), "top_p": rng.choice([1.0, 0.8]), "ignore_eos": True}
                    for _ in prompts]
             engine.generate(input_ids=prompts, sampling_params=sps, return_logprob=rng.random() < 0.5)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == []
 
 

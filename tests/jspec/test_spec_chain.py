@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import tiny_models as tm  # noqa: E402
-from spec_checks import leak_free, second_token_follows_target  # noqa: E402
+from spec_checks import leak_free, second_token_follows_target, two_token_draws  # noqa: E402
 
 from jspec import Engine  # noqa: E402
 from jspec.errors import ConfigError, InvalidRequestError  # noqa: E402
@@ -149,12 +149,8 @@ def test_speculative_sampling_follows_the_target_distribution(dirs, algo, temper
     eng = Engine(target, page_size=4, speculative_algorithm=algo, speculative_num_steps=2,
                  **{**BASE, "cuda_graph_bs": [1, 2, 4, 8], "max_running_requests": 8}, **kw)
     prompt = tm.random_ids(6, seed=77)
-    n = 1500
     try:
-        sps = [{"max_new_tokens": 2, "temperature": temperature, "top_p": top_p, "seed": i, "ignore_eos": True}
-               for i in range(n)]
-        outs = eng.generate(input_ids=[prompt] * n, sampling_params=sps)
-        leak_free(eng)
+        outs = two_token_draws(eng, prompt, 1500, temperature, top_p)
     finally:
         eng.shutdown()
     second_token_follows_target(outs, prompt, target, temperature, top_p)

@@ -12,7 +12,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import tiny_models as tm  # noqa: E402
-from spec_checks import leak_free, second_token_follows_target  # noqa: E402
+from compile_checks import compilations  # noqa: E402
+from spec_checks import leak_free, second_token_follows_target, two_token_draws  # noqa: E402
 from spec_eagle_common import BASE, GREEDY, PROMPTS, build_models, reference, spec_engine  # noqa: E402
 
 from jspec import Engine  # noqa: E402
@@ -69,12 +70,8 @@ def test_tree_sampling_follows_the_target_distribution(models, temperature, top_
     eng = spec_engine(models, "EAGLE", "flat", "agree_flat", steps=2, topk=2, ndt=4, page_size=4,
                       **{"cuda_graph_bs": [8], "max_running_requests": 8})
     prompt = tm.random_ids(6, seed=78)
-    n = 1500
     try:
-        sps = [{"max_new_tokens": 2, "temperature": temperature, "top_p": top_p, "seed": i, "ignore_eos": True}
-               for i in range(n)]
-        outs = eng.generate(input_ids=[prompt] * n, sampling_params=sps)
-        leak_free(eng)
+        outs = two_token_draws(eng, prompt, 1500, temperature, top_p)
     finally:
         eng.shutdown()
     assert eng.get_server_info()["avg_spec_accept_length"] > 1.2  # drafts were kept, and rejected
@@ -88,8 +85,6 @@ def test_stress_retraction_aborts_without_recompiling(models):
     import random
     import threading
 
-    import jax
-
     rng = random.Random(3)
     prompts = [tm.random_ids(rng.randint(1, 30), seed=500 + i) for i in range(48)]
     lens = [rng.randint(8, 30) for _ in prompts]
@@ -102,28 +97,23 @@ def test_stress_retraction_aborts_without_recompiling(models):
 
     eng = spec_engine(models, "EAGLE", "bigram", "agree_eagle", steps=3, topk=2, ndt=6, page_size=4,
                       context_length=64, max_total_tokens=100, cuda_graph_bs=[16], max_running_requests=16)
-    compiles = []
-
-    def listener(event, duration, **kw):
-        if "compile" in event:
-            compiles.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
     try:
-        results, threads = {}, []
+        with compilations() as compiles:
+            results, threads = {}, []
 
-        def worker(i):
-            results[i] = eng.generate(input_ids=prompts[i], sampling_params=dict(GREEDY, max_new_tokens=lens[i]),
-                                      rid=f"r{i}")
+            def worker(i):
+                results[i] = eng.generate(input_ids=prompts[i],
+                                          sampling_params=dict(GREEDY, max_new_tokens=lens[i]), rid=f"r{i}")
 
-        for i in range(len(prompts)):
-            th = threading.Thread(target=worker, args=(i,))
-            th.start()
-            threads.append(th)
-            if rng.random() < 0.2:
-                eng.abort(f"r{rng.randint(0, i)}")
-        for th in threads:
-            th.join(120)
+            for i in range(len(prompts)):
+                th = threading.Thread(target=worker, args=(i,))
+                th.start()
+                threads.append(th)
+                if rng.random() < 0.2:
+                    eng.abort(f"r{rng.randint(0, i)}")
+            for th in threads:
+                th.join(120)
+        assert compiles == []
         assert len(results) == len(prompts)
         done = [i for i, r in results.items() if r["meta_info"]["finish_reason"]["type"] == "length"]
         assert len(done) > len(prompts) // 2
@@ -134,6 +124,4 @@ def test_stress_retraction_aborts_without_recompiling(models):
         assert info["avg_spec_accept_length"] > 2.0
         leak_free(eng)
     finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
         eng.shutdown()
-    assert compiles == []

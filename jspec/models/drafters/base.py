@@ -56,7 +56,8 @@ class Drafter(nnx.Module):
 
     def __call__(self, batch: ForwardBatch, caches: Caches, hidden, *, target: CausalLM,
                  logits_indices=None, compute_logits: bool = True) -> tuple[DraftOutput, Caches]:
-        raise NotImplementedError
+        """The interface every kind implements (eagle.py, eagle3.py, mtp.py); the base has no forward."""
+        raise NotImplementedError(f"{type(self).__name__} must define __call__")
 
     # ---- helpers shared by the kinds ----------------------------------------------------------
     def _embed(self, ids, target: CausalLM):
