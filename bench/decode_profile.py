@@ -33,17 +33,27 @@ from jspec.runtime.model_runner import ModelRunner  # noqa: E402
 from jspec.runtime.step_inputs import pack  # noqa: E402
 
 
-def gpu_kernel_times(trace_dir: str, steps: int) -> dict:
+def trace_events(trace_dir: str):
+    """(file, events, pid -> process name, GPU pids) of the jax.profiler trace under trace_dir,
+    or None when there is none."""
     files = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
     files += glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)
     if not files:
-        return {"error": f"no trace file under {trace_dir}: {glob.glob(trace_dir + '/**', recursive=True)[:20]}"}
+        return None
     with gzip.open(files[0]) as f:
         trace = json.load(f)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     pid_name = {e["pid"]: e.get("args", {}).get("name", "") for e in events
                 if e.get("ph") == "M" and e.get("name") == "process_name"}
     gpu_pids = {p for p, n in pid_name.items() if "GPU" in n or "gpu" in n or "stream" in n.lower()}
+    return files[0], events, pid_name, gpu_pids
+
+
+def gpu_kernel_times(trace_dir: str, steps: int) -> dict:
+    found = trace_events(trace_dir)
+    if found is None:
+        return {"error": f"no trace file under {trace_dir}: {glob.glob(trace_dir + '/**', recursive=True)[:20]}"}
+    _, events, pid_name, gpu_pids = found
     by_name = collections.Counter()
     count = collections.Counter()
     for e in events:

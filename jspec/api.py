@@ -62,6 +62,26 @@ def _device_free_bytes() -> int | None:
     return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
 
 
+def _dflash_block_size(kwargs: dict) -> int | None:
+    """The block size a DFLASH drafter was trained with (the default number of draft tokens):
+    from a drafter object, or from its config.json; None if there is nothing to read it from."""
+    if str(kwargs.get("speculative_algorithm") or "").upper() != "DFLASH":
+        return None
+    path = kwargs.get("speculative_draft_model_path")
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        return getattr(path, "block_size", None)
+    file = os.path.join(str(path), "config.json") if path else ""
+    if not os.path.isfile(file):
+        return None  # the loader reports the missing directory or config
+    with open(file) as f:
+        try:
+            raw = json.load(f)
+        except json.JSONDecodeError:
+            return None
+    block = (raw.get("dflash_config") or {}).get("block_size", raw.get("block_size"))
+    return block if isinstance(block, int) and not isinstance(block, bool) else None
+
+
 class Engine:
     def __init__(self, model_path: str, dtype: str = "bfloat16", page_size: int = 16,
                  max_running_requests: int | None = None, max_total_tokens: int | None = None,
@@ -88,7 +108,8 @@ class Engine:
         config = preloaded.config if preloaded is not None else load_config(model_path)
         from jspec.spec.config import check_draft, parse_spec_config
 
-        self.spec = parse_spec_config(kwargs, target_family=config.family, target_is_hybrid=config.is_hybrid)
+        self.spec = parse_spec_config(kwargs, target_family=config.family, target_is_hybrid=config.is_hybrid,
+                                      draft_block_size=_dflash_block_size(kwargs))
         if (self.spec is not None and self.spec.algorithm == "STANDALONE"
                 and isinstance(self.spec.draft_model_path, (str, os.PathLike))):
             if not os.path.isdir(str(self.spec.draft_model_path)):
@@ -188,7 +209,8 @@ class Engine:
                                    max_decode_requests=bs[-1],
                                    enable_mixed_chunk=bool(kwargs.get("enable_mixed_chunk", False)),
                                    spec_tokens=0 if self.spec is None else self.spec.kv_ahead,
-                                   spec_max_accept=0 if self.spec is None else self.spec.num_steps + 1)
+                                   spec_max_accept=0 if self.spec is None else self.spec.num_steps + 1,
+                                   prefill_ahead=0 if self.spec is None else self.spec.prefill_ahead)
         self.runner = ModelRunner(self.model, page_size=page_size, num_pages=num_pages, num_slots=num_slots,
                                   pages_per_seq=pages_per_seq, decode_batch_sizes=bs,
                                   extend_token_sizes=buckets, max_extend_requests=min(max_running, 64),

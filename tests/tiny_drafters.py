@@ -4,6 +4,8 @@
   prefix unless asked);
 - `write_eagle3`: an EAGLE3 head directory (midlayer, norm, lm_head over a draft vocabulary, d2t /
   t2d, aux-layer ids in `eagle_config`);
+- `write_dflash`: a DFlash block drafter directory (z-lab's format: Qwen3 layers, fc,
+  hidden_norm, norm, `block_size` and `dflash_config` in config.json);
 - `add_mtp`: `mtp.*` tensors appended as an extra shard to a Qwen3-Next / Qwen3.5 target
   directory, named like the target's own full-attention layer.
 
@@ -119,6 +121,30 @@ def write_eagle3(out_dir: str, target_dir: str, seed: int = 0, draft_vocab: int 
     if embed:
         tensors["embed_tokens.weight"] = _matrix(rng, vocab, e)
     _save(out_dir, cfg, tensors)
+    return cfg
+
+
+def write_dflash(out_dir: str, target_dir: str, seed: int = 0, *, target_layer_ids: list[int], num_layers: int = 2,
+                 block_size: int = 4, mask_token_id: int | None = None, prefix: str = "") -> dict:
+    """A DFlash drafter of `num_layers` Qwen3 layers reading the outputs of target layers
+    `target_layer_ids`. Returns the config dict."""
+    rng = np.random.default_rng(seed)
+    tc = target_config(target_dir)
+    e, vocab = tc["hidden_size"], tc["vocab_size"]
+    cfg = _head_config(tc, "DFlashDraftModel", block_size=block_size, num_target_layers=tc["num_hidden_layers"],
+                       dflash_config={"mask_token_id": vocab - 1 if mask_token_id is None else mask_token_id,
+                                      "target_layer_ids": list(target_layer_ids)})
+    cfg.update(model_type="qwen3", num_hidden_layers=num_layers)
+    tensors = {"fc.weight": _matrix(rng, e, len(target_layer_ids) * e), "hidden_norm.weight": _norm(rng, e),
+               "norm.weight": _norm(rng, e)}
+    d = cfg["head_dim"]
+    for i in range(num_layers):
+        pre = f"layers.{i}"
+        tensors.update(_attention_mlp(rng, cfg, pre, e))
+        tensors[f"{pre}.input_layernorm.weight"] = _norm(rng, e)
+        tensors[f"{pre}.self_attn.q_norm.weight"] = _norm(rng, d)
+        tensors[f"{pre}.self_attn.k_norm.weight"] = _norm(rng, d)
+    _save(out_dir, cfg, {prefix + k: v for k, v in tensors.items()})
     return cfg
 
 
@@ -275,3 +301,67 @@ def add_agreeing_mtp(target_dir: str, seed: int = 0) -> int:
             mtp["mtp.layers.0." + n[len(src):]] = x
     save_file(mtp, path)
     return layer
+
+
+def make_block_bigram(target_dir: str, mlp_scale: float = 100.0) -> None:
+    """`make_near_bigram(target_dir, 0)` for a tied-embedding Qwen3 target with layer 0's MLP
+    output x mlp_scale (so the bigram is not mostly "repeat the token"), then embedding rows
+    with a positive channel 0 (what `write_agreeing_dflash` keys on) at unit RMS, and the last id's
+    row (the DFlash mask token) zero, so the mask token is never predicted."""
+    make_near_bigram(target_dir, 0)
+
+    def fn(name, x):
+        if name.endswith("layers.0.mlp.down_proj.weight"):
+            return (x * mlp_scale).astype(x.dtype)
+        if not name.endswith("embed_tokens.weight"):
+            return x
+        y = x.astype(np.float64)
+        y[:, 0] = np.abs(y[:, 0]) + 0.5
+        y /= np.sqrt(np.mean(y ** 2, axis=1, keepdims=True))
+        y[-1] = 0.0
+        return y.astype(x.dtype)
+
+    _rewrite(target_dir, fn)
+
+
+def write_agreeing_dflash(out_dir: str, target_dir: str, block_size: int = 4) -> dict:
+    """A one-layer DFlash drafter for `make_block_bigram(target_dir)`: every mask position copies
+    the block's first token b and applies the target's bigram to it, so every draft is the target's
+    prediction after b (the first draft is mostly kept; later ones only where the bigram repeats).
+    How: each head's query is a constant (q_proj's bias); keys are zero except b's (channel 0 of its
+    embedding, positive, sets one key channel at the lowest RoPE frequency), so all attention goes
+    to b; V and O are identities; the context adds nothing (hidden_norm 0); the MLP and its norm
+    are the target's layer 0."""
+    from safetensors.numpy import load_file
+
+    tc = target_config(target_dir)
+    e, vocab = tc["hidden_size"], tc["vocab_size"]
+    heads = 4
+    d = e // heads
+    tgt = load_file(os.path.join(target_dir, "model.safetensors"))
+    i = tgt["model.layers.0.mlp.gate_proj.weight"].shape[0]
+    cfg = write_dflash(out_dir, target_dir, 0, target_layer_ids=[0], num_layers=1, block_size=block_size)
+    cfg.update(num_attention_heads=heads, num_key_value_heads=heads, head_dim=d, attention_bias=True,
+               rope_theta=1e9, intermediate_size=i)
+    key = d // 2 - 1  # rotated at theta^-(d-2)/d: no rotation to speak of over these positions
+    q_bias = np.zeros(e, np.float32)
+    k_w = np.zeros((e, e), np.float32)
+    for h in range(heads):
+        q_bias[h * d + key] = 1.0
+        k_w[h * d + key, 0] = 1.0
+    p, zeros, eye = "layers.0", np.zeros(e, np.float32), np.eye(e, dtype=np.float32)
+    tensors = {
+        "fc.weight": _matrix(np.random.default_rng(0), e, e), "hidden_norm.weight": zeros,
+        "norm.weight": np.ones(e, np.float32), f"{p}.input_layernorm.weight": np.ones(e, np.float32),
+        f"{p}.post_attention_layernorm.weight": tgt["model.layers.0.post_attention_layernorm.weight"],
+        f"{p}.self_attn.q_proj.weight": np.zeros((e, e), np.float32), f"{p}.self_attn.q_proj.bias": q_bias,
+        f"{p}.self_attn.k_proj.weight": k_w, f"{p}.self_attn.k_proj.bias": zeros,
+        f"{p}.self_attn.v_proj.weight": eye, f"{p}.self_attn.v_proj.bias": zeros,
+        f"{p}.self_attn.o_proj.weight": eye, f"{p}.self_attn.o_proj.bias": zeros,
+        f"{p}.self_attn.q_norm.weight": np.full(d, 10.0, np.float32),
+        f"{p}.self_attn.k_norm.weight": np.full(d, 10.0, np.float32),
+        **{f"{p}.mlp.{n}.weight": tgt[f"model.layers.0.mlp.{n}.weight"] for n in ("gate_proj", "up_proj", "down_proj")},
+    }
+    assert vocab - 1 == cfg["dflash_config"]["mask_token_id"]
+    _save(out_dir, cfg, tensors)
+    return cfg

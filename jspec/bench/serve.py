@@ -120,7 +120,9 @@ def open_model(args):
 def with_draft(kw: dict, model, args) -> dict:
     """Engine keywords with `--speculative-draft-model-path random` replaced by a drafter of the
     algorithm's format with random weights for the target (EAGLE3: a 32000-token draft
-    vocabulary, as published heads use), built in memory; the record keeps the word "random"."""
+    vocabulary, as published heads use; DFLASH: 5 layers and a block of
+    `--speculative-num-draft-tokens`, 16 by default, as z-lab's Qwen3-8B drafter), built in
+    memory; the record keeps the word "random"."""
     if kw.get("speculative_draft_model_path") != "random":
         return kw
     from jspec.errors import ConfigError
@@ -128,10 +130,12 @@ def with_draft(kw: dict, model, args) -> dict:
     from jspec.models.loader import Model
 
     algo = str(kw.get("speculative_algorithm", "")).upper()
-    if not isinstance(model, Model) or algo not in ("EAGLE", "EAGLE3", "NEXTN"):
+    if not isinstance(model, Model) or algo not in ("EAGLE", "EAGLE3", "NEXTN", "DFLASH"):
         raise ConfigError("--speculative-draft-model-path random: needs --model-path random:PRESET and an "
-                          "EAGLE, EAGLE3 or NEXTN --speculative-algorithm")
+                          "EAGLE, EAGLE3, NEXTN or DFLASH --speculative-algorithm")
     shape = {"draft_vocab_size": min(32000, model.config.vocab_size)} if algo == "EAGLE3" else {}
+    if algo == "DFLASH":
+        shape = {"block_size": kw.get("speculative_num_draft_tokens") or 16}
     drafter = random_drafter(algo, model, dtype=model.dtype, seed=args.seed + 1, **shape)
     return {**kw, "speculative_draft_model_path": drafter}
 

@@ -51,9 +51,11 @@ class ModelRunner:
                     self.buckets.append(Bucket("spec", b, b, b * (-(-spec.kv_ahead // page_size) + 1),
                                                num_host_drafts=host, sort=sort))
         self.draft_kind = None if spec is None else spec.draft_kind
+        ahead_pages = 0 if spec is None else -(-spec.prefill_ahead // page_size)
         for t in sorted(set(extend_token_sizes)):
             b = min(t, max_extend_requests)
-            self.buckets.append(Bucket("extend", t, b, t // page_size + b + 1, next_ids=self.draft_kind == "eagle"))
+            self.buckets.append(Bucket("extend", t, b, t // page_size + b * (1 + ahead_pages) + 1,
+                                       next_ids=self.draft_kind == "eagle"))
         cfg = model.config
         self.state = DeviceState(
             caches=empty_caches(cfg, num_pages=num_pages, page_size=page_size, num_state_slots=num_slots,
@@ -65,14 +67,23 @@ class ModelRunner:
             draft_caches=None if draft_model is None else empty_caches(
                 draft_model.config, num_pages=num_pages, page_size=page_size, num_state_slots=num_slots,
                 dtype=draft_model.dtype),
-            spec_state=None if self.draft_kind != "eagle" else init_spec_state(
-                num_slots, cfg.hidden_size, model.dtype, topk=spec.topk),
+            spec_state=self._init_spec_state(num_slots),
             seq_lens=None if spec is None else jnp.zeros((num_slots,), jnp.int32),
         )
         self.params = model.params if draft_model is None else (model.params, draft_model.params)
         self.compiled: dict[Bucket, object] = {}
         self.compile_seconds = 0.0
         self._compile_all(progress)
+
+    def _init_spec_state(self, num_slots: int) -> dict | None:
+        """What a drafter carries between steps per slot (see DeviceState.spec_state)."""
+        if self.draft_kind == "eagle":
+            return init_spec_state(num_slots, self.model.config.hidden_size, self.model.dtype, topk=self.spec.topk)
+        if self.draft_kind == "dflash":
+            from jspec.spec.dflash_step import init_spec_state as init_block_state
+
+            return init_block_state(num_slots, self.spec.num_steps)
+        return None
 
     def _compile_all(self, progress: bool) -> None:
         t0 = time.perf_counter()
@@ -90,6 +101,10 @@ class ModelRunner:
                 if sp.topk > 1:
                     fn = make_tree_spec_step(self.model.graphdef, draft_gd, bucket, topk=sp.topk,
                                              num_draft_tokens=sp.num_draft_tokens, **kw)
+                elif self.draft_kind == "dflash":
+                    from jspec.spec.dflash_step import make_dflash_spec_step
+
+                    fn = make_dflash_spec_step(self.model.graphdef, draft_gd, bucket, **kw)
                 else:
                     make = make_eagle_spec_step if self.draft_kind == "eagle" else make_chain_spec_step
                     fn = make(self.model.graphdef, draft_gd, bucket, **kw)
@@ -118,9 +133,12 @@ class ModelRunner:
     def dispatch(self, plan: StepPlan) -> StepHandle:
         """Pack, transfer once, launch; returns at once (outputs copy to the host asynchronously)."""
         bucket = self.bucket_for(plan)
-        packed = jax.device_put(pack(plan, bucket))
-        self.state, out = self.compiled[bucket](self.params, self.state, packed)
-        out.copy_to_host_async()
+        # Named in profiler traces (a no-op otherwise): the host side of a step, which with
+        # overlap runs while the device still executes the step before it.
+        with jax.profiler.TraceAnnotation(f"jspec.dispatch {bucket.mode} B{bucket.batch_size}"):
+            packed = jax.device_put(pack(plan, bucket))
+            self.state, out = self.compiled[bucket](self.params, self.state, packed)
+            out.copy_to_host_async()
         return StepHandle(plan, bucket, out, time.perf_counter())
 
     @staticmethod

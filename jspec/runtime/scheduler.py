@@ -62,7 +62,8 @@ class NeedSync(Exception):
 class Scheduler:
     def __init__(self, pages: PageAllocator, slots: SlotAllocator, *, max_running_requests: int,
                  chunked_prefill_size: int, max_extend_requests: int, max_decode_requests: int,
-                 enable_mixed_chunk: bool = False, spec_tokens: int = 0, spec_max_accept: int = 0):
+                 enable_mixed_chunk: bool = False, spec_tokens: int = 0, spec_max_accept: int = 0,
+                 prefill_ahead: int = 0):
         self.pages, self.slots = pages, slots
         self.max_running = max_running_requests
         self.chunk_budget = chunked_prefill_size
@@ -75,6 +76,8 @@ class Scheduler:
         self.spec_tokens = spec_tokens
         self.spec_max_accept = spec_max_accept
         self.ahead = spec_tokens or 1
+        # KV indices a prompt's last chunk writes past the prompt (DFlash drafts its first block there).
+        self.prefill_ahead = prefill_ahead
         self.num_mixed_decode_rows = 0
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -123,10 +126,10 @@ class Scheduler:
     def _chunk(self, req: Request, budget: int, updates: list, *, reset: bool) -> ScheduledReq | None:
         n = min(req.prefill_target - req.kv_len, budget)
         start = req.kv_len
-        if n <= 0 or not self._grow(req, start + n, updates):
+        sample = start + n == req.prefill_target
+        if n <= 0 or not self._grow(req, start + n + (self.prefill_ahead if sample else 0), updates):
             return None
         req.kv_len += n
-        sample = req.kv_len == req.prefill_target
         out_index = req.scheduled_outputs
         if sample:
             req.scheduled_outputs += 1
@@ -146,6 +149,7 @@ class Scheduler:
                and len(self.running) < self.max_running):
             req = self.waiting[0]
             first = min(req.prefill_target, budget)
+            first += self.prefill_ahead if first == req.prefill_target else 0
             if self.pages.pages_for(first) + reserve > self.pages.num_free or self.slots.num_free == 0:
                 break  # FCFS: wait for room rather than let a later request jump ahead
             req.slot = self.slots.alloc()

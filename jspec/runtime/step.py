@@ -54,7 +54,9 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
     With a drafter (`draft_graphdef`), params is (target params, draft params). A draft model
     (draft_kind "model", STANDALONE) runs over the same tokens, pages and positions, so its KV cache
     tracks the target's; a hidden-state drafter ("eagle": EAGLE, EAGLE3, NEXTN) runs over the same
-    positions with the tokens shifted by one and the target's hidden states (`spec/eagle_step.py`)."""
+    positions with the tokens shifted by one and the target's hidden states (`spec/eagle_step.py`);
+    a block drafter ("dflash") stores the prompt's context and drafts its first block
+    (`spec/dflash_step.py`)."""
 
     def step(params, state: DeviceState, packed):
         draft_params = None
@@ -91,8 +93,9 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
         module = nnx.merge(graphdef, params)
         draft = None if draft_graphdef is None else nnx.merge(draft_graphdef, draft_params)
         eagle = draft_kind == "eagle"
+        reads_hidden = draft_kind in ("eagle", "dflash")
         out, caches = module(batch, state.caches, logits_indices=last_idx,
-                             capture_layers=draft.capture_layers if eagle else (), all_hidden=eagle)
+                             capture_layers=draft.capture_layers if reads_hidden else (), all_hidden=reads_hidden)
         draft_caches = state.draft_caches
         if draft_kind == "model":
             _, draft_caches = draft(batch, draft_caches, logits_indices=last_idx, compute_logits=False)
@@ -135,6 +138,11 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
             next_ids = jnp.where(valid_tok, next_ids, 0)
             draft_caches, spec_state = prefill_draft(draft, module, draft_caches, batch, out, next_ids, sampled,
                                                      last_idx, spec_state, spec_state["tokens"].shape[1])
+        if draft_kind == "dflash":
+            from jspec.spec.dflash_step import prefill_dflash
+
+            draft_caches, spec_state = prefill_dflash(draft, module, draft_caches, batch, out, sampled,
+                                                      x["seq_lens"], so.tokens, page_table, spec_state, page_size)
 
         packed_out = jnp.concatenate(
             [

@@ -1,8 +1,8 @@
 """Speculative-decoding settings (SGLang's keyword names) and their validation.
 
 Implemented: STANDALONE (any supported dense model as the drafter, same vocabulary), NGRAM
-(drafts from the request's own tokens), and the hidden-state drafters EAGLE, EAGLE3 and NEXTN
-(MTP), with chains and (EAGLE family) trees, greedy and sampling acceptance, hybrid
+(drafts from the request's own tokens), the hidden-state drafters EAGLE, EAGLE3 and NEXTN
+(MTP), and the DFlash block drafter (DFLASH: one forward drafts a block), with chains and (EAGLE family) trees, greedy and sampling acceptance, hybrid
 (Gated-DeltaNet) targets, the overlapped loop (spec v2; NGRAM stays synchronous) or, with
 disable_overlap_schedule, the synchronous one (spec v1). Everything else the keywords can ask for raises ConfigError naming the
 setting, so nothing runs with a silently different algorithm.
@@ -15,7 +15,6 @@ import dataclasses
 from jspec.errors import ConfigError
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "NAIVE_EAGLE")
-IMPLEMENTED = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "NAIVE_EAGLE")
 # NAIVE_EAGLE: an EAGLE / EAGLE3 head (format read from the draft's config.json) or, without a
 # draft path, the target's MTP layer, fixed at one draft token per step (2 verified tokens), so
 # one fused function verifies, accepts, extends the drafter and drafts the next token.
@@ -42,20 +41,34 @@ class SpecConfig:
     def kv_ahead(self) -> int:
         """KV indices past a request's length that one speculative step may write (pages for
         them are allocated before the step): the verified tokens, and for a tree also the draft
-        tree and the drafter's catch-up over the accepted path."""
+        tree and the drafter's catch-up over the accepted path; DFLASH also the next draft block,
+        which starts after the last accepted token."""
+        if self.algorithm == "DFLASH":
+            return 2 * self.num_draft_tokens - 1
         if self.topk == 1:
             return self.num_draft_tokens
         return max(self.num_draft_tokens, (self.num_steps - 1) * self.topk, self.num_steps + 1)
 
     @property
+    def prefill_ahead(self) -> int:
+        """KV indices past a finished prompt that its last prefill step writes: DFlash drafts its
+        first block there (the drafter's cache only)."""
+        return self.num_draft_tokens if self.algorithm == "DFLASH" else 0
+
+    @property
     def draft_kind(self) -> str | None:
-        """"eagle" (reads target hidden states), "model" (STANDALONE) or None (host drafts, NGRAM)."""
+        """"eagle" (reads target hidden states), "dflash" (reads them as block context), "model"
+        (STANDALONE) or None (host drafts, NGRAM)."""
         if self.algorithm in HIDDEN_STATE_DRAFTERS:
             return "eagle"
+        if self.algorithm == "DFLASH":
+            return "dflash"
         return "model" if self.algorithm == "STANDALONE" else None
 
 
-def parse_spec_config(kwargs: dict, *, target_family: str, target_is_hybrid: bool) -> SpecConfig | None:
+def parse_spec_config(kwargs: dict, *, target_family: str, target_is_hybrid: bool,
+                      draft_block_size: int | None = None) -> SpecConfig | None:
+    """draft_block_size: DFLASH's trained block size, read from the draft (the default block)."""
     algo = kwargs.get("speculative_algorithm")
     if algo is None:
         extra = [k for k in kwargs if k.startswith("speculative_") and kwargs[k] is not None]
@@ -65,8 +78,6 @@ def parse_spec_config(kwargs: dict, *, target_family: str, target_is_hybrid: boo
     if not isinstance(algo, str) or algo.upper() not in ALGORITHMS:
         raise ConfigError(f"speculative_algorithm={algo!r}: choose from {', '.join(ALGORITHMS)}")
     algo = algo.upper()
-    if algo not in IMPLEMENTED:
-        raise ConfigError(f"speculative_algorithm={algo!r} is not implemented yet (implemented: {IMPLEMENTED})")
     steps = kwargs.get("speculative_num_steps")
     topk = kwargs.get("speculative_eagle_topk")
     ndt = kwargs.get("speculative_num_draft_tokens")
@@ -76,6 +87,18 @@ def parse_spec_config(kwargs: dict, *, target_family: str, target_is_hybrid: boo
             if v is not None and v != want:
                 raise ConfigError(f"{name}={v!r}: NAIVE_EAGLE drafts one token per step ({name} must be {want})")
         steps, topk, ndt = 1, 1, 2
+    if algo == "DFLASH":
+        # SGLang: speculative_num_draft_tokens is the block size; a block drafts all but its first token.
+        if topk not in (None, 1):
+            raise ConfigError(f"speculative_eagle_topk={topk!r}: DFLASH drafts one block, a chain (topk 1)")
+        block = draft_block_size or 16
+        ndt = block if ndt is None and steps is None else ndt
+        ndt = steps + 1 if ndt is None else ndt
+        steps = ndt - 1 if steps is None and isinstance(ndt, int) else steps
+        topk = 1
+        if draft_block_size is not None and isinstance(ndt, int) and ndt > draft_block_size:
+            raise ConfigError(f"speculative_num_draft_tokens={ndt} exceeds the DFlash drafter's block_size="
+                              f"{draft_block_size}")
     if steps is None and topk is None and ndt is None:
         # SGLang's defaults when all are unset: 3 / 1 / 4, and 5 / 4 / 8 for Llama targets.
         steps, topk, ndt = (5, 4, 8) if target_family == "llama" and algo in HIDDEN_STATE_DRAFTERS else (3, 1, 4)
@@ -104,7 +127,7 @@ def parse_spec_config(kwargs: dict, *, target_family: str, target_is_hybrid: boo
                               f"[1, speculative_num_steps + 1 = {steps + 1}]")
         sim = float(sim)
     draft = kwargs.get("speculative_draft_model_path")
-    if algo in ("STANDALONE", "EAGLE", "EAGLE3") and not draft:
+    if algo in ("STANDALONE", "EAGLE", "EAGLE3", "DFLASH") and not draft:
         raise ConfigError(f"speculative_draft_model_path is required for {algo}")
     if (algo == "NEXTN" or (algo == "NAIVE_EAGLE" and not draft)) and target_family not in MTP_FAMILIES:
         raise ConfigError(f"speculative_algorithm='NEXTN': a {target_family} target has no MTP layer "

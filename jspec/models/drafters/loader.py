@@ -2,7 +2,8 @@
 
 - EAGLE: an HF directory (config.json of a one-layer Llama, tensors without the `model.` prefix);
 - EAGLE3: the same, plus `d2t` / `t2d` and the aux-layer ids in config.json;
-- NEXTN: the target's own directory, whose `mtp.*` tensors hold the MTP layer.
+- NEXTN: the target's own directory, whose `mtp.*` tensors hold the MTP layer;
+- DFLASH: z-lab's block drafter (`dflash_load.py`).
 
 Parameters go through the target loader's mapping (`checkpoints/hf_mapping.py`: fused qkv /
 gate_up, stacked experts) against the names of the drafter module, so a checkpoint tensor that is
@@ -30,7 +31,7 @@ from jspec.models.drafters.eagle3 import Eagle3Drafter
 from jspec.models.drafters.mtp import MTPDrafter, mtp_config
 from jspec.models.loader import Model, flat_names, is_hf_dir, resolve_dtype
 
-KINDS = {"EAGLE": "eagle", "EAGLE3": "eagle3", "NEXTN": "mtp"}  # SGLang algorithm -> Drafter.kind
+KINDS = {"EAGLE": "eagle", "EAGLE3": "eagle3", "NEXTN": "mtp", "DFLASH": "dflash"}  # SGLang algorithm -> Drafter.kind
 EAGLE_ARCHITECTURES = ("LlamaForCausalLMEagle", "LlamaForCausalLM", "EagleLlamaForCausalLM")
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 MTP_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
@@ -42,13 +43,14 @@ class DraftModel:
     """A loaded drafter, like `jspec.models.loader.Model`: merge graphdef and params (inside a
     jitted step) to get the `Drafter` module."""
 
-    kind: str  # Drafter.kind: "eagle" | "eagle3" | "mtp"
+    kind: str  # Drafter.kind: "eagle" | "eagle3" | "mtp" | "dflash"
     config: ModelConfig
     graphdef: nnx.GraphDef
     params: nnx.State
     dtype: jnp.dtype
     path: str
     capture_layers: tuple[int, ...] = ()
+    block_size: int | None = None  # DFlash: tokens per draft block, as trained
 
     def module(self) -> Drafter:
         return nnx.merge(self.graphdef, self.params)
@@ -260,7 +262,8 @@ def _finish(kind: str, make, flat_fn, dt, path: str) -> DraftModel:
     graphdef, abstract = nnx.split(module)
     flat = flat_fn(flat_names(abstract))
     return DraftModel(kind=kind, config=module.config, graphdef=graphdef, params=_fill(abstract, flat),
-                      dtype=dt, path=path, capture_layers=tuple(module.capture_layers))
+                      dtype=dt, path=path, capture_layers=tuple(module.capture_layers),
+                      block_size=getattr(module, "block_size", None))
 
 
 def _read(src: _Tensors, expected: dict, dt) -> dict:
@@ -314,6 +317,10 @@ def load_drafter(kind: str, path: str | os.PathLike, target: Model, dtype=None) 
     tcfg = target.config
     if not os.path.isdir(path):
         raise ConfigError(f"draft model path {path!r} is not a directory")
+    if kind == "dflash":
+        from jspec.models.drafters.dflash_load import load_dflash
+
+        return load_dflash(path, target, dt)
 
     if kind == "mtp":
         _check_mtp_family(tcfg)
@@ -373,12 +380,17 @@ def random_drafter(kind: str, target_model: Model, dtype="bfloat16", seed: int =
     (default: the target's); EAGLE3 also draft_vocab_size (default the target's vocab, else a
     random subset of it through d2t) and aux_layer_ids (config.json's convention; default
     SGLang's). NEXTN takes none: its layer is shaped like the target's full-attention layers.
+    DFLASH: num_layers (5), block_size (16), mask_token_id (the last id) and the shapes above.
     """
     kind = _kind(kind)
     dt = resolve_dtype(dtype)
     tcfg = target_model.config
     rng = np.random.default_rng(seed)
     d2t = None
+    if kind == "dflash":
+        from jspec.models.drafters.dflash_load import random_dflash
+
+        return random_dflash(target_model, dt, rng, scale, **shape)
     if kind == "mtp":
         _check_mtp_family(tcfg)
         if shape:

@@ -1,0 +1,253 @@
+"""DFLASH: the block drafter read from z-lab's format against a numpy reference written from the
+raw tensors (context K/V from fc + hidden_norm of the target's layer outputs, a non-causal block,
+the target's embedding and head), and the engine's greedy output equal to the target's alone,
+synchronous (v1) and overlapped (v2), dense and hybrid targets, with bad configurations refused."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+import tiny_drafters as td  # noqa: E402
+import tiny_models as tm  # noqa: E402
+from spec_checks import leak_free  # noqa: E402
+from test_drafters import read_tensors, rms, swiglu  # noqa: E402
+
+from jspec import Engine  # noqa: E402
+from jspec.errors import ConfigError  # noqa: E402
+from jspec.models import load_model  # noqa: E402
+from jspec.models.batch import ForwardBatch, empty_caches  # noqa: E402
+from jspec.models.drafters import load_drafter  # noqa: E402
+from jspec.spec.dflash_step import draft_block  # noqa: E402
+
+PAGE = 4
+C = 9  # context tokens; the block starts at position C
+BLOCK = 4
+IDS = tm.random_ids(C + 1, seed=17)
+
+BASE = dict(dtype="float32", cuda_graph_bs=[4], max_running_requests=4, show_progress=False,
+            compilation_cache_dir="none", chunked_prefill_size=8, context_length=96)
+PROMPTS = [tm.random_ids(n, seed=300 + n) for n in (5, 19, 1, 12)]
+GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dflash")
+    d = {k: str(root / k) for k in ("qwen3", "dflash", "qnext", "dflash_next", "bigram", "agree")}
+    tm.build("qwen3", d["qwen3"], seed=41)
+    td.write_dflash(d["dflash"], d["qwen3"], seed=5, target_layer_ids=[0], block_size=BLOCK)
+    tm.build("qwen3_next", d["qnext"], seed=5)
+    td.write_dflash(d["dflash_next"], d["qnext"], seed=6, target_layer_ids=[0, 2, 4], block_size=BLOCK, prefix="model.")
+    # A drafter whose first draft the target mostly keeps, so acceptance past node 0 runs.
+    tm.build("qwen3", d["bigram"], seed=42)
+    td.make_block_bigram(d["bigram"])
+    td.write_agreeing_dflash(d["agree"], d["bigram"], block_size=BLOCK)
+    return d
+
+
+# ----------------------------------------------------------------------------- the drafter
+
+
+def _rope(x, pos, theta):
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (np.arange(0, d, 2) / d)
+    ang = np.concatenate([pos[:, None] * inv[None, :]] * 2, -1)[:, None]
+    rot = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], axis=-1)
+    return x * np.cos(ang) + rot * np.sin(ang)
+
+
+def dflash_reference(t, cfg, embed, head, ctx_streams, block_ids):
+    """Logits `[BLOCK, V]` of a block at positions C.. after a context of C tokens whose
+    captured target streams are ctx_streams `[C, n*E]`."""
+    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
+    h, g, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    c = rms(ctx_streams @ t["fc.weight"].T, t["hidden_norm.weight"], eps)
+    x = embed[block_ids]
+    n, m = len(block_ids), len(c)
+    qpos, kpos = np.arange(m, m + n), np.arange(m + n)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"layers.{i}"
+        hx = rms(x, t[f"{p}.input_layernorm.weight"], eps)
+        q = (hx @ t[f"{p}.self_attn.q_proj.weight"].T).reshape(n, h, d)
+        kv_in = np.concatenate([c, hx])  # the context is projected as is: no input norm
+        k = (kv_in @ t[f"{p}.self_attn.k_proj.weight"].T).reshape(m + n, g, d)
+        v = (kv_in @ t[f"{p}.self_attn.v_proj.weight"].T).reshape(m + n, g, d)
+        q = _rope(rms(q, t[f"{p}.self_attn.q_norm.weight"], eps), qpos, theta)
+        k = _rope(rms(k, t[f"{p}.self_attn.k_norm.weight"], eps), kpos, theta)
+        k, v = np.repeat(k, h // g, axis=1), np.repeat(v, h // g, axis=1)
+        s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(d)  # no mask: context and the whole block
+        pr = np.exp(s - s.max(-1, keepdims=True))
+        o = np.einsum("hqk,khd->qhd", pr / pr.sum(-1, keepdims=True), v).reshape(n, h * d)
+        x = x + o @ t[f"{p}.self_attn.o_proj.weight"].T
+        x = x + swiglu(rms(x, t[f"{p}.post_attention_layernorm.weight"], eps), t, f"{p}.mlp")
+    return rms(x, t["norm.weight"], eps) @ head.T
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _context_and_block(dgd, dparams, tgd, tparams, cbatch, caches, hidden, first, start, page_table):
+    drafter, target = nnx.merge(dgd, dparams), nnx.merge(tgd, tparams)
+    caches = drafter.write_context(cbatch, caches, hidden)
+    valid = jnp.ones((1,), bool)
+    return draft_block(drafter, target, caches, first, start, valid, page_table, jnp.zeros((1,), jnp.int32), PAGE,
+                       BLOCK - 1)
+
+
+def _logits_of_block(dm, target, hidden, first):
+    """The drafts of a block through the engine's path: context written to out-of-order pages
+    (everything else NaN), then the block."""
+    pages = [5, 1, 3, 0]
+    pos = np.arange(C)
+    slots = np.array([pages[p // PAGE] * PAGE + p % PAGE for p in pos])
+    cbatch = ForwardBatch(
+        input_ids=jnp.zeros((C,), jnp.int32), positions=jnp.asarray(pos, jnp.int32),
+        seq_lens=jnp.asarray([C], jnp.int32), cu_q_lens=jnp.asarray([0, C], jnp.int32),
+        page_table=jnp.asarray([pages], jnp.int32), slot_mapping=jnp.asarray(slots, jnp.int32),
+        state_slots=jnp.zeros((1,), jnp.int32), has_initial_state=jnp.zeros((1,), bool), mode="extend")
+    caches = empty_caches(dm.config, num_pages=6, page_size=PAGE, num_state_slots=1, dtype=dm.dtype)
+    caches = jax.tree_util.tree_map(lambda x: jnp.full_like(x, jnp.nan), caches)
+    return _context_and_block(dm.graphdef, dm.params, target.graphdef, target.params, cbatch, caches,
+                              jnp.asarray(hidden, jnp.float32), jnp.asarray([first], jnp.int32),
+                              jnp.asarray([C], jnp.int32), jnp.asarray([pages], jnp.int32))
+
+
+@pytest.mark.parametrize("name, tdir_key, ddir_key", [("qwen3", "qwen3", "dflash"), ("qwen3_next", "qnext", "dflash_next")])
+def test_dflash_drafts_match_reference(models, name, tdir_key, ddir_key):
+    import transformers
+
+    tdir, ddir = models[tdir_key], models[ddir_key]
+    target = load_model(tdir, dtype="float32")
+    dm = load_drafter("DFLASH", ddir, target)
+    with open(os.path.join(ddir, "config.json")) as f:
+        cfg = json.load(f)
+    layer_ids = cfg["dflash_config"]["target_layer_ids"]
+    assert dm.block_size == BLOCK and dm.capture_layers == tuple(i + 1 for i in layer_ids)
+
+    # The context: transformers' hidden_states[i + 1] (layer i's output) of the prompt, as z-lab reads them.
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        hs = hf(torch.tensor([IDS[:C]]), output_hidden_states=True).hidden_states
+    streams = np.concatenate([hs[i + 1][0].double().numpy() for i in layer_ids], -1)
+
+    t = read_tensors(ddir, strip="model.")
+    tt = read_tensors(tdir)
+    embed = tt["model.embed_tokens.weight"]
+    head = tt.get("lm_head.weight", embed)
+    mask = cfg["dflash_config"]["mask_token_id"]
+    block = [IDS[C]] + [mask] * (BLOCK - 1)
+    ref = dflash_reference(t, cfg, embed, head, streams, block)
+    drafts, _ = _logits_of_block(dm, target, streams, IDS[C])
+    np.testing.assert_array_equal(np.asarray(drafts)[0], np.argmax(ref[1:], axis=-1))
+    # Margins: the reference's top-2 gap at each drafted row is far above float32 noise, so the
+    # argmax comparison above is a real comparison of the logits.
+    top2 = np.sort(ref[1:], axis=-1)[:, -2:]
+    assert np.all(top2[:, 1] - top2[:, 0] > 1e-4)
+
+
+def test_dflash_logits_match_reference(models):
+    """The full logits, not only their argmax (the drafter called directly)."""
+    import transformers
+
+    tdir, ddir = models["qwen3"], models["dflash"]
+    target = load_model(tdir, dtype="float32")
+    dm = load_drafter("DFLASH", ddir, target)
+    with open(os.path.join(ddir, "config.json")) as f:
+        cfg = json.load(f)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        hs = hf(torch.tensor([IDS[:C]]), output_hidden_states=True).hidden_states
+    streams = hs[1][0].double().numpy()
+    t, tt = read_tensors(ddir), read_tensors(tdir)
+    embed = tt["model.embed_tokens.weight"]
+    head = tt.get("lm_head.weight", embed)
+    block = [IDS[C]] + [cfg["dflash_config"]["mask_token_id"]] * (BLOCK - 1)
+    ref = dflash_reference(t, cfg, embed, head, streams, block)
+
+    drafter, tgt = nnx.merge(dm.graphdef, dm.params), nnx.merge(target.graphdef, target.params)
+    caches = empty_caches(dm.config, num_pages=4, page_size=PAGE, num_state_slots=1, dtype=dm.dtype)
+    n = C + BLOCK
+    pos = jnp.arange(n, dtype=jnp.int32)
+    table = jnp.arange(4, dtype=jnp.int32)[None]
+
+    def batch(ids, p, mode, tree=None):
+        return ForwardBatch(input_ids=jnp.asarray(ids, jnp.int32), positions=p, seq_lens=jnp.asarray([int(p[-1]) + 1]),
+                            cu_q_lens=jnp.asarray([0, len(ids)], jnp.int32), page_table=table, slot_mapping=p,
+                            state_slots=jnp.zeros((1,), jnp.int32), has_initial_state=jnp.zeros((1,), bool),
+                            tree_mask=tree, mode=mode)
+
+    caches = drafter.write_context(batch([0] * C, pos[:C], "extend"), caches, jnp.asarray(streams, jnp.float32))
+    out, _ = drafter(batch(block, pos[C:], "verify", jnp.ones((1, BLOCK, BLOCK), bool)), caches, target=tgt)
+    got = np.asarray(out.logits, np.float64)
+    assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 1e-4
+
+
+def test_bad_dflash_configs(models, tmp_path):
+    target = load_model(models["qwen3"], dtype="float32")
+
+    def variant(name, **change):
+        d = str(tmp_path / name)
+        cfg = td.write_dflash(d, models["qwen3"], seed=5, target_layer_ids=[0], block_size=BLOCK)
+        cfg.update(change)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        return d
+
+    with pytest.raises(ConfigError, match="target_layer_ids"):
+        load_drafter("DFLASH", variant("deep", dflash_config={"mask_token_id": 3, "target_layer_ids": [1]}), target)
+    with pytest.raises(ConfigError, match="mask_token_id"):
+        load_drafter("DFLASH", variant("mask", dflash_config={"mask_token_id": 10 ** 6, "target_layer_ids": [0]}),
+                     target)
+    with pytest.raises(ConfigError, match="block_size"):
+        load_drafter("DFLASH", variant("block", block_size=1), target)
+    with pytest.raises(ConfigError, match="exceeds the DFlash drafter's block_size"):
+        Engine(models["qwen3"], page_size=4, speculative_algorithm="DFLASH",
+               speculative_draft_model_path=models["dflash"], speculative_num_draft_tokens=BLOCK + 1, **BASE)
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+_refs: dict = {}
+
+
+def reference(tdir):
+    if tdir not in _refs:
+        eng = Engine(tdir, page_size=4, **BASE)
+        try:
+            _refs[tdir] = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)]
+        finally:
+            eng.shutdown()
+    return _refs[tdir]
+
+
+@pytest.mark.parametrize("tkey, dkey, page_size, overlap", [
+    ("qwen3", "dflash", 1, False),
+    ("bigram", "agree", 4, True),
+    ("qnext", "dflash_next", 4, True),
+])
+def test_dflash_greedy_equals_target(models, tkey, dkey, page_size, overlap):
+    ref = reference(models[tkey])
+    eng = Engine(models[tkey], page_size=page_size, speculative_algorithm="DFLASH",
+                 speculative_draft_model_path=models[dkey], disable_overlap_schedule=not overlap,
+                 transfer_guard="disallow" if overlap else None, **BASE)
+    try:
+        assert eng.spec.num_draft_tokens == BLOCK and eng.spec.num_steps == BLOCK - 1  # the drafter's block
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == ref
+        assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in outs)
+        accept = eng.get_server_info()["avg_spec_accept_length"]
+        if dkey == "agree":  # the agreeing drafter: most blocks are kept whole, some cut short
+            assert 1.5 < accept < BLOCK, accept
+        leak_free(eng)
+    finally:
+        eng.shutdown()
