@@ -45,6 +45,10 @@ def log(*a):
 
 
 def commit() -> str:
+    """The commit measured: $JSPEC_COMMIT (set by whoever copied the tree to a machine without
+    .git), else git's HEAD."""
+    if os.environ.get("JSPEC_COMMIT"):
+        return os.environ["JSPEC_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
     except Exception:  # noqa: BLE001

@@ -107,6 +107,7 @@ def main(argv=None):
     ap.add_argument("--dflash-batches", default="")
     ap.add_argument("--naive-batches", default="")
     ap.add_argument("--trace-dir", default="")
+    ap.add_argument("--budget-s", type=float, default=0, help="start no new row after this many seconds")
     args = ap.parse_args(argv)
     res = {"device": jax.devices()[0].device_kind, "jax_version": jax.__version__, "commit": commit(),
            "command": "python " + " ".join(sys.argv), "prompt_len": PROMPT, "new_tokens": args.new_tokens, "rows": []}
@@ -115,7 +116,12 @@ def main(argv=None):
         with open(args.out, "w") as f:
             json.dump(res, f, indent=2)
 
+    t_start = time.perf_counter()
+
     def row(preset, b, name, model, spec, **kw):
+        if args.budget_s and time.perf_counter() - t_start > args.budget_s:
+            log(f"{preset} B={b} {name}: skipped (--budget-s {args.budget_s:.0f} spent)")
+            raise TimeoutError
         log(f"{preset} B={b} {name} ...")
         rec = generate_rate(model, b, args.new_tokens, spec, **kw)
         rec.update(preset=preset, batch=b, config=name)
@@ -125,6 +131,14 @@ def main(argv=None):
         save()
         return rec
 
+    try:
+        run_targets(args, res, row, save)
+    except TimeoutError:
+        res["stopped_early"] = f"--budget-s {args.budget_s} spent"
+    save()
+
+
+def run_targets(args, res, row, save):
     for item in args.targets.split(","):
         preset, algo = item.split(":")
         cfg = parse_hf_config(preset_config(preset))
@@ -156,11 +170,12 @@ def main(argv=None):
             for b in [int(x) for x in args.dflash_batches.split(",")]:
                 d1 = row(preset, b, "DFLASH16_sim6_v1", model, dict(blk, disable_overlap_schedule=True))
                 d2 = row(preset, b, "DFLASH16_sim6_v2", model, blk)
-                e3 = next(r for r in res["rows"] if r["preset"] == preset and r["batch"] == b
-                          and r["config"] == f"{algo}_sim3_v2")
-                res["summary"][f"{preset}_DFLASH16_b{b}"] = {"v2_over_v1": d2["tokens_per_s"] / d1["tokens_per_s"],
-                                                             "dflash_sim6_over_eagle3_sim3": d2["tokens_per_s"]
-                                                             / e3["tokens_per_s"]}
+                e3 = [r for r in res["rows"] if r["preset"] == preset and r["batch"] == b
+                      and r["config"] == f"{algo}_sim3_v2"]
+                s = res.setdefault("summary", {})[f"{preset}_DFLASH16_b{b}"] = {
+                    "v2_over_v1": d2["tokens_per_s"] / d1["tokens_per_s"]}
+                if e3:
+                    s["dflash_sim6_over_eagle3_sim3"] = d2["tokens_per_s"] / e3[0]["tokens_per_s"]
                 save()
         if algo == "EAGLE3" and args.naive_batches:
             one = dict(speculative_draft_model_path=drafter, speculative_simulate_accept_length=1.7)
@@ -169,11 +184,10 @@ def main(argv=None):
                 e1 = row(preset, b, "EAGLE3_s1_sim1.7_v2", model,
                          dict(one, speculative_algorithm="EAGLE3", speculative_num_steps=1, speculative_eagle_topk=1,
                               speculative_num_draft_tokens=2))
-                res["summary"][f"{preset}_naive_b{b}"] = {"naive_over_eagle3_steps1": naive["tokens_per_s"]
+                res.setdefault("summary", {})[f"{preset}_naive_b{b}"] = {"naive_over_eagle3_steps1": naive["tokens_per_s"]
                                                           / e1["tokens_per_s"]}
                 save()
         del model, drafter
-    save()
 
 
 if __name__ == "__main__":
