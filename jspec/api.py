@@ -82,6 +82,30 @@ def _dflash_block_size(kwargs: dict) -> int | None:
     return block if isinstance(block, int) and not isinstance(block, bool) else None
 
 
+def _draft_kv_per_token(spec, target_cfg) -> int:
+    """K and V elements per token of a drafter's own KV pool (0 without one): its attention layers
+    x KV heads x head dim, from the drafter object or its config.json (EAGLE-family heads and the
+    MTP layer default to one layer shaped like the target's)."""
+    if spec is None or spec.draft_kind is None:
+        return 0
+    path = spec.draft_model_path
+    cfg = getattr(path, "config", None)
+    if cfg is not None:
+        return 2 * len(cfg.attention_layer_ids) * cfg.num_key_value_heads * cfg.head_dim
+    raw = {}
+    file = os.path.join(str(path), "config.json") if isinstance(path, (str, os.PathLike)) else ""
+    if file and os.path.isfile(file):
+        with open(file) as f:
+            try:
+                raw = json.load(f)
+            except json.JSONDecodeError:
+                raw = {}
+    layers = int(raw.get("num_hidden_layers", 1)) if spec.draft_kind in ("model", "dflash") else 1
+    heads = int(raw.get("num_key_value_heads", target_cfg.num_key_value_heads))
+    head_dim = int(raw.get("head_dim") or target_cfg.head_dim)
+    return 2 * layers * heads * head_dim
+
+
 class Engine:
     def __init__(self, model_path: str, dtype: str = "bfloat16", page_size: int = 16,
                  max_running_requests: int | None = None, max_total_tokens: int | None = None,
@@ -168,6 +192,8 @@ class Engine:
             else:
                 frac = kwargs.get("mem_fraction_static") or 0.85
                 per_token = 2 * len(config.attention_layer_ids) * config.num_key_value_heads * config.head_dim
+                # A drafter keeps its own KV pool with as many pages as the target's.
+                per_token += _draft_kv_per_token(self.spec, config)
                 per_token *= np.dtype(resolve_dtype(dtype)).itemsize
                 weights = 0  # parameters are not resident yet; estimated from the checkpoint below
                 if preloaded is None:

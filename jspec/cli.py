@@ -1,4 +1,4 @@
-"""Command line: `jspec generate | convert | inspect | make-random | bench`."""
+"""Command line: `jspec generate | convert | inspect | make-random | bench | train`."""
 
 from __future__ import annotations
 
@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     from jspec.bench.cli import add_bench_parser
 
     add_bench_parser(sub)  # `jspec bench serve | sweep | plot`
+
+    from jspec.train.cli import add_train_parser
+
+    add_train_parser(sub)  # `jspec train tokenizer | corpus | target`
     return p
 
 

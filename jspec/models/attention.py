@@ -34,25 +34,38 @@ class Attention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, x, cos_sin, kv, batch: ForwardBatch):
-        """x `[T, E]` (or `[T, in_features]`); kv = (k_pages, v_pages). Returns (out `[T, E]`, new kv)."""
-        t = x.shape[0]
+    def project(self, x, cos_sin):
+        """x `[..., E]` -> q `[..., H, D]`, k and v `[..., G, D]` (normed and rotated), and the output
+        gate `[..., H*D]` (None without one). The leading axes are tokens: `[T]` in the paged step,
+        `[B, T]` in the dense training forward; cos / sin `[T, rotary_dim]` match the last of them."""
+        lead = x.shape[:-1]
         h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = jnp.split(self.qkv_proj(x), [self.q_out, self.q_out + g * d], axis=-1)
+        gate = None
         if self.output_gate:
-            q, gate = jnp.split(q.reshape(t, h, 2 * d), 2, axis=-1)
-            gate = gate.reshape(t, h * d)
+            q, gate = jnp.split(q.reshape(*lead, h, 2 * d), 2, axis=-1)
+            gate = gate.reshape(*lead, h * d)
         else:
-            q = q.reshape(t, h, d)
-        k = k.reshape(t, g, d)
-        v = v.reshape(t, g, d)
+            q = q.reshape(*lead, h, d)
+        k = k.reshape(*lead, g, d)
+        v = v.reshape(*lead, g, d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos_sin
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, gate
 
+    def output(self, o, gate):
+        """Attention output o `[..., H, D]` -> `[..., E]`: the sigmoid output gate, then o_proj."""
+        o = o.reshape(*o.shape[:-2], self.num_heads * self.head_dim)
+        if gate is not None:
+            o = o * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(o.dtype)
+        return self.o_proj(o)
+
+    def __call__(self, x, cos_sin, kv, batch: ForwardBatch):
+        """x `[T, E]` (or `[T, in_features]`); kv = (k_pages, v_pages). Returns (out `[T, E]`, new kv)."""
+        q, k, v, gate = self.project(x, cos_sin)
         k_pages, v_pages = ops.write_kv(kv[0], kv[1], k, v, batch.slot_mapping)
-        scale = d ** -0.5
+        scale = self.head_dim ** -0.5
         if batch.mode == "decode":
             o = ops.paged_decode(q, k_pages, v_pages, batch.page_table, batch.seq_lens, sm_scale=scale)
         elif batch.mode == "verify" and batch.tree_mask is not None:
@@ -62,7 +75,4 @@ class Attention(nnx.Module):
             o = ops.paged_attention(
                 q, k_pages, v_pages, batch.page_table, batch.seq_lens, batch.cu_q_lens, sm_scale=scale
             )
-        o = o.reshape(t, h * d)
-        if self.output_gate:
-            o = o * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(o.dtype)
-        return self.o_proj(o), (k_pages, v_pages)
+        return self.output(o, gate), (k_pages, v_pages)

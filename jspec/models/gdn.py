@@ -46,34 +46,45 @@ class GatedDeltaNet(nnx.Module):
         self.norm = GatedRMSNorm(self.dv, eps=cfg.rms_norm_eps, dtype=dtype)
         self.out_proj = Linear(value_dim, e, bias=False, dtype=dtype)
 
-    def _project(self, x):
-        """x `[T, E]` -> mixed qkv `[T, C]` (conv input, [q | k | v] flat), z `[T, Hv, dv]`, b, a `[T, Hv]`."""
-        t = x.shape[0]
+    def project(self, x):
+        """x `[..., E]` -> mixed qkv `[..., C]` (conv input, [q | k | v] flat), z `[..., Hv, dv]`, b, a
+        `[..., Hv]`. The leading axes are tokens: `[T]` in the paged step, `[B, T]` in training."""
+        lead = x.shape[:-1]
         hk, hv, dk, dv = self.hk, self.hv, self.dk, self.dv
         if self.fused:
             r = hv // hk
-            qkvz = self.in_proj_qkvz(x).reshape(t, hk, 2 * dk + 2 * r * dv)
+            qkvz = self.in_proj_qkvz(x).reshape(*lead, hk, 2 * dk + 2 * r * dv)
             q, k, v, z = jnp.split(qkvz, [dk, 2 * dk, 2 * dk + r * dv], axis=-1)
-            ba = self.in_proj_ba(x).reshape(t, hk, 2 * r)
+            ba = self.in_proj_ba(x).reshape(*lead, hk, 2 * r)
             b, a = jnp.split(ba, 2, axis=-1)
-            mixed = jnp.concatenate([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], axis=-1)
-            return mixed, z.reshape(t, hv, dv), b.reshape(t, hv), a.reshape(t, hv)
+            mixed = jnp.concatenate([q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)], axis=-1)
+            return mixed, z.reshape(*lead, hv, dv), b.reshape(*lead, hv), a.reshape(*lead, hv)
         mixed = self.in_proj_qkv(x)
-        z = self.in_proj_z(x).reshape(t, hv, dv)
+        z = self.in_proj_z(x).reshape(*lead, hv, dv)
         return mixed, z, self.in_proj_b(x), self.in_proj_a(x)
 
-    def _gates(self, b, a):
+    def gates(self, b, a):
         beta = jax.nn.sigmoid(b.astype(jnp.float32))
         g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(
             a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
         )
         return g, beta
 
-    def _split_heads(self, mixed):
-        t = mixed.shape[0]
+    def split_heads(self, mixed):
+        lead = mixed.shape[:-1]
         key_dim = self.hk * self.dk
         q, k, v = jnp.split(mixed, [key_dim, 2 * key_dim], axis=-1)
-        return q.reshape(t, self.hk, self.dk), k.reshape(t, self.hk, self.dk), v.reshape(t, self.hv, self.dv)
+        return (q.reshape(*lead, self.hk, self.dk), k.reshape(*lead, self.hk, self.dk),
+                v.reshape(*lead, self.hv, self.dv))
+
+    def conv_weight(self):
+        """The causal conv's weight as `[C, K]` (oldest tap first)."""
+        return self.conv1d.weight[...][:, 0, :]
+
+    def finish(self, core, z, dtype):
+        """Core output `[..., Hv, dv]` -> `[..., E]`: gated RMSNorm with z, then out_proj."""
+        out = self.norm(core.astype(dtype), z)
+        return self.out_proj(out.reshape(*out.shape[:-2], self.hv * self.dv))
 
     def __call__(self, x, conv_pool, ssm_pool, batch: ForwardBatch):
         """x `[T, E]` -> (out `[T, E]`, conv, ssm).
@@ -81,9 +92,8 @@ class GatedDeltaNet(nnx.Module):
         conv / ssm are the updated pools, except in verify mode, where the pools must survive a
         rejection: then they are the per-draft-token scratch `[B, N, C, K-1]` / `[B, N, Hv, dk, dv]`
         that `ops.gdn_commit` later copies into the slots for the accepted token."""
-        t = x.shape[0]
-        mixed, z, b, a = self._project(x)
-        weight = self.conv1d.weight[...][:, 0, :]
+        mixed, z, b, a = self.project(x)
+        weight = self.conv_weight()
         verify = batch.mode == "verify"
         if verify:
             mixed, conv = ops.causal_conv1d_verify(mixed, weight, conv_pool, batch.state_slots, batch.parents)
@@ -91,8 +101,8 @@ class GatedDeltaNet(nnx.Module):
             mixed, conv = ops.causal_conv1d(
                 mixed, weight, conv_pool, batch.cu_q_lens, batch.state_slots, batch.has_initial_state
             )
-        q, k, v = self._split_heads(mixed)
-        g, beta = self._gates(b, a)
+        q, k, v = self.split_heads(mixed)
+        g, beta = self.gates(b, a)
         if verify:
             core, ssm = ops.gated_delta_rule_verify(q, k, v, g, beta, ssm_pool, batch.state_slots, batch.parents)
         else:
@@ -100,5 +110,4 @@ class GatedDeltaNet(nnx.Module):
                 q, k, v, g, beta, ssm_pool, batch.cu_q_lens, batch.state_slots, batch.has_initial_state,
                 decode=batch.mode == "decode",
             )
-        out = self.norm(core.astype(x.dtype), z).reshape(t, self.hv * self.dv)
-        return self.out_proj(out), conv, ssm
+        return self.finish(core, z, x.dtype), conv, ssm

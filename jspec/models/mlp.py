@@ -58,26 +58,46 @@ class SparseMoE(nnx.Module):
         else:
             self.shared_expert = self.shared_expert_gate = None
 
-    def __call__(self, x):
-        t, e = x.shape
-        k = self.top_k
-        logits = jax.lax.dot_general(x, self.gate.weight[...], (((1,), (1,)), ((), ())))
+    def route(self, x):
+        """Router over x `[..., E]`: (weights `[..., K]` in x's dtype, expert ids `[..., K]`), from a
+        float32 softmax, renormalised over the top k when the config says so."""
+        logits = jax.lax.dot_general(x, self.gate.weight[...], (((x.ndim - 1,), (1,)), ((), ())))
         probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-        weights, experts = jax.lax.top_k(probs, k)  # [T, K]
+        weights, experts = jax.lax.top_k(probs, self.top_k)
         if self.norm_topk_prob:
             weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-        weights = weights.astype(x.dtype)
+        return weights.astype(x.dtype), experts
+
+    def add_shared(self, x, routed):
+        """routed + the sigmoid-gated shared expert of x (when the model has one)."""
+        if self.shared_expert is None:
+            return routed
+        shared = self.shared_expert(x)
+        return routed + jax.nn.sigmoid(self.shared_expert_gate(x).astype(jnp.float32)).astype(x.dtype) * shared
+
+    def __call__(self, x):
+        t = x.shape[0]
+        weights, experts = self.route(x)  # [T, K]
         # The gather kernel streams one expert slab per (token, expert) pair (repeats mostly hit L2);
         # the grouped GEMM reads every expert once. Gather wins while pairs <= experts (H200:
         # bench/results/kernels_moe_h200.json, spec_eagle_h200.json).
-        if t * k <= self.num_experts:
+        if t * self.top_k <= self.num_experts:
             out = self._routed_gather(x, experts, weights)
         else:
             out = self._routed_grouped(x, experts, weights)
-        if self.shared_expert is not None:
-            shared = self.shared_expert(x)
-            out = out + jax.nn.sigmoid(self.shared_expert_gate(x).astype(jnp.float32)).astype(x.dtype) * shared
-        return out
+        return self.add_shared(x, out)
+
+    def all_experts(self, x):
+        """The same block for training over x `[..., E]`: every expert runs on every token and the
+        router's top-k weights (zero elsewhere) combine them. X times the routed FLOPs, but no sort
+        and no scatter, which is the better trade for a handful of small experts."""
+        weights, experts = self.route(x)
+        combine = jnp.sum(jax.nn.one_hot(experts, self.num_experts, dtype=x.dtype) * weights[..., None], axis=-2)
+        gate_up = jnp.einsum("...e,xef->...xf", x, self.experts.gate_up_proj[...])
+        gate, up = jnp.split(gate_up, 2, axis=-1)
+        down = jnp.einsum("...xi,xie->...xe", jax.nn.silu(gate) * up, self.experts.down_proj[...])
+        routed = jnp.einsum("...xe,...x->...e", down, combine, preferred_element_type=jnp.float32)
+        return self.add_shared(x, routed.astype(x.dtype))
 
     def _routed_gather(self, x, experts, weights):
         """Few tokens (decode, verify): each (token, expert) pair streams just its expert's weights.

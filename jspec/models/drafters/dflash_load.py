@@ -107,8 +107,10 @@ def random_config(target: ModelConfig, *, num_layers: int = 5, intermediate_size
 
 
 def random_dflash(target_model, dt, rng: np.random.Generator, scale: float, *, block_size: int = 16,
-                  mask_token_id: int | None = None, **shape):
-    """A DFlash drafter with random weights (benchmarks of real shapes without files)."""
+                  mask_token_id: int | None = None, target_layer_ids=None, **shape):
+    """A DFlash drafter with random weights (benchmarks of real shapes without files; the start
+    of training). target_layer_ids: config.json's convention; default the spread of
+    `default_target_layer_ids`, clipped to the target."""
     from jspec.models.drafters import loader
 
     tcfg = target_model.config
@@ -119,8 +121,10 @@ def random_dflash(target_model, dt, rng: np.random.Generator, scale: float, *, b
     if tcfg.num_hidden_layers < 2:
         raise ConfigError("a DFlash drafter needs a target of at least 2 layers")
     # Clipped to the readable layers [0, L - 2] for targets too shallow for the default spread.
-    ids = sorted({min(max(i, 0), tcfg.num_hidden_layers - 2)
-                  for i in default_target_layer_ids(tcfg.num_hidden_layers, cfg.num_hidden_layers)})
+    ids = target_layer_ids or sorted({min(max(i, 0), tcfg.num_hidden_layers - 2)
+                                      for i in default_target_layer_ids(tcfg.num_hidden_layers, cfg.num_hidden_layers)})
+    if any(not 0 <= i <= tcfg.num_hidden_layers - 2 for i in ids):
+        raise ConfigError(f"target_layer_ids={list(ids)}: must be in [0, {tcfg.num_hidden_layers - 2}]")
     capture = tuple(i + 1 for i in ids)
     mask = tcfg.vocab_size - 1 if mask_token_id is None else mask_token_id
 

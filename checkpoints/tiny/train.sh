@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Train the tiny model family shipped in checkpoints/tiny/ (issue 8) from ShareGPT token files.
+#   checkpoints/tiny/train.sh DATA OUT STAGE [SECONDS] [--smoke]
+# STAGE: targets (the Qwen3 and Qwen3-Next targets, SECONDS each, and the STANDALONE draft model,
+# SECONDS / 3) or drafters (EAGLE3 and DFlash for the Qwen3 target, the MTP layer written into the
+# Qwen3-Next target, SECONDS each); run targets first. Each stage fits its schedule into its time
+# budget (compilation included). --smoke: a few tiny steps per stage, to check the recipe on a CPU.
+# DATA holds tokenizer/, train.npz and heldout.npz, made on any machine with
+#   jspec train tokenizer --out DATA/tokenizer
+#   jspec train corpus --tokenizer DATA/tokenizer --out DATA/train.npz
+#   jspec train corpus --tokenizer DATA/tokenizer --split heldout --out DATA/heldout.npz
+set -euo pipefail
+DATA=$1; OUT=$2; STAGE=$3; T=${4:-150}
+JSPEC=${JSPEC:-"python -m jspec.cli"}
+SIZE="--steps 100000 --batch-size 64 --seq-len 512"
+if [[ "${5:-}" == "--smoke" ]]; then
+  SIZE="--steps 3 --batch-size 2 --seq-len 64 --eval-windows 2 --eval-every 3 --log-every 1"
+fi
+case $STAGE in
+  targets)
+    common="--tokenizer $DATA/tokenizer --corpus $DATA/train.npz --heldout $DATA/heldout.npz $SIZE"
+    $JSPEC train target --config qwen3 $common --out $OUT/qwen3 --time-budget $T
+    $JSPEC train target --config qwen3-next $common --out $OUT/qwen3-next --time-budget $T
+    $JSPEC train target --config qwen3-draft $common --out $OUT/qwen3-draft --time-budget $((T / 3)) ;;
+  drafters)
+    common="--corpus $DATA/train.npz --heldout $DATA/heldout.npz --time-budget $T $SIZE"
+    [[ "${5:-}" == "--smoke" ]] && common="$common --eval-batch-size 2"
+    $JSPEC train eagle3 --target $OUT/qwen3 --out $OUT/qwen3-eagle3 --ttt-steps 3 $common
+    $JSPEC train dflash --target $OUT/qwen3 --out $OUT/qwen3-dflash --block-size 8 --num-layers 2 $common
+    $JSPEC train mtp --target $OUT/qwen3-next --in-place --ttt-steps 3 $common ;;
+  *) echo "STAGE must be targets or drafters" >&2; exit 2 ;;
+esac
