@@ -231,9 +231,8 @@ def reference(tdir):
 
 
 @pytest.mark.parametrize("tkey, dkey, page_size, overlap", [
-    ("qwen3", "dflash", 1, False),
-    ("bigram", "agree", 4, True),
-    ("qnext", "dflash_next", 4, True),
+    ("bigram", "agree", 1, True),  # acceptance past node 0, overlapped, a page per token
+    ("qnext", "dflash_next", 4, False),  # hybrid target: GDN verify + commit, synchronous loop
 ])
 def test_dflash_greedy_equals_target(models, tkey, dkey, page_size, overlap):
     ref = reference(models[tkey])
