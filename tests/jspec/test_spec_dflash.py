@@ -230,10 +230,10 @@ def reference(tdir):
     return _refs[tdir]
 
 
-@pytest.mark.parametrize("tkey, dkey, page_size, overlap", [
-    ("bigram", "agree", 1, True),  # acceptance past node 0, overlapped, a page per token
-    ("qnext", "dflash_next", 4, False),  # hybrid target: GDN verify + commit, synchronous loop
-])
+# One engine case (CI time): acceptance past node 0, overlapped, a page per token. The hybrid
+# target's DFlash context is checked against the reference above; its verify and commit are the
+# shared path the EAGLE-family engine tests run on hybrid targets.
+@pytest.mark.parametrize("tkey, dkey, page_size, overlap", [("bigram", "agree", 1, True)])
 def test_dflash_greedy_equals_target(models, tkey, dkey, page_size, overlap):
     ref = reference(models[tkey])
     eng = Engine(models[tkey], page_size=page_size, speculative_algorithm="DFLASH",
