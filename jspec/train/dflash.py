@@ -20,7 +20,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from jspec.models.causal_lm import CausalLM
@@ -28,9 +27,9 @@ from jspec.models.drafters.dflash import DFlashDrafter
 from jspec.models.drafters.dflash_load import default_target_layer_ids
 from jspec.models.drafters.loader import random_drafter
 from jspec.models.rope import rope_cos_sin
-from jspec.train.drafter_common import (TrainConfig, add_train_flags, cast_floating, config_from_args, file_mib, fit,
-                                        hf_tensors, np_dtype, param_count, run_meta, save_history, stderr_log,
-                                        summary_line, target_fn_for)
+from jspec.train.drafter_common import (TrainConfig, add_train_flags, captured_features, config_from_args, file_mib,
+                                        fit, hf_tensors, merged, np_dtype, param_count, run_meta, save_history,
+                                        stderr_log, summary_line, target_fn_for)
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -84,7 +83,7 @@ def dflash_blocks(drafter: DFlashDrafter, target: CausalLM, window, features, st
         k = jnp.concatenate([kc.reshape(b, t, g, d), kb.reshape(b, n, g, d)], axis=1)
         v = jnp.concatenate([vc.reshape(b, t, g, d), vb.reshape(b, n, g, d)], axis=1)
         o = jax.nn.dot_product_attention(q.reshape(b, n, attn.num_heads, d), k, v, mask=mask, scale=d ** -0.5)
-        x = x + attn.output(o.reshape(b * n, attn.num_heads, d), None if gate is None else gate)
+        x = x + attn.output(o.reshape(b * n, attn.num_heads, d), gate)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     logits = target.compute_logits(drafter.norm(x))
     return logits.reshape(b, k_blocks, bs, -1)
@@ -120,15 +119,13 @@ def make_loss(target_graphdef, drafter_graphdef, capture_layers, *, num_blocks: 
     capture_layers = tuple(capture_layers)
 
     def loss_fn(params, frozen, window):
-        target = nnx.merge(target_graphdef, frozen["target"])
-        drafter = nnx.merge(drafter_graphdef, cast_floating(params, compute_dtype), frozen["rest"])
-        logits, _, aux = target_fn(target, window[:, :-1], capture_layers)
-        b, t, n, e = aux.shape
-        features = jax.lax.stop_gradient(aux.reshape(b, t, n * e))
+        target, drafter = merged(target_graphdef, drafter_graphdef, params, frozen, compute_dtype)
+        logits, features = captured_features(target_fn, target, window, capture_layers)
+        b, t = features.shape[:2]
         key = jax.random.fold_in(jax.random.PRNGKey(seed), jnp.sum(window[:, :8] * jnp.arange(1, 9)).astype(jnp.int32))
         starts = anchors(key, b, t, num_blocks, drafter.block_size)
         blocks = dflash_blocks(drafter, target, window, features, starts)
-        return block_objective(blocks, jax.lax.stop_gradient(logits), starts, decay=decay)
+        return block_objective(blocks, logits, starts, decay=decay)
 
     return loss_fn
 

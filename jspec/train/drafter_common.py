@@ -188,6 +188,21 @@ def target_fn_for(cfg: TrainConfig):
     return target_fn
 
 
+def merged(target_graphdef, drafter_graphdef, params, frozen, compute_dtype):
+    """(target, drafter) modules inside a loss: the frozen target, and the drafter from its trained
+    parameters cast to the compute dtype plus its non-trained state (`frozen["rest"]`)."""
+    return (nnx.merge(target_graphdef, frozen["target"]),
+            nnx.merge(drafter_graphdef, cast_floating(params, compute_dtype), frozen["rest"]))
+
+
+def captured_features(target_fn, target, window, capture_layers):
+    """The frozen target over the window's first T tokens: (logits `[B, T, V]`, captured streams
+    folded to `[B, T, n*E]`), both outside the gradient."""
+    logits, _, aux = target_fn(target, window[:, :-1], tuple(capture_layers))
+    b, t, n, e = aux.shape
+    return jax.lax.stop_gradient(logits), jax.lax.stop_gradient(aux.reshape(b, t, n * e))
+
+
 # ----------------------------------------------------------------------------- optimisation
 def make_steps(loss_fn: Callable, opt, compiler_options: dict | None = None):
     """Jitted (train_step, eval_step) for `loss_fn(params, frozen, window) -> (loss, metrics)`.

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -24,7 +23,7 @@ from jspec.models.drafters.base import as_dtype
 from jspec.models.drafters.eagle3 import Eagle3Drafter
 from jspec.models.drafters.loader import EAGLE3_ARCHITECTURES, eagle3_capture_layers, random_drafter
 from jspec.models.loader import Model
-from jspec.train.drafter_common import (TrainConfig, add_train_flags, cast_floating, config_from_args, file_mib, fit,
+from jspec.train.drafter_common import (TrainConfig, add_train_flags, captured_features, merged, config_from_args, file_mib, fit,
                                         hf_tensors, np_dtype, param_count, run_meta, save_history, stderr_log,
                                         step_positions, step_tokens, summary_line, target_fn_for, ttt_objective,
                                         ttt_self_attention)
@@ -111,14 +110,10 @@ def make_loss(target_graphdef, drafter_graphdef, capture_layers, *, num_steps: i
     capture_layers = tuple(capture_layers)
 
     def loss_fn(params, frozen, window):
-        target = nnx.merge(target_graphdef, frozen["target"])
-        drafter = nnx.merge(drafter_graphdef, cast_floating(params, compute_dtype), frozen["rest"])
-        logits, _, aux = target_fn(target, window[:, :-1], capture_layers)
-        b, t, n, e = aux.shape
-        features = jax.lax.stop_gradient(aux.reshape(b, t, n * e))
+        target, drafter = merged(target_graphdef, drafter_graphdef, params, frozen, compute_dtype)
+        logits, features = captured_features(target_fn, target, window, capture_layers)
         outs = eagle3_unrolled(drafter, target, window, features, num_steps)
-        return ttt_objective([lg for lg, _ in outs], jax.lax.stop_gradient(logits), hot_ids=frozen["hot_ids"],
-                             step_weight=step_weight)
+        return ttt_objective([lg for lg, _ in outs], logits, hot_ids=frozen["hot_ids"], step_weight=step_weight)
 
     return loss_fn
 

@@ -30,7 +30,7 @@ from jspec.models.drafters.loader import load_drafter, random_drafter
 from jspec.models.drafters.mtp import MTPDrafter
 from jspec.models.loader import Model
 from jspec.train.dense import feed_forward
-from jspec.train.drafter_common import (TrainConfig, add_train_flags, cast_floating, config_from_args, fit,
+from jspec.train.drafter_common import (TrainConfig, add_train_flags, merged, config_from_args, fit,
                                         hf_tensors, param_count, run_meta, save_history, stderr_log,
                                         step_positions, step_tokens, summary_line, target_fn_for, ttt_objective,
                                         ttt_self_attention)
@@ -77,8 +77,7 @@ def make_loss(target_graphdef, drafter_graphdef, *, num_steps: int, step_weight:
     target_fn = target_fn_for(TrainConfig()) if target_fn is None else target_fn
 
     def loss_fn(params, frozen, window):
-        target = nnx.merge(target_graphdef, frozen["target"])
-        drafter = nnx.merge(drafter_graphdef, cast_floating(params, compute_dtype), frozen["rest"])
+        target, drafter = merged(target_graphdef, drafter_graphdef, params, frozen, compute_dtype)
         logits, final, _ = target_fn(target, window[:, :-1], ())
         outs = mtp_unrolled(drafter, target, window, jax.lax.stop_gradient(final), num_steps)
         return ttt_objective([lg for lg, _ in outs], jax.lax.stop_gradient(logits), step_weight=step_weight)
