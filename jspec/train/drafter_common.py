@@ -332,9 +332,10 @@ def run_meta(kind: str, target_dir: str, corpus: str, heldout: str | None, cfg: 
 
 # ----------------------------------------------------------------------------- command line
 def add_drafter_parsers(tsub) -> None:
-    """`jspec train eagle3 | mtp | dflash` under the `jspec train` sub-parsers."""
-    from jspec.train import dflash, eagle3, mtp
+    """`jspec train distill | eagle3 | mtp | dflash` under the `jspec train` sub-parsers."""
+    from jspec.train import dflash, distill, eagle3, mtp
 
+    distill.add_parser(tsub)
     eagle3.add_parser(tsub)
     mtp.add_parser(tsub)
     dflash.add_parser(tsub)
@@ -344,7 +345,8 @@ def add_train_flags(p) -> None:
     """Flags every drafter run takes: the target, the token files and `TrainConfig`."""
     d = TrainConfig()
     p.add_argument("--target", required=True, help="target HF checkpoint directory (frozen)")
-    p.add_argument("--corpus", required=True, help="train tokens (.npy / .npz from `jspec train corpus`)")
+    p.add_argument("--corpus", required=True, nargs="+",
+                   help="train tokens (.npy / .npz from `jspec train corpus` or `jspec train distill`; several are joined)")
     p.add_argument("--heldout", help="held-out tokens: per-step draft accuracy logged on them")
     p.add_argument("--steps", type=int, default=d.steps, help="steps (the most, with --time-budget)")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
