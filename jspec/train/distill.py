@@ -74,6 +74,7 @@ def distill(target_dir: str, corpus: str, out: str, *, time_budget: float, max_n
         {"max_new_tokens": max_new_tokens, "temperature": 0.0}
     with Engine(target_dir, dtype=dtype, max_running_requests=max_running_requests,
                 cuda_graph_bs=[max_running_requests], context_length=max_prompt_tokens + max_new_tokens + 16,
+                disable_top_k_top_p=True,
                 show_progress=False) as engine:
         startup = time.perf_counter() - t0
         log(f"engine up in {startup:.1f} s; {len(prompts):,} train prompts of <= {max_prompt_tokens} tokens")
