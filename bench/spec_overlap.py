@@ -3,7 +3,7 @@
 
 Rows (each: tokens/s of `batch` requests of 128-token prompts and `new_tokens` outputs, timed
 after a warm-up generate on the same engine):
-- no speculation, and EAGLE3 (3/1/4) / NEXTN (3/1/4) at simulated accept length 3, v1 and v2;
+- no speculation, and EAGLE3 / NEXTN / NGRAM (3/1/4) at simulated accept length 3, v1 and v2;
 - DFLASH (block 16, 5 random layers) at simulated accept length 6, v1 and v2, with EAGLE3 beside it;
 - NAIVE_EAGLE (an EAGLE3 head, 2 tokens per step) against EAGLE3 with steps 1, at the same
   simulated accept length (1.7), v2.
@@ -144,10 +144,11 @@ def run_targets(args, res, row, save):
         cfg = parse_hf_config(preset_config(preset))
         model = random_model(cfg, dtype="bfloat16", seed=0, scale=0.02)
         shape = dict(draft_vocab_size=min(32000, cfg.vocab_size)) if algo == "EAGLE3" else {}
-        drafter = random_drafter(algo, model, dtype="bfloat16", seed=1, **shape)
+        drafter = None if algo == "NGRAM" else random_drafter(algo, model, dtype="bfloat16", seed=1, **shape)
         chain = dict(speculative_algorithm=algo, speculative_num_steps=3, speculative_eagle_topk=1,
-                     speculative_num_draft_tokens=4, speculative_draft_model_path=drafter,
-                     speculative_simulate_accept_length=3.0)
+                     speculative_num_draft_tokens=4, speculative_simulate_accept_length=3.0)
+        if drafter is not None:
+            chain["speculative_draft_model_path"] = drafter
         for b in [int(x) for x in args.batches.split(",") if x]:
             base = row(preset, b, "no_spec", model, {})
             v1 = row(preset, b, f"{algo}_sim3_v1", model, dict(chain, disable_overlap_schedule=True))

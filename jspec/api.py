@@ -86,7 +86,7 @@ def _draft_kv_per_token(spec, target_cfg) -> int:
     """K and V elements per token of a drafter's own KV pool (0 without one): its attention layers
     x KV heads x head dim, from the drafter object or its config.json (EAGLE-family heads and the
     MTP layer default to one layer shaped like the target's)."""
-    if spec is None or spec.draft_kind is None:
+    if spec is None or spec.draft_kind == "ngram":
         return 0
     path = spec.draft_model_path
     cfg = getattr(path, "config", None)
@@ -142,9 +142,6 @@ class Engine:
         if self.spec is not None:
             if kwargs.get("enable_mixed_chunk"):
                 raise ConfigError("enable_mixed_chunk with speculative decoding is not implemented yet")
-            if self.spec.algorithm == "NGRAM":
-                # Host drafts continue the request's latest tokens, which overlap has not read yet.
-                disable_overlap_schedule = True
         context = int(kwargs.get("context_length") or config.max_position_embeddings)
         if context < 2:
             raise ConfigError(f"context_length must be >= 2, got {context}")
@@ -226,7 +223,7 @@ class Engine:
         self._seed_counter = itertools.count()
 
         self.draft_model = None
-        if self.spec is not None and self.spec.draft_kind is not None:
+        if self.spec is not None and self.spec.draft_kind != "ngram":
             self.draft_model = self._load_draft(dtype)
             if self.spec.simulate_accept_length is not None:
                 logger.warning("speculative_simulate_accept_length=%s: acceptance is simulated for benchmarking; "

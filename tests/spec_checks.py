@@ -65,3 +65,17 @@ def second_token_follows_target(outs, prompt, target_dir, temperature, top_p):
     chi2 = float(np.sum((obs - exp) ** 2 / exp))
     p_value = stats.chi2.sf(chi2, df=len(exp) - 1)
     assert p_value > 1e-3, (chi2, len(exp), p_value)
+
+
+def ngram_reference(ids: list[int], num_tokens: int, min_window: int, max_window: int) -> list[int]:
+    """NGRAM's draft, plainly: for the longest window n (max_window down to min_window) whose
+    suffix ids[-n:] also ends at an earlier position e < len(ids) - 1, the tokens after the latest
+    such e, cut at the end of ids and padded with the last one; no match: the newest token."""
+    last = len(ids) - 1
+    for n in range(min(max_window, len(ids)), min_window - 1, -1):
+        suffix = ids[last - n + 1:]
+        ends = [e for e in range(n - 1, last) if ids[e - n + 1:e + 1] == suffix]
+        if ends:
+            draft = ids[ends[-1] + 1:ends[-1] + 1 + num_tokens]
+            return (draft + [draft[-1]] * num_tokens)[:num_tokens]
+    return [ids[-1]] * num_tokens

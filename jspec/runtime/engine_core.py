@@ -34,7 +34,6 @@ class EngineCore:
         self.num_generated = 0
         self.accept_histogram: dict[int, int] = {}  # tokens produced per verify -> how often
         self.spec = spec
-        self.ngram: dict[str, object] = {}  # request id -> NgramIndex (NGRAM drafting)
 
     # ------------------------------------------------------------------ called from any thread
     def submit(self, req: Request) -> None:
@@ -72,8 +71,6 @@ class EngineCore:
             plan = self.sched.schedule(inflight=False)
         handle = None
         if plan is not None:
-            if plan.mode == "decode" and self.spec is not None and self.spec.algorithm == "NGRAM":
-                self._propose_ngram(plan)
             handle = self.runner.dispatch(plan)
             self.num_steps[plan.mode] += 1
         if self.overlap:
@@ -82,15 +79,6 @@ class EngineCore:
             self.pending = handle
         elif handle is not None:
             self._process(handle)
-
-    def _propose_ngram(self, plan) -> None:
-        from jspec.spec.ngram import NgramIndex
-
-        for s in plan.reqs:
-            idx = self.ngram.get(s.req.rid)
-            if idx is None:
-                idx = self.ngram[s.req.rid] = NgramIndex(self.spec.ngram_min_window, self.spec.ngram_max_window)
-            s.draft = idx.propose(s.req.all_ids, self.spec.num_steps)
 
     def _handle_aborts(self) -> None:
         for req in list(self.sched.waiting) + list(self.sched.running):
@@ -186,7 +174,6 @@ class EngineCore:
 
     def _finish(self, req: Request, reason: dict) -> None:
         self.sched.finish(req, reason)
-        self.ngram.pop(req.rid, None)
         if req.finish_reason is None:  # finished before it was ever scheduled
             req.finish_reason = reason
         req.finish_time = time.perf_counter()

@@ -40,6 +40,7 @@ class ModelRunner:
         self.draft_model = draft_model
         self.spec = spec
         self.page_size = page_size
+        self.pages_per_seq = pages_per_seq
         self.num_top = num_top_logprobs
         self.buckets: list[Bucket] = []
         sorts = (False, True) if top_k_top_p else (False,)  # without top-k / top-p, no sort variant
@@ -50,10 +51,8 @@ class ModelRunner:
                 for sort in sorts:
                     self.buckets.append(Bucket("decode", b, b, b, sort=sort))
             else:  # a speculative step writes num_draft_tokens positions per request
-                host = spec.num_steps if spec.algorithm == "NGRAM" else 0
                 for sort in sorts:
-                    self.buckets.append(Bucket("spec", b, b, b * (-(-spec.kv_ahead // page_size) + 1),
-                                               num_host_drafts=host, sort=sort))
+                    self.buckets.append(Bucket("spec", b, b, b * (-(-spec.kv_ahead // page_size) + 1), sort=sort))
         self.draft_kind = None if spec is None else spec.draft_kind
         ahead_pages = 0 if spec is None else -(-spec.prefill_ahead // page_size)
         for t in sorted(set(extend_token_sizes)):
@@ -87,6 +86,8 @@ class ModelRunner:
             from jspec.spec.dflash_step import init_spec_state as init_block_state
 
             return init_block_state(num_slots, self.spec.num_steps)
+        if self.draft_kind == "ngram":  # the token at every KV position a request can reach
+            return {"history": jnp.zeros((num_slots, self.pages_per_seq * self.page_size), jnp.int32)}
         return None
 
     def _compile_all(self, progress: bool) -> None:
@@ -111,6 +112,8 @@ class ModelRunner:
 
                     fn = make_dflash_spec_step(self.model.graphdef, draft_gd, bucket, **kw)
                 else:
+                    if self.draft_kind == "ngram":
+                        kw["ngram_windows"] = (sp.ngram_min_window, sp.ngram_max_window)
                     make = make_eagle_spec_step if self.draft_kind == "eagle" else make_chain_spec_step
                     fn = make(self.model.graphdef, draft_gd, bucket, **kw)
             else:

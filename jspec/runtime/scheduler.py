@@ -37,7 +37,6 @@ class ScheduledReq:
     sample: bool  # this step samples the request's next output token
     reset: bool  # first chunk after (re)admission: clear the slot's penalty state
     output_index: int  # index of the sampled token in the request's output
-    draft: list[int] | None = None  # host-proposed draft tokens (NGRAM)
 
     @property
     def num_tokens(self) -> int:

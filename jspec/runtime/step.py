@@ -56,7 +56,8 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
     tracks the target's; a hidden-state drafter ("eagle": EAGLE, EAGLE3, NEXTN) runs over the same
     positions with the tokens shifted by one and the target's hidden states (`spec/eagle_step.py`);
     a block drafter ("dflash") stores the prompt's context and drafts its first block
-    (`spec/dflash_step.py`)."""
+    (`spec/dflash_step.py`); NGRAM ("ngram") records the tokens in its per-slot history
+    (`spec/ngram.py`)."""
 
     def step(params, state: DeviceState, packed):
         draft_params = None
@@ -138,6 +139,10 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
             next_ids = jnp.where(valid_tok, next_ids, 0)
             draft_caches, spec_state = prefill_draft(draft, module, draft_caches, batch, out, next_ids, sampled,
                                                      last_idx, spec_state, spec_state["tokens"].shape[1])
+        if draft_kind == "ngram":  # every token fed here, at its position, into the slot's history
+            history = spec_state["history"]
+            at = jnp.where(valid_tok, tok_slot, history.shape[0])
+            spec_state = {"history": history.at[at, pos].set(input_ids, mode="drop")}
         if draft_kind == "dflash":
             from jspec.spec.dflash_step import prefill_dflash
 

@@ -28,7 +28,6 @@ class Bucket:
     num_tokens: int  # T
     batch_size: int  # B
     num_page_updates: int  # U
-    num_host_drafts: int = 0  # draft tokens per request proposed on the host (NGRAM)
     sort: bool | None = None  # sampler variant: None decides on device; True / False static
     next_ids: bool = False  # extend steps for a hidden-state drafter: the token after each token
 
@@ -38,8 +37,6 @@ class Bucket:
         out.append(("cu_q_lens", (b + 1,)))
         out += [(name, (b,)) for name in INT_FIELDS_B + FLOAT_FIELDS_B]
         out.append(("page_updates", (u, 3)))
-        if self.num_host_drafts:
-            out.append(("draft_tokens", (b, self.num_host_drafts)))
         if self.next_ids:
             out.append(("next_ids", (t,)))
         return out
@@ -124,9 +121,6 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
                     i = s.start + k + 1
                     nxt[t + k] = seq[i] if i < len(seq) else -1
             t += n
-    if bucket.num_host_drafts:
-        for i, s in enumerate(plan.reqs):
-            f["draft_tokens"][i] = s.draft
     upd = f["page_updates"]
     upd[:] = -1
     if len(plan.page_updates) > u_cap:

@@ -1,14 +1,16 @@
 """One speculative decode step for a chain drafter without hidden states: a draft model
-(STANDALONE) or draft tokens proposed on the host (NGRAM).
+(STANDALONE) or n-gram matches in the request's own token history (NGRAM, `spec/ngram.py`).
 
 Everything on device, one jitted function per batch bucket:
 1. draft: S + 1 decode forwards of the draft model from each request's last token (the last one
    only writes the draft KV of the S-th draft token, so a fully accepted chain leaves the draft
-   cache complete); the draft samples from its own filtered distribution q for sampling rows;
+   cache complete); the draft samples from its own filtered distribution q for sampling rows.
+   NGRAM instead matches the newest tokens against the slot's token history on the device;
 2. verify: one target forward over [last, d1 .. dS] at KV indices L0 .. L0+S (`spec/verify.py`);
 3. accept (`spec/accept.py`), then commit the accepted node's Gated-DeltaNet state (hybrid targets);
 4. the bonus becomes the request's next input (`last_token`); KV written for rejected tokens lies
-   past the new length and is overwritten by the next step before anything reads it.
+   past the new length and is overwritten by the next step before anything reads it (so are the
+   rejected tokens NGRAM writes into its history).
 Output row: [number of tokens produced (n + 1), tokens..., -1 padding].
 """
 
@@ -21,7 +23,7 @@ from flax import nnx
 from jspec.runtime import sampler as sampling
 from jspec.runtime.step import DeviceState, _apply_page_updates
 from jspec.runtime.step_inputs import Bucket
-from jspec.spec import accept, verify
+from jspec.spec import accept, ngram, verify
 
 
 def step_common(bucket: Bucket, state: DeviceState, packed, num_keys: int):
@@ -64,20 +66,24 @@ def next_state(state: DeviceState, *, caches, req_to_page, slots, valid, l0, n, 
 
 
 def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int,
-                         simulate_accept_length: float | None = None):
+                         simulate_accept_length: float | None = None, ngram_windows: tuple[int, int] | None = None):
+    """ngram_windows: (min, max) match window of NGRAM, which drafts without a draft model."""
     b_cap, s = bucket.batch_size, num_steps
 
     def step(params, state: DeviceState, packed):
-        # With a draft model params is (target, draft); host-drafted (NGRAM) steps get the target's.
+        # With a draft model params is (target, draft); NGRAM steps get the target's alone.
         target_params, draft_params = params if draft_graphdef is not None else (params, None)
         x, req_to_page, slots, valid, l0, page_table, sb, greedy, key_fn = step_common(
             bucket, state, packed, 2 * s + 2)
         last = state.last_token[slots]
 
-        # 1. Draft, autoregressively, one token per request per forward (or proposed by the host).
-        dcaches = state.draft_caches
+        # 1. Draft, autoregressively, one token per request per forward (or by n-gram matching).
+        dcaches, spec_state = state.draft_caches, state.spec_state
         if draft_graphdef is None:
-            d, q_all = x["draft_tokens"], None  # point masses at the host's proposals
+            # The newest token sits at index l0 of the history: an earlier step sampled it.
+            history = ngram.write(spec_state["history"], slots, valid, l0, last[:, None])
+            d = ngram.propose(history[slots], l0, s, *ngram_windows)
+            q_all = None  # point masses at the proposals
         else:
             draft = nnx.merge(draft_graphdef, draft_params)
             tok, drafts, qs = last, [], []
@@ -104,9 +110,12 @@ def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size:
         else:
             n, bonus = accept.simulated(logits, key_fn, simulate_accept_length, s, sb, greedy, sort=bucket.sort)
         caches = verify.commit(caches, out.gdn_scratch, slots, jnp.where(valid, n, -1))
+        if draft_graphdef is None:  # the drafts (those past n are overwritten later), then the bonus
+            history = ngram.write(history, slots, valid, l0 + 1, d)
+            spec_state = {"history": ngram.write(history, slots, valid, l0 + n + 1, bonus[:, None])}
 
         new_state = next_state(state, caches=caches, req_to_page=req_to_page, slots=slots, valid=valid, l0=l0,
-                               n=n, bonus=bonus, draft_caches=dcaches, spec_state=state.spec_state)
+                               n=n, bonus=bonus, draft_caches=dcaches, spec_state=spec_state)
         return new_state, accept.output_rows(d, n, bonus, valid)
 
     return step

@@ -1,10 +1,11 @@
 """Speculative-decoding settings (SGLang's keyword names) and their validation.
 
 Implemented: STANDALONE (any supported dense model as the drafter, same vocabulary), NGRAM
-(drafts from the request's own tokens), the hidden-state drafters EAGLE, EAGLE3 and NEXTN
-(MTP), and the DFlash block drafter (DFLASH: one forward drafts a block), with chains and (EAGLE family) trees, greedy and sampling acceptance, hybrid
-(Gated-DeltaNet) targets, the overlapped loop (spec v2; NGRAM stays synchronous) or, with
-disable_overlap_schedule, the synchronous one (spec v1). Everything else the keywords can ask for raises ConfigError naming the
+(drafts from the request's own tokens, matched on the device), the hidden-state drafters EAGLE,
+EAGLE3 and NEXTN (MTP), and the DFlash block drafter (DFLASH: one forward drafts a block), with
+chains and (EAGLE family) trees, greedy and sampling acceptance, hybrid (Gated-DeltaNet) targets,
+the overlapped loop (spec v2, every algorithm) or, with disable_overlap_schedule, the synchronous
+one (spec v1). Everything else the keywords can ask for raises ConfigError naming the
 setting, so nothing runs with a silently different algorithm.
 """
 
@@ -56,14 +57,14 @@ class SpecConfig:
         return self.num_draft_tokens if self.algorithm == "DFLASH" else 0
 
     @property
-    def draft_kind(self) -> str | None:
+    def draft_kind(self) -> str:
         """"eagle" (reads target hidden states), "dflash" (reads them as block context), "model"
-        (STANDALONE) or None (host drafts, NGRAM)."""
+        (STANDALONE) or "ngram" (matches the request's token history; no draft weights)."""
         if self.algorithm in HIDDEN_STATE_DRAFTERS:
             return "eagle"
         if self.algorithm == "DFLASH":
             return "dflash"
-        return "model" if self.algorithm == "STANDALONE" else None
+        return "model" if self.algorithm == "STANDALONE" else "ngram"
 
 
 def parse_spec_config(kwargs: dict, *, target_family: str, target_is_hybrid: bool,

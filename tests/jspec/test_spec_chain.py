@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import tiny_models as tm  # noqa: E402
-from spec_checks import leak_free, second_token_follows_target, two_token_draws  # noqa: E402
+from spec_checks import leak_free, ngram_reference, second_token_follows_target, two_token_draws  # noqa: E402
 
 from jspec import Engine  # noqa: E402
 from jspec.errors import ConfigError, InvalidRequestError  # noqa: E402
@@ -159,28 +159,53 @@ def test_speculative_sampling_follows_the_target_distribution(dirs, algo, temper
 
 
 # ------------------------------------------------------------------------------------------- NGRAM
-def test_ngram_index_proposes_the_latest_continuation():
-    from jspec.spec.ngram import NgramIndex
-
-    idx = NgramIndex(1, 3)
+def test_ngram_reference_proposes_the_latest_continuation():
     ids = [5, 6, 7, 8, 1, 2, 6, 7, 9, 4, 6, 7]
     # Suffix [6, 7] last occurred ending at index 7 (followed by 9, 4); longest window first:
     # [4, 6, 7] never occurred, [6, 7] did.
-    assert idx.propose(ids, 3) == [9, 4, 6]
-    ids += [9]  # incremental: [7, 9] occurred at 7..8, followed by 4, 6, 7
-    assert idx.propose(ids, 2) == [4, 6]
-    assert NgramIndex(2, 3).propose([1, 2, 3], 2) == [3, 3]  # no match: filler only
+    assert ngram_reference(ids, 3, 1, 3) == [9, 4, 6]
+    assert ngram_reference(ids + [9], 2, 1, 3) == [4, 6]  # [7, 9] ends at 8, followed by 4, 6
+    assert ngram_reference([1, 2, 3], 2, 2, 3) == [3, 3]  # no match: the newest token
+    assert ngram_reference([4, 1, 2, 4], 3, 1, 2) == [1, 2, 4]  # cut at the newest token
 
 
-def test_ngram_exact_and_accepts_on_repetitive_text(dirs, reference):
+@pytest.mark.parametrize("min_w,max_w,steps", [(1, 4, 3), (2, 3, 5), (1, 1, 2), (3, 12, 4)])
+def test_device_ngram_matches_reference(min_w, max_w, steps):
+    """The device matcher on a batch of histories (small alphabets, so windows recur; stale
+    tokens past each request's newest one, which must not be matched or drafted)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jspec.spec import ngram
+
+    rng = np.random.default_rng(min_w * 100 + max_w)
+    h, rows, lasts, want = 40, [], [], []
+    for i in range(48):
+        n = int(rng.integers(1, h + 1))
+        ids = rng.integers(0, 2 + i % 5, n).tolist()
+        rows.append(ids + rng.integers(0, 7, h - n).tolist())
+        lasts.append(n - 1)
+        want.append(ngram_reference(ids, steps, min_w, max_w))
+    got = jax.jit(ngram.propose, static_argnums=(2, 3, 4))(jnp.asarray(rows, jnp.int32), jnp.asarray(lasts),
+                                                              steps, min_w, max_w)
+    assert np.asarray(got).tolist() == want
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["v1", "v2"])
+def test_ngram_exact_and_accepts_on_repetitive_text(dirs, reference, overlap):
+    """Greedy NGRAM equals greedy decoding, synchronous (v1) and overlapped (v2, the loop under
+    transfer_guard("disallow"): the drafts come from the device, nothing is read back early)."""
+    extra = dict(transfer_guard="disallow") if overlap else dict(disable_overlap_schedule=True)
     eng = Engine(dirs[0], page_size=4, speculative_algorithm="NGRAM", speculative_num_steps=4,
-                 speculative_ngram_max_match_window_size=4, **BASE)
+                 speculative_ngram_max_match_window_size=4, **BASE, **extra)
     try:
         outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
         assert [o["output_ids"] for o in outs] == reference
         pattern = tm.random_ids(6, seed=9)
         rep = eng.generate(input_ids=pattern * 5, sampling_params=dict(GREEDY, max_new_tokens=40))
         assert rep["meta_info"]["spec_accept_length"] > 2, rep["meta_info"]
+        assert eng.get_server_info()["last_error"] is None
         leak_free(eng)
     finally:
         eng.shutdown()
