@@ -88,7 +88,7 @@ def eagle3_unrolled(drafter: Eagle3Drafter, target: CausalLM, window, features, 
     of a chain started at o). Matches the paged `Eagle3Drafter.__call__` step for step."""
     cfg, layer = drafter.config, drafter.midlayer
     t = window.shape[1] - 1
-    kv, outs = [], []
+    kv, outs, h = [], [], None
     for i in range(num_steps):
         emb = drafter._embed(step_tokens(window, i), target)  # [B, T, E]
         h = drafter.fc(as_dtype(features, emb)) if i == 0 else as_dtype(h, emb)
