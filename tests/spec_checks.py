@@ -27,6 +27,11 @@ def _filtered(logits, temperature, top_p):
     return p / p.sum()
 
 
+# Engine settings for two_token_draws: 32 requests per step, and every prompt of a step prefilled
+# in one chunk.
+DRAWS = dict(cuda_graph_bs=[32], max_running_requests=32, chunked_prefill_size=256, prefill_token_buckets=[256])
+
+
 def two_token_draws(eng, prompt, n: int, temperature: float, top_p: float):
     """n seeded requests of two tokens from one prompt: the first comes from prefill, the second
     always from a speculative step. Checks that nothing leaked."""

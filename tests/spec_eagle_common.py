@@ -9,8 +9,10 @@ import tiny_models as tm
 
 from jspec import Engine
 
+# Greedy engines compile no top-k / top-p step variants (a test that samples with top_p < 1 asks
+# for them back).
 BASE = dict(dtype="float32", cuda_graph_bs=[4], max_running_requests=4, show_progress=False,
-            compilation_cache_dir="none", chunked_prefill_size=8, context_length=96)
+            compilation_cache_dir="none", chunked_prefill_size=8, context_length=96, disable_top_k_top_p=True)
 # Mixed lengths; with chunked prefill 8 the long ones take several chunks, the short one is one token.
 PROMPTS = [tm.random_ids(n, seed=200 + n) for n in (5, 19, 1, 12, 9)]
 GREEDY = {"max_new_tokens": 14, "temperature": 0, "ignore_eos": True}

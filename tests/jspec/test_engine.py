@@ -77,7 +77,7 @@ def test_greedy_matches_transformers(tmp_path, arch, page_size, mixed):
     d = str(tmp_path / arch)
     hf = tm.build(arch, d, seed=30 + page_size)
     prompts = [tm.random_ids(n, seed=n) for n in (5, 23, 11, 2, 17, 8)]
-    eng = Engine(d, page_size=page_size, chunked_prefill_size=8, context_length=64,
+    eng = Engine(d, page_size=page_size, chunked_prefill_size=8, context_length=64, disable_top_k_top_p=True,
                  disable_overlap_schedule=(page_size == 1), enable_mixed_chunk=mixed, **SMALL)
     try:
         outs = eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 10, "temperature": 0,

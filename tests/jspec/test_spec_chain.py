@@ -10,13 +10,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import tiny_models as tm  # noqa: E402
-from spec_checks import leak_free, ngram_reference, second_token_follows_target, two_token_draws  # noqa: E402
+from spec_checks import DRAWS, leak_free, ngram_reference, second_token_follows_target, two_token_draws  # noqa: E402
 
 from jspec import Engine  # noqa: E402
 from jspec.errors import ConfigError, InvalidRequestError  # noqa: E402
 
 BASE = dict(dtype="float32", cuda_graph_bs=[1, 2, 4], max_running_requests=4, show_progress=False,
-            compilation_cache_dir="none", chunked_prefill_size=8, context_length=96)
+            compilation_cache_dir="none", chunked_prefill_size=8, context_length=96, disable_top_k_top_p=True)
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +134,13 @@ def test_penalties_rejected_clearly(dirs):
     try:
         with pytest.raises(InvalidRequestError, match="frequency_penalty"):
             eng.generate(input_ids=[1, 2, 3], sampling_params={"frequency_penalty": 0.5, "max_new_tokens": 4})
+        # BASE starts engines with disable_top_k_top_p: no sort variants were compiled, and a
+        # request that needs them is refused by name.
+        assert all(not b.sort for b in eng.runner.buckets)
+        with pytest.raises(InvalidRequestError, match="top_p.*disable_top_k_top_p"):
+            eng.generate(input_ids=[1, 2, 3], sampling_params={"temperature": 1.0, "top_p": 0.5})
+        with pytest.raises(InvalidRequestError, match="top_k"):
+            eng.generate(input_ids=[1, 2, 3], sampling_params={"temperature": 1.0, "top_k": 5})
         ok = eng.generate(input_ids=[1, 2, 3], sampling_params={"temperature": 0, "max_new_tokens": 4})
         assert len(ok["output_ids"]) == 4
     finally:
@@ -149,7 +156,7 @@ def test_speculative_sampling_follows_the_target_distribution(dirs, algo, temper
     target, draft = dirs
     kw = dict(speculative_draft_model_path=draft) if algo == "STANDALONE" else {}
     eng = Engine(target, page_size=4, speculative_algorithm=algo, speculative_num_steps=2,
-                 **{**BASE, "cuda_graph_bs": [1, 2, 4, 8], "max_running_requests": 8}, **kw)
+                 **{**BASE, **DRAWS, "disable_top_k_top_p": top_p == 1.0}, **kw)
     prompt = tm.random_ids(6, seed=77)
     try:
         outs = two_token_draws(eng, prompt, 1500, temperature, top_p)

@@ -36,7 +36,7 @@ BLOCK = 4
 IDS = tm.random_ids(C + 1, seed=17)
 
 BASE = dict(dtype="float32", cuda_graph_bs=[4], max_running_requests=4, show_progress=False,
-            compilation_cache_dir="none", chunked_prefill_size=8, context_length=96)
+            compilation_cache_dir="none", chunked_prefill_size=8, context_length=96, disable_top_k_top_p=True)
 PROMPTS = [tm.random_ids(n, seed=300 + n) for n in (5, 19, 1, 12)]
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 

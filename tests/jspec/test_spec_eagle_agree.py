@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import tiny_models as tm  # noqa: E402
 from compile_checks import compilations  # noqa: E402
-from spec_checks import leak_free, second_token_follows_target, two_token_draws  # noqa: E402
+from spec_checks import DRAWS, leak_free, second_token_follows_target, two_token_draws  # noqa: E402
 from spec_eagle_common import BASE, GREEDY, PROMPTS, build_models, reference, spec_engine  # noqa: E402
 
 from jspec import Engine  # noqa: E402
@@ -25,8 +25,8 @@ def models(tmp_path_factory):
                                                            "agree_flat"))
 
 
-SAMPLED = [{"max_new_tokens": 14, "temperature": 0.8, "top_p": 0.9, "seed": 11 + i, "ignore_eos": True}
-           for i in range(2)]
+# Plain temperature (top-k / top-p through a tree: test_tree_sampling_follows_the_target_distribution).
+SAMPLED = [{"max_new_tokens": 14, "temperature": 0.8, "seed": 11 + i, "ignore_eos": True} for i in range(2)]
 
 
 @pytest.mark.parametrize("algo,target,draft,topk,ndt,compare_v1", [
@@ -68,7 +68,7 @@ def test_tree_sampling_follows_the_target_distribution(models, temperature, top_
     """Point-mass drafts tried sibling by sibling against the residual: the second output token
     (always produced by a tree step) must follow the target's own distribution."""
     eng = spec_engine(models, "EAGLE", "flat", "agree_flat", steps=2, topk=2, ndt=4, page_size=4,
-                      **{"cuda_graph_bs": [8], "max_running_requests": 8})
+                      **DRAWS, disable_top_k_top_p=False)
     prompt = tm.random_ids(6, seed=78)
     try:
         outs = two_token_draws(eng, prompt, 1500, temperature, top_p)
