@@ -168,10 +168,19 @@ def main(models_dir: str | None = None, num_prompts: int = 4, max_new_tokens: in
     tok = load_tokenizer(os.path.join(models_dir, "qwen3"))
     prompts = heldout_prompts(num_prompts, max_prompt_tokens, tok, heldout_tokens)
     print_fn(f"{len(prompts)} held-out ShareGPT prompts, greedy, up to {max_new_tokens} new tokens, {dtype}")
-    if random_baseline:  # each drafter again with its weights redrawn
-        import tempfile
+    import tempfile
 
-        scratch = tempfile.mkdtemp(prefix="jspec-demo-random-")
+    with tempfile.TemporaryDirectory(prefix="jspec-demo-random-") as scratch:
+        return _serve_and_report(runs, models_dir, prompts, tok, scratch, max_new_tokens=max_new_tokens,
+                                 max_prompt_tokens=max_prompt_tokens, show=show, dtype=dtype, json_path=json_path,
+                                 random_baseline=random_baseline, print_fn=print_fn)
+
+
+def _serve_and_report(runs, models_dir, prompts, tok, scratch, *, max_new_tokens, max_prompt_tokens, show, dtype,
+                      json_path, random_baseline, print_fn) -> int:
+    """Every run (and, with random_baseline, each drafter again with random weights written under
+    scratch), printed; the mismatch check; the JSON record. Returns the exit code."""
+    if random_baseline:  # each drafter again with its weights redrawn
         extra = []
         for run in runs:
             if not run.spec:
