@@ -39,3 +39,22 @@ def test_write_kv_casts_to_cache_dtype():
     exp_k, _ = ref.write_kv(k, k, new, new, slots)
     assert out_k.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(out_k.astype(jnp.float32)), np.asarray(exp_k.astype(jnp.float32)))
+
+
+@pytest.mark.parametrize("slot", [6, -1])
+def test_reference_one_token_write(slot):
+    """The reference's one-token path (padded to two rows, the second dropped) against numpy,
+    jitted with the pages donated as the engine calls it."""
+    rng = np.random.default_rng(slot + 10)
+    k = rng.standard_normal((3, 4, 2, 8)).astype(np.float32)
+    v = rng.standard_normal((3, 4, 2, 8)).astype(np.float32)
+    new_k = rng.standard_normal((1, 2, 8)).astype(np.float32)
+    new_v = rng.standard_normal((1, 2, 8)).astype(np.float32)
+    want_k, want_v = k.reshape(12, 2, 8).copy(), v.reshape(12, 2, 8).copy()
+    if slot >= 0:
+        want_k[slot], want_v[slot] = new_k[0], new_v[0]
+    fn = jax.jit(ref.write_kv, donate_argnums=(0, 1))
+    out_k, out_v = fn(jnp.asarray(k), jnp.asarray(v), jnp.asarray(new_k), jnp.asarray(new_v),
+                      jnp.asarray([slot], jnp.int32))
+    np.testing.assert_array_equal(np.asarray(out_k), want_k.reshape(k.shape))
+    np.testing.assert_array_equal(np.asarray(out_v), want_v.reshape(v.shape))
