@@ -15,7 +15,6 @@ engine reads for `speculative_algorithm="DFLASH"`.
 
 from __future__ import annotations
 
-import json
 import os
 
 import jax
@@ -29,7 +28,7 @@ from jspec.models.drafters.loader import random_drafter
 from jspec.models.rope import rope_cos_sin
 from jspec.train.drafter_common import (TrainConfig, add_train_flags, captured_features, config_from_args, file_mib,
                                         fit, hf_tensors, merged, np_dtype, param_count, run_meta, save_history,
-                                        stderr_log, summary_line, target_fn_for)
+                                        stderr_log, summary_line, target_fn_for, write_drafter)
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -146,15 +145,9 @@ def dflash_config(drafter: DFlashDrafter, num_target_layers: int, dtype: str) ->
 
 
 def export_dflash(drafter: DFlashDrafter, out_dir: str, num_target_layers: int, *, dtype: str = "bfloat16") -> dict:
-    from safetensors.numpy import save_file
-
     _, params, _ = nnx.split(drafter, nnx.Param, ...)
-    tensors = hf_tensors(params, drafter.config, np_dtype(dtype))
     raw = dflash_config(drafter, num_target_layers, dtype)
-    os.makedirs(out_dir, exist_ok=True)
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(raw, f, indent=2)
+    write_drafter(out_dir, hf_tensors(params, drafter.config, np_dtype(dtype)), raw)
     return raw
 
 

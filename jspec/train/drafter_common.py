@@ -286,7 +286,7 @@ def train_loop(train_step, eval_step, params, opt_state, frozen, batches: Iterat
             jax.block_until_ready(metrics["loss"])
             per_step = (time.perf_counter() - t_warm) / probe
             left = cfg.time_budget_s - (time.perf_counter() - t_start)
-            total = max(step, min(cfg.steps, step + int(left * 0.95 / per_step)))  # 5%: evaluations
+            total = optim.fitted_steps(step, cfg.steps, per_step_s=per_step, left_s=left, margin=0.05)
             warmup = min(warmup, max(total // 10, 1))
             log(f"{per_step * 1e3:.1f} ms/step: schedule fixed at {total} steps for a {cfg.time_budget_s:.0f} s "
                 "budget")
@@ -464,6 +464,16 @@ def _per_expert(name: str, arr: np.ndarray) -> dict[str, np.ndarray]:
         else:
             out[f"{layer}.{j}.down_proj.weight"] = w
     return out
+
+
+def write_drafter(out_dir: str, tensors: dict[str, np.ndarray], config: dict) -> None:
+    """A drafter checkpoint as the engine and SGLang read it: model.safetensors + config.json."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
 
 
 def np_dtype(name: str):

@@ -11,7 +11,6 @@ them. The target runs inside the jitted step, its parameters outside the optimiz
 
 from __future__ import annotations
 
-import json
 import os
 
 import jax.numpy as jnp
@@ -26,7 +25,7 @@ from jspec.models.loader import Model
 from jspec.train.drafter_common import (TrainConfig, add_train_flags, captured_features, merged, config_from_args, file_mib, fit,
                                         hf_tensors, np_dtype, param_count, run_meta, save_history, stderr_log,
                                         step_positions, step_tokens, summary_line, target_fn_for, ttt_objective,
-                                        ttt_self_attention)
+                                        ttt_self_attention, write_drafter)
 
 ARCHITECTURE = EAGLE3_ARCHITECTURES[0]  # "LlamaForCausalLMEagle3", as SpecForge and SGLang write it
 
@@ -145,8 +144,6 @@ def export_eagle3(drafter: Eagle3Drafter, out_dir: str, *, dtype: str = "bfloat1
     """Write config.json + model.safetensors in the EAGLE3 format `load_drafter("EAGLE3", ...)`
     (and SGLang) read: HF names without `model.`, no embed_tokens (the target's is used), lm_head
     over the draft vocabulary, `d2t` int64 and `t2d` bool when it is reduced. Returns the config."""
-    from safetensors.numpy import save_file
-
     aux_ids = [c - 1 for c in drafter.capture_layers]
     _, params, _ = nnx.split(drafter, nnx.Param, ...)
     tensors = hf_tensors(params, drafter.config, np_dtype(dtype))
@@ -157,10 +154,7 @@ def export_eagle3(drafter: Eagle3Drafter, out_dir: str, *, dtype: str = "bfloat1
         t2d[np.arange(vd) + d2t] = True
         tensors.update(d2t=d2t, t2d=t2d)
     raw = eagle3_config(drafter, aux_ids, dtype)
-    os.makedirs(out_dir, exist_ok=True)
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(raw, f, indent=2)
+    write_drafter(out_dir, tensors, raw)
     return raw
 
 

@@ -182,7 +182,7 @@ def train_lm(config: ModelConfig, train_tokens: np.ndarray, heldout_tokens: np.n
             jax.block_until_ready(metrics["loss"])
             per_step = (time.perf_counter() - t_warm) / probe
             left = tc.time_budget_s - (time.perf_counter() - t_start)
-            total = max(step, min(tc.steps, step + int(left * 0.97 / per_step)))  # 3%: evaluations
+            total = optim.fitted_steps(step, tc.steps, per_step_s=per_step, left_s=left, margin=0.03)
             warmup = min(warmup, max(total // 10, 1))
             history["schedule_steps"] = total
             log(f"  {per_step * 1e3:.1f} ms/step: schedule fixed at {total} steps for a "

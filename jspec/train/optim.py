@@ -13,6 +13,12 @@ import jax
 import optax
 
 
+def fitted_steps(step: int, max_steps: int, *, per_step_s: float, left_s: float, margin: float) -> int:
+    """Total steps of a schedule fixed under a time budget after `step` timed steps: as many as
+    `left_s` (less a `margin` fraction for evaluations) holds at `per_step_s`, within [step, max_steps]."""
+    return max(step, min(max_steps, step + int(left_s * (1 - margin) / per_step_s)))
+
+
 def lr_at(step: int, *, peak: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
     """Linear warmup over `warmup` steps to `peak`, then cosine decay to `min_ratio * peak` at `total`."""
     if step < warmup:
