@@ -39,6 +39,17 @@ class Experts(nnx.Module):
         self.down_proj = _param((num_experts, intermediate, hidden), dtype)
 
 
+# Token counts up to which SparseMoE runs the expert-tiled gather kernels (`ops.moe_gather`) rather
+# than the grouped GEMM (`ragged_dot`). XLA lowers ragged_dot poorly on the GPU at decode and verify
+# sizes (a batch-32 verify step of Qwen3-Next, 128 tokens, was slower than plain decode), while the
+# tiled kernels read each routed expert about once per 16 of its pairs. 256 covers verify steps up to
+# batch 32 x 8 draft tokens and leaves prefill chunks to the grouped GEMM, which uses the tensor cores
+# fully once every expert has many rows; an initial value, to be tuned from bench/kernels/moe.py
+# (tiled kernel against ragged_dot at T up to 512). A static Python int: each token bucket compiles
+# one path.
+GATHER_MAX_TOKENS = 256
+
+
 def _grouped_matmul(x, w, group_sizes):
     """Rows of x `[M, in]` sorted by expert, w `[X, in, out]` -> `[M, out]` (one grouped GEMM)."""
     return jax.lax.ragged_dot(x, w, group_sizes)
@@ -78,10 +89,7 @@ class SparseMoE(nnx.Module):
     def __call__(self, x):
         t = x.shape[0]
         weights, experts = self.route(x)  # [T, K]
-        # The gather kernel streams one expert slab per (token, expert) pair (repeats mostly hit L2);
-        # the grouped GEMM reads every expert once. Gather wins while pairs <= experts (H200:
-        # bench/results/kernels_moe_h200.json, spec_eagle_h200.json).
-        if t * self.top_k <= self.num_experts:
+        if t <= GATHER_MAX_TOKENS:
             out = self._routed_gather(x, experts, weights)
         else:
             out = self._routed_grouped(x, experts, weights)
@@ -100,11 +108,12 @@ class SparseMoE(nnx.Module):
         return self.add_shared(x, routed.astype(x.dtype))
 
     def _routed_gather(self, x, experts, weights):
-        """Few tokens (decode, verify): each (token, expert) pair streams just its expert's weights.
+        """Decode and verify batches: the expert-tiled gather kernels stream each routed expert's
+        weights about once per tile of up to 16 of its (token, expert) pairs.
 
-        XLA lowers `ragged_dot` on GPU to a dense product over every expert, which at decode sizes
-        reads all X experts to use T*K of them; XLA's own gather + GEMV fusion reaches a fraction of
-        the memory bandwidth, so `ops.moe_gather` runs the Pallas gather-GEMV kernels on GPU."""
+        XLA lowers `ragged_dot` on GPU to a dense product over every expert, which at these sizes
+        reads all X experts to use at most T*K of them; XLA's own gather + GEMV fusion reaches a
+        fraction of the memory bandwidth. On CPU `ops.moe_gather` runs the jnp reference."""
         return ops.moe_gather(x, experts, weights, self.experts.gate_up_proj[...], self.experts.down_proj[...])
 
     def _routed_grouped(self, x, experts, weights):

@@ -5,6 +5,10 @@ pair gathers its expert's whole weights and runs two small GEMVs. Intermediates 
 activation dtype where that code rounded them (the gate_up product, silu(gate) * up, the down
 product); the weighted sum over the K experts of a token runs in float32.
 
+It materialises one expert slab per pair: cheap for the tiny models of the CPU tests, but at real
+shapes and verify sizes it is the memory hog the kernels avoid (Qwen3-Next, T=256: 2560 slabs of
+6 MB), so on the GPU only the kernels' unsupported shapes and the benchmark's small-T rows run it.
+
 Shapes (DESIGN.md letters; X experts, I the expert intermediate size):
     x        [T, E]       activations
     experts  [T, K]       int, expert of each (token, k) pair; any values in [0, X), repeats allowed

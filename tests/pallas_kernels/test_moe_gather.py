@@ -1,4 +1,6 @@
-"""Pallas routed-expert gather (interpret mode) against the jnp reference, every output element."""
+"""Pallas expert-tiled routed-expert kernels (interpret mode) against the jnp reference, every output
+element, over routings that exercise the tile plans: one pair per tile, all-distinct experts, an
+expert shared across tile boundaries, repeated experts within a token, more pairs than experts."""
 
 from __future__ import annotations
 
@@ -11,19 +13,34 @@ import pytest
 
 from pallas_kernels import moe
 from pallas_kernels.moe import reference as ref
+from pallas_kernels.moe import tiles
 from pallas_kernels.moe.gather_gemv import choose
 
-X, E, I = 8, 64, 48  # I = 48: the down kernel's contracted size is not a power of two
+X, E, I = 40, 64, 48  # I = 48: the down kernel's contracted size is not a power of two
+SKEWED = 3  # the expert every token's first slot takes in the "skewed" routing
 
 
-def make_case(seed, t, k, dtype):
+def routing(kind, t, k, rng):
+    if kind == "distinct":  # every pair its own expert (needs t*k <= X)
+        return rng.permutation(X)[: t * k].reshape(t, k)
+    if kind == "topk":  # distinct within a token, a small pool shared across tokens
+        pool = rng.permutation(X)[: max(k, 3)]
+        return np.stack([rng.choice(pool, size=k, replace=False) for _ in range(t)])
+    if kind == "skewed":  # t pairs on one expert (t > 16 crosses tile boundaries), the rest top-k-like
+        others = np.delete(np.arange(X), SKEWED)
+        e = np.stack([rng.choice(others, size=k, replace=False) for _ in range(t)])
+        e[:, 0] = SKEWED
+        return e
+    assert kind == "repeats"  # repeats within a token (the contract allows them)
+    return rng.integers(0, 4, (t, k))
+
+
+def make_case(seed, t, k, dtype, kind="topk"):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((t, E))
     gate_up = rng.standard_normal((X, E, 2 * I)) / np.sqrt(E)
     down = rng.standard_normal((X, I, E)) / np.sqrt(I)
-    # Distinct experts within a token (as top-k gives), and the same experts again across tokens.
-    pool = rng.permutation(X)[: max(k, 3)]
-    experts = np.stack([rng.choice(pool, size=k, replace=False) for _ in range(t)])
+    experts = routing(kind, t, k, rng)
     weights = rng.random((t, k))
     cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
     return cast(x), jnp.asarray(experts, jnp.int32), cast(weights), cast(gate_up), cast(down)
@@ -45,30 +62,36 @@ DOWN = dict(block_n=32, block_k=16)
 
 
 @functools.lru_cache(maxsize=None)
-def kernel_fn(t, k, mma, splits):
-    up_cfg = choose(t * k, E, 2 * I, mode="up", mma=mma, splits=splits, **UP)
-    down_cfg = choose(t * k, I, E, mode="down", mma=mma, splits=1 if splits == 1 else 3, **DOWN)
-    return jax.jit(functools.partial(moe.moe_gather, interpret=True, up_cfg=up_cfg, down_cfg=down_cfg))
+def kernel_fn(t, k, block_m, sort, splits):
+    nt = tiles.max_tiles(t * k, X, block_m) if sort else t * k
+    up_cfg = choose(nt, E, 2 * I, mode="up", splits=splits, **UP)
+    down_cfg = choose(nt, I, E, mode="down", splits=1 if splits == 1 else 3, **DOWN)
+    return jax.jit(functools.partial(moe.moe_gather, interpret=True, block_m=block_m, sort=sort, up_cfg=up_cfg,
+                                     down_cfg=down_cfg))
+
+
+CASES = [  # kind, T, K, block_m, sort (None: the default plan), splits
+    ("distinct", 1, 4, 16, None, 2),  # one token: one pair per tile
+    ("repeats", 3, 4, 16, None, 1),  # repeated experts within a token share a tile
+    ("distinct", 17, 2, 16, True, 2),  # sorted, but every tile a single pair
+    ("topk", 17, 2, 4, True, 2),  # a 3-expert pool: 11-12 pairs per expert, tiles of 4
+    ("topk", 17, 2, 16, False, 2),  # one pair per tile with repeats across tokens
+    ("skewed", 40, 2, 16, True, 2),  # 40 pairs on one expert (tiles 16, 16, 8); P = 80 > X
+]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("t", [1, 3, 8])
-@pytest.mark.parametrize("k", [1, 2, 4])
-def test_matches_reference(t, k, dtype):
-    args = make_case(100 * t + k, t, k, dtype)
-    mma = (t + k) % 2 == 0  # both product paths, spread over the cases
-    splits = 2 if t != 3 else 1
-    assert_matches(kernel_fn(t, k, mma, splits)(*args), jax.jit(ref.moe_gather)(*args), dtype)
+@pytest.mark.parametrize("kind,t,k,block_m,sort,splits", CASES, ids=[f"{c[0]}-T{c[1]}-m{c[3]}-{c[4]}" for c in CASES])
+def test_matches_reference(kind, t, k, block_m, sort, splits, dtype):
+    if dtype == jnp.bfloat16 and t == 17:
+        pytest.skip("bf16 rounding is exercised by the other routings; interpret mode is slow")
+    args = make_case(100 * t + k, t, k, dtype, kind)
+    assert_matches(kernel_fn(t, k, block_m, sort, splits)(*args), jax.jit(ref.moe_gather)(*args), dtype)
 
 
-@pytest.mark.parametrize("mma", [False, True])
-def test_default_launch_shapes(mma):
-    # The launch shapes `moe_gather` picks by itself (splits from the SM count), both product paths.
-    args = make_case(7, 3, 4, jnp.float32)
-    up_cfg = choose(12, E, 2 * I, mode="up", mma=mma)
-    down_cfg = choose(12, I, E, mode="down", mma=mma)
-    fn = jax.jit(lambda *a: moe.gather_gemv.moe_gather_pallas(*a, interpret=True, up_cfg=up_cfg, down_cfg=down_cfg))
-    assert_matches(fn(*args), ref.moe_gather(*args), jnp.float32)
+def test_default_launch_shapes():
+    # The launch shapes and plan `moe_gather` picks by itself (splits from the SM count, tiles of 16).
+    args = make_case(7, 3, 4, jnp.float32, "topk")
     out = jax.jit(functools.partial(moe.moe_gather, interpret=True))(*args)
     assert_matches(out, ref.moe_gather(*args), jnp.float32)
 
