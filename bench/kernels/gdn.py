@@ -1,6 +1,6 @@
 """GDN kernels on the GPU: correctness against the reference, then timings against peers.
 
-    PYTHONPATH=. python3 bench/kernels/gdn.py [--quick] [--only-prefill]
+    PYTHONPATH=. python3 bench/kernels/gdn.py [--quick] [--only-prefill | --only-step]
 
 flash-linear-attention is not on the GPU machine: carry the pure-Python `fla-core` wheel (0.6.0 was
 used; it needs einops, which is there) and install it first, e.g.
@@ -203,9 +203,10 @@ def check_small_ops(res):
     # verify: chains and trees
     parents = jnp.asarray([[-1, 0, 1, 2], [-1, -1, -1, -1], [-1, 0, 0, 1], [-1, 0, -1, 2]] * 2, jnp.int32)
     q, k, v, g, beta = gdn_inputs(jax.random.key(5), batch * n_draft, batch * n_draft)
-    o, s = jax.jit(gdn.gated_delta_rule_verify)(q, k, v, g, beta, pool, slots, parents)
-    ro, rs = jax.jit(ref.gated_delta_rule_verify)(*f32(q, k, v), g, beta.astype(jnp.float32), pool, slots, parents)
-    res["verify"] = dict(o_rel_err=rel_err(o, ro), scratch_rel_err=rel_err(s, rs))
+    o = jax.jit(gdn.gated_delta_rule_verify)(q, k, v, g, beta, pool, slots, parents)
+    ro = jax.jit(ref.gated_delta_rule_verify)(*f32(q, k, v), g, beta.astype(jnp.float32), pool, slots, parents)
+    res["verify"] = dict(o_rel_err=rel_err(o, ro))
+    replay, replay32 = (k, v, g, beta), (*f32(k, v), g, beta.astype(jnp.float32))
     # conv prefill (ragged) and verify
     lens = [0, 1, 2, 3, 700, 190, 5, 60]
     cu = cu_of(lens)
@@ -221,11 +222,13 @@ def check_small_ops(res):
     y, cs = jax.jit(gdn.causal_conv1d_verify)(xv, w, cpool, slots, parents)
     ry, rcs = jax.jit(ref.causal_conv1d_verify)(xv, w, cpool, slots, parents)
     res["conv_verify"] = dict(y_rel_err=rel_err(y, ry), scratch_rel_err=rel_err(cs, rcs))
-    # commit
+    # commit: replay the accepted path (chains and trees), copy the conv window
     accepted = jnp.asarray([-1, 0, 3, 1, 2, -1, 0, 3], jnp.int32)
-    want = jax.jit(ref.commit)(pool, cpool, rs, rcs, slots, accepted)
-    got = jax.jit(gdn.commit)(pool, cpool, rs, rcs, slots, accepted)
-    res["commit"] = dict(exact=bool(jnp.array_equal(got[0], want[0]) and jnp.array_equal(got[1], want[1])))
+    path = ref.accepted_path(parents, accepted)
+    want = jax.jit(ref.commit)(pool, cpool, rcs, *replay32, slots, path, accepted)
+    got = jax.jit(gdn.commit)(pool, cpool, rcs, *replay, slots, path, accepted)
+    res["commit"] = dict(state_rel_err=rel_err(got[0][slots], want[0][slots]),
+                         conv_exact=bool(jnp.array_equal(got[1], want[1])))
     log(f"small ops: { {k_: res[k_] for k_ in ('decode', 'verify', 'conv', 'conv_verify', 'commit')} }")
 
 
@@ -431,7 +434,7 @@ def bench_decode(res, sweep):
                     table[f"bv{bv}_w{warps}"] = f"error: {type(e).__name__}: {str(e)[:200]}"
         out["decode_sweep_ms"] = table
 
-    # verify, N = 4, chain parents (the common case); the pool is read only
+    # verify, N = 4, chain parents (the common case); the pool is read only, no state is written
     qv, kv_, vv, gv, bv_ = gdn_inputs(jax.random.key(22), batch * n_draft, batch * n_draft)
     chain = jnp.tile(jnp.arange(-1, n_draft - 1, dtype=jnp.int32), (batch, 1))
     tree = jnp.tile(jnp.asarray([-1, 0, 0, 1], jnp.int32), (batch, 1))
@@ -445,7 +448,7 @@ def bench_decode(res, sweep):
     out["verify_tree_ms"] = time_verify(gdn.gated_delta_rule_verify, tree)
     out["xla_verify_ms"] = time_verify(ref.gated_delta_rule_verify, chain)
     out["verify_over_decode"] = out["verify_ms"] / out["decode_ms"]
-    out["verify_TBps"] = (1 + n_draft) * state_bytes / out["verify_ms"] / 1e9
+    out["verify_TBps"] = state_bytes / out["verify_ms"] / 1e9
     if sweep:
         table = {}
         for bvs in (16, 32, 64):
@@ -457,21 +460,23 @@ def bench_decode(res, sweep):
                     table[f"bv{bvs}_w{warps}"] = f"error: {type(e).__name__}: {str(e)[:200]}"
         out["verify_sweep_ms"] = table
 
-    # commit: every request accepts a step (the most bytes)
-    scratch = jax.random.normal(jax.random.key(23), (batch, n_draft, HV, DK, DV), jnp.float32)
+    # commit: every request accepts a node (the most bytes); replays its path over the state
     cpool0 = jax.random.normal(jax.random.key(24), (slots_n, CONV_C, CONV_K - 1)).astype(BF16)
     cscratch = jax.random.normal(jax.random.key(25), (batch, n_draft, CONV_C, CONV_K - 1)).astype(BF16)
     accepted = jnp.asarray(np.random.default_rng(1).integers(0, n_draft, batch), jnp.int32)
+    path = ref.accepted_path(chain, accepted)
 
     def time_commit(fn):
         f = jax.jit(fn, donate_argnums=(0, 1))
-        ms, _ = time_calls(lambda pools, i: f(*pools, scratch, cscratch, slot_sets[i % rot], accepted),
-                           (pool0 + 0, cpool0 + 0), calls=30)
+        ms, _ = time_calls(lambda pools, i: f(*pools, cscratch, kv_, vv, gv, bv_, slot_sets[i % rot], path,
+                                              accepted), (pool0 + 0, cpool0 + 0), calls=30)
         return ms
 
     out["commit_ms"] = time_commit(gdn.commit)
     out["xla_commit_ms"] = time_commit(ref.commit)
     out["commit_TBps"] = 2 * (state_bytes + batch * CONV_C * (CONV_K - 1) * 2) / out["commit_ms"] / 1e9
+    # What a speculative step pays per GDN layer for the recurrent state, against one decode step.
+    out["verify_plus_commit_over_decode"] = (out["verify_ms"] + out["commit_ms"]) / out["decode_ms"]
 
     # fla fused_recurrent as the peer for decode (1 token) and a 4-token recurrence (final state only)
     try:
@@ -560,30 +565,35 @@ def git_commit():
 PREFILL_KEYS = ("chunk_ragged", "chunk_1x8192", "chunk_8x2048")
 
 
-def save(res, argv, dev_name, only_prefill=False):
+STEP_KEYS = ("copy_TBps", "decode", "verify", "conv_verify", "commit", "decode_b32")
+
+
+def save(res, argv, dev_name, only=None):
     """Write the JSON record (after every section, so a run cut short still reports).
 
-    With --only-prefill the record already in bench/results keeps its other sections: only the
-    prefill results are replaced, and `prefill_run` says where and how they were measured.
+    With --only-prefill / --only-step the record already in bench/results keeps its other sections:
+    only that part's results are replaced, and `prefill_run` / `step_run` says where and how they
+    were measured.
     """
     command = "PYTHONPATH=. python3 bench/kernels/gdn.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    run = dict(device=dev_name, jax_version=jax.__version__, commit=git_commit(), command=command,
-               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    run = dict(device=dev_name, jax_version=jax.__version__, commit=os.environ.get("JSPEC_COMMIT") or git_commit(),
+               command=command, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                default_chunk_config=dataclasses.asdict(DEFAULT_CONFIG))
     slug = dev_name.lower().replace("nvidia", "").strip().replace(" ", "_")
     path = os.path.join("bench/results", f"kernels_gdn_{slug}.json")
-    if only_prefill:
+    if only:
         try:
             with open(path) as f:
                 record = json.load(f)
         except (OSError, ValueError):
             record = dict(results={}, errors=[])
-        record["prefill_run"] = run
-        record["results"].update({k: v for k, v in res.items() if k in PREFILL_KEYS})
-        record["prefill_errors"] = ERRORS
+        record[f"{only}_run"] = run
+        keys = PREFILL_KEYS if only == "prefill" else STEP_KEYS
+        record["results"].update({k: v for k, v in res.items() if k in keys})
+        record[f"{only}_errors"] = ERRORS
     else:
         record = dict(run, results=res, errors=ERRORS)
-        record["prefill_run"] = run
+        record["prefill_run"] = record["step_run"] = run
     text = json.dumps(record, indent=1, default=float)
     for folder in ("bench/results", os.environ.get("OUT")):
         if folder:
@@ -601,7 +611,10 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="skip the launch-parameter sweeps")
     parser.add_argument("--only-prefill", action="store_true",
                         help="chunked prefill only (check, 1x8192, 8x2048 vs fla); other results kept")
+    parser.add_argument("--only-step", action="store_true",
+                        help="copy, small-op checks, decode / verify / commit only; other results kept")
     args = parser.parse_args(argv)
+    only = "prefill" if args.only_prefill else "step" if args.only_step else None
     dev_name = jax.devices()[0].device_kind
     log(f"device {dev_name}, jax {jax.__version__}, backend {jax.default_backend()}")
     res: dict = {}
@@ -609,15 +622,16 @@ def main(argv=None):
     # Both shapes' headline numbers before any sweep, so a run cut short still has them.
     prefill = ([lambda: check_chunk(res)] + [functools.partial(bench_chunk, res, s) for s in shapes]
                + ([] if args.quick else [functools.partial(sweep_chunk, res, s) for s in shapes]))
-    steps = prefill if args.only_prefill else [
+    step_part = [
         lambda: bench_copy(res),
         lambda: check_small_ops(res),
         lambda: bench_decode(res, sweep=not args.quick),
-        lambda: bench_conv(res, sweep=not args.quick),
-    ] + prefill
+    ]
+    steps = {"prefill": prefill, "step": step_part}.get(only, step_part + [
+        lambda: bench_conv(res, sweep=not args.quick)] + prefill)
     for step in steps:
         step()
-        text = save(res, argv, dev_name, args.only_prefill)
+        text = save(res, argv, dev_name, only)
     for name in PREFILL_KEYS[1:]:
         r = res.get(name, {})
         log(f"{name}: ours {r.get('ours_ms', float('nan')):.4f} ms, fla {r.get('fla_ms', float('nan')):.4f} ms "
@@ -625,7 +639,7 @@ def main(argv=None):
             f"prepare {r.get('prepare_ms', float('nan')):.4f}, state {r.get('state_ms', float('nan')):.4f}, "
             f"other form {r.get('other_form_ms', float('nan')):.4f}, "
             f"err o {r.get('ours_o_rel_err', float('nan')):.2e} state {r.get('ours_state_rel_err', float('nan')):.2e}")
-    if not args.only_prefill:
+    if only != "prefill":
         log(text[:8000])
 
 

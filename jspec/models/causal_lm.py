@@ -55,7 +55,8 @@ class ForwardOutput:
     aux_hidden `[R, len(capture), E]`: the residual stream entering each captured layer (index
     `num_layers` is the un-normed output of the last layer), as HF's `output_hidden_states[i]`.
     With `all_hidden`, final_hidden and aux_hidden keep all T rows. gdn_scratch (verify mode):
-    per GDN layer (conv scratch, state scratch) after every draft token, for `ops.gdn_commit`."""
+    per GDN layer (conv window after every draft token, the tokens' (k, v, g, beta) to replay), for
+    `ops.gdn_commit`."""
 
     logits: jax.Array | None
     final_hidden: jax.Array

@@ -90,8 +90,9 @@ class GatedDeltaNet(nnx.Module):
         """x `[T, E]` -> (out `[T, E]`, conv, ssm).
 
         conv / ssm are the updated pools, except in verify mode, where the pools must survive a
-        rejection: then they are the per-draft-token scratch `[B, N, C, K-1]` / `[B, N, Hv, dk, dv]`
-        that `ops.gdn_commit` later copies into the slots for the accepted token."""
+        rejection: then conv is the window after every draft token `[B, N, C, K-1]` and ssm is
+        what `ops.gdn_commit` replays over the committed state for the accepted path: the draft
+        tokens' (k, v, g, beta) as the recurrence takes them."""
         mixed, z, b, a = self.project(x)
         weight = self.conv_weight()
         verify = batch.mode == "verify"
@@ -104,7 +105,8 @@ class GatedDeltaNet(nnx.Module):
         q, k, v = self.split_heads(mixed)
         g, beta = self.gates(b, a)
         if verify:
-            core, ssm = ops.gated_delta_rule_verify(q, k, v, g, beta, ssm_pool, batch.state_slots, batch.parents)
+            core = ops.gated_delta_rule_verify(q, k, v, g, beta, ssm_pool, batch.state_slots, batch.parents)
+            ssm = (k, v, g, beta)
         else:
             core, ssm = ops.gated_delta_rule(
                 q, k, v, g, beta, ssm_pool, batch.cu_q_lens, batch.state_slots, batch.has_initial_state,

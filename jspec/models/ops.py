@@ -119,9 +119,10 @@ def gated_delta_rule_verify(q, k, v, g, beta, state_pool, slots, parents):
     return fn(q, k, v, g, beta, state_pool, slots, parents, **kw)
 
 
-def gdn_commit(state_pool, conv_pool, state_scratch, conv_scratch, slots, accepted):
+def gdn_commit(state_pool, conv_pool, conv_scratch, replay, slots, path, accepted):
+    """replay: the verified tokens' (k, v, g, beta); path `[B, N]`: `gdn_ref.accepted_path`."""
     fn, kw = _pick("gdn", "commit", gdn_ref.commit)
-    return fn(state_pool, conv_pool, state_scratch, conv_scratch, slots, accepted, **kw)
+    return fn(state_pool, conv_pool, conv_scratch, *replay, slots, path, accepted, **kw)
 
 
 # ----------------------------------------------------------------------------- mixture of experts

@@ -130,7 +130,7 @@ def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: 
                                         limit=path_len(path))
         caches = move_kv(caches, page_table, l0, path, n, valid, page_size)
         last_node = jnp.take_along_axis(path, n[:, None], axis=1)[:, 0]
-        caches = verify.commit(caches, out.gdn_scratch, slots, jnp.where(valid, last_node, -1))
+        caches = verify.commit(caches, out.gdn_scratch, slots, jnp.where(valid, last_node, -1), parents_t)
         kept = jnp.take_along_axis(vt, path, axis=1)[:, 1:]  # [B, S] accepted draft tokens (valid up to n)
         if stop_after == "accept":
             return cut_state(state, caches=caches, dcaches=dcaches), accept.output_rows(kept, n, bonus, valid)

@@ -4,9 +4,9 @@ Each request verifies N tokens: node 0 is its last token (sampled last step, not
 and nodes 1..N-1 are draft tokens. Node j's KV goes to index L0 + j (L0 = the request's current
 length), its RoPE position is L0 + depth(j); a chain has depth(j) = j and needs no mask (causal),
 a tree passes its ancestor mask. Gated-DeltaNet layers run in verify mode: the slot's state is
-not touched, the state after every node comes back as scratch, and `commit` copies the accepted
-node's state into the slot afterwards. So rejection costs nothing to undo: rejected KV lies past
-the new length and is overwritten later; rejected states are never written.
+not touched, and `commit` afterwards replays the accepted path's tokens over it (and copies the
+accepted node's conv window). So rejection costs nothing to undo: rejected KV lies past the new
+length and is overwritten later; rejected states are never built.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from jspec.models import ops
 from jspec.models.batch import Caches, ForwardBatch
+from pallas_kernels.gdn import reference as gdn_ref
 
 
 def chain_parents(batch_size: int, n: int):
@@ -70,11 +71,15 @@ def decode_batch(tokens, pos, valid, page_table, slots, page_size: int) -> Forwa
     )
 
 
-def commit(caches: Caches, scratch, slots, accepted) -> Caches:
-    """Copy node `accepted[b]`'s GDN state and conv window into slot `slots[b]` (negative: keep)."""
+def commit(caches: Caches, scratch, slots, accepted, parents=None) -> Caches:
+    """Make node `accepted[b]` the committed GDN state of slot `slots[b]` (negative: keep).
+    parents `[B, N]` of a tree; None for a chain."""
     if not scratch:
         return caches
+    if parents is None:
+        parents = chain_parents(accepted.shape[0], scratch[0][0].shape[1])
+    path = gdn_ref.accepted_path(parents, accepted)  # once for every layer
     conv, ssm = list(caches.conv), list(caches.ssm)
-    for i, (conv_scr, ssm_scr) in enumerate(scratch):
-        ssm[i], conv[i] = ops.gdn_commit(ssm[i], conv[i], ssm_scr, conv_scr, slots, accepted)
+    for i, (conv_scr, replay) in enumerate(scratch):
+        ssm[i], conv[i] = ops.gdn_commit(ssm[i], conv[i], conv_scr, replay, slots, path, accepted)
     return Caches(kv=caches.kv, conv=conv, ssm=ssm)

@@ -1,77 +1,98 @@
-"""Commit the accepted draft step: copy its state and conv window from scratch into the slot.
+"""Commit the accepted draft node: replay its path into the slot's state, copy its conv window.
 
-The accepted index is a device array read inside the kernel (no host round-trip); a negative index
-keeps the slot as it is, by skipping the copy. Both pools are aliased to the outputs, so with donated
-pools the copy is in place: only the accepted requests' bytes move (read once, written once).
+Verify wrote no states (`verify.py`), so the commit rebuilds the accepted node's state: one program
+per (request, value head, dv block) loads the committed state block, runs the recurrence over the
+tokens on the accepted path (`path[b, i]`: node i is the accepted node or one of its ancestors;
+index order is root-first) and stores the block back in place. That is the bytes of one decode step
+(read and write one state) whatever N is, against a copy from an N-state scratch that verify would
+have had to write first. The same programs copy the accepted node's conv window (a few KiB per
+request, so no replay is worth it) from the conv scratch, each its own share, so one launch does both.
 
-One program per (request, block of the flattened per-slot state); the same programs copy the much
-smaller conv window blocks too, so one launch does both.
+A negative accepted index keeps the slot as it is (nothing is read or written). Both pools alias
+the outputs, so with donated pools everything happens in place.
 
-Measured (H200, jax 0.11.2, bench/results/kernels_gdn_h200.json), 32 requests, Qwen3-Next state
-and conv window: 0.048 ms = 2.9 TB/s (the reference's XLA scatter 0.054 ms).
-
-Lowering: Triton (a masked, slot-indirected copy; runs in CPU interpret mode).
+Lowering: Triton (the same reasons as `recurrent.py`; the conv share is a masked slot-indirected copy).
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
 
-from pallas_kernels.gdn.common import ANY, cdiv, load, store, triton_params
+from pallas_kernels.gdn.common import ANY, block_for, cdiv, delta_rule_token, triton_params
 
-BLOCK = 4096  # elements per program and pool (16 KiB of float32 state)
+CONV_BLOCK = 256  # conv-window elements per program and copy step
 
 
-def _commit_kernel(slots_ref, accepted_ref, state_scr_ref, conv_scr_ref, state_ref, conv_ref,
-                   state_out_ref, conv_out_ref):
-    del state_ref, conv_ref  # aliased to the outputs; only written
+def _commit_kernel(
+    slots_ref, accepted_ref, path_ref, k_ref, v_ref, g_ref, beta_ref, conv_scr_ref, state_ref, conv_ref,
+    state_out_ref, conv_out_ref,
+    *, num_draft, block_v, group, use_qk_l2norm, conv_iters,
+):
+    del conv_ref  # aliased to conv_out_ref; only written
     b = pl.program_id(0)
-    i = pl.program_id(1)
+    h = pl.program_id(1)
+    jv = pl.program_id(2)
+    hk = h // group
+    cols = pl.ds(jv * block_v, block_v)
     a = accepted_ref[b]
-    state_size = state_scr_ref.shape[2]
-    conv_size = conv_scr_ref.shape[2]
 
     @pl.when(a >= 0)
     def _():
         slot = slots_ref[b]
-        a_c = jnp.minimum(a, state_scr_ref.shape[1] - 1)  # as the reference's clip
-        off = i * BLOCK + jnp.arange(BLOCK)
-        blk = pl.ds(i * BLOCK, BLOCK)
+        last = jnp.minimum(a, num_draft - 1)
 
-        for src_ref, dst_ref, size in ((state_scr_ref, state_out_ref, state_size),
-                                       (conv_scr_ref, conv_out_ref, conv_size)):
-            @pl.when(i * BLOCK < size)
-            def _(src_ref=src_ref, dst_ref=dst_ref, size=size):
-                # Whole blocks go unmasked, so Triton keeps wide loads and stores.
-                live = None if size % BLOCK == 0 else off < size
-                x = load(src_ref.at[b, a_c, blk], live)
-                store(dst_ref.at[slot, blk], x.astype(dst_ref.dtype), live)
+        def body(i, s):
+            def replay():
+                return delta_rule_token(s, b * num_draft + i, h, hk, cols, None, k_ref, v_ref, g_ref, beta_ref, None,
+                                        scale=1.0, use_qk_l2norm=use_qk_l2norm)
+            return jax.lax.cond(path_ref[b, i] != 0, replay, lambda: s)
+
+        s = jax.lax.fori_loop(0, last + 1, body, state_ref[slot, h, :, cols])
+        state_out_ref[slot, h, :, cols] = s
+
+        # This program's share of the conv window: blocks f, f + F, f + 2F, ... of the flat window.
+        programs = pl.num_programs(1) * pl.num_programs(2)
+        f = h * pl.num_programs(2) + jv
+        size = conv_scr_ref.shape[2]
+        for it in range(conv_iters):
+            off = (f + it * programs) * CONV_BLOCK
+            live = off + jnp.arange(CONV_BLOCK) < size
+            x = plt.load(conv_scr_ref.at[b, last, pl.ds(off, CONV_BLOCK)], mask=live, other=0.0)
+            plt.store(conv_out_ref.at[slot, pl.ds(off, CONV_BLOCK)], x.astype(conv_out_ref.dtype), mask=live)
 
 
-def commit(state_pool, conv_pool, state_scratch, conv_scratch, slots, accepted, *, interpret=False):
+def commit(state_pool, conv_pool, conv_scratch, k, v, g, beta, slots, path, accepted, *, use_qk_l2norm=True,
+           interpret=False, block_v=32, num_warps=4):
     """Pallas version of `reference.commit` (same arguments and results)."""
-    batch, num_draft = state_scratch.shape[:2]
-    num_slots = state_pool.shape[0]
-    # Flat per-slot views: free reshapes of contiguous arrays, so aliasing stays in place.
-    state_flat = state_pool.reshape(num_slots, -1)
+    batch, num_draft = path.shape
+    num_k_heads = k.shape[1]
+    num_v_heads, dv = v.shape[1:]
+    block_v = block_for(dv, block_v)
+    programs = num_v_heads * (dv // block_v)
+    # Flat conv views: free reshapes of contiguous arrays, so the aliasing stays in place.
     conv_flat = conv_pool.reshape(conv_pool.shape[0], -1)
-    state_scr = state_scratch.reshape(batch, num_draft, -1)
     conv_scr = conv_scratch.reshape(batch, num_draft, -1)
-    blocks = max(cdiv(state_flat.shape[1], BLOCK), cdiv(conv_flat.shape[1], BLOCK))
+    conv_iters = cdiv(cdiv(conv_flat.shape[1], CONV_BLOCK), programs)
+    kernel = functools.partial(_commit_kernel, num_draft=num_draft, block_v=block_v,
+                               group=num_v_heads // num_k_heads, use_qk_l2norm=use_qk_l2norm, conv_iters=conv_iters)
     new_state, new_conv = pl.pallas_call(
-        _commit_kernel,
+        kernel,
         out_shape=(
-            jax.ShapeDtypeStruct(state_flat.shape, state_flat.dtype),
+            jax.ShapeDtypeStruct(state_pool.shape, state_pool.dtype),
             jax.ShapeDtypeStruct(conv_flat.shape, conv_flat.dtype),
         ),
-        grid=(batch, blocks),
-        in_specs=[ANY] * 6,
+        grid=(batch, num_v_heads, dv // block_v),
+        in_specs=[ANY] * 10,
         out_specs=[ANY] * 2,
-        input_output_aliases={4: 0, 5: 1},
-        compiler_params=triton_params(4, 1),
+        input_output_aliases={8: 0, 9: 1},
+        compiler_params=triton_params(num_warps, 1),
         interpret=interpret,
         name="gdn_commit",
-    )(slots.astype(jnp.int32), accepted.astype(jnp.int32), state_scr, conv_scr, state_flat, conv_flat)
-    return new_state.reshape(state_pool.shape), new_conv.reshape(conv_pool.shape)
+    )(slots.astype(jnp.int32), accepted.astype(jnp.int32), path.astype(jnp.int32), k, v, g, beta, conv_scr,
+      state_pool, conv_flat)
+    return new_state, new_conv.reshape(conv_pool.shape)

@@ -86,17 +86,20 @@ def block_for(dim: int, want: int) -> int:
 
 def delta_rule_token(s, t, h, hk, cols, q_ref, k_ref, v_ref, g_ref, beta_ref, o_ref, *, scale, use_qk_l2norm):
     """One token of the gated delta rule for value head h (its dv columns `cols`), in registers:
-    decay the state [dk, block_v], correct it towards v along k, write q^T S to o_ref[t, h, cols].
-    Shared by the recurrent (decode) and verify kernels. Returns the new state."""
-    q = q_ref[t, hk, :].astype(jnp.float32)
+    decay the state [dk, block_v], correct it towards v along k, and (unless o_ref is None, as in a
+    replay) write q^T S to o_ref[t, h, cols]. Shared by the recurrent (decode), verify and commit
+    kernels, so all three round alike. Returns the new state."""
     k = k_ref[t, hk, :].astype(jnp.float32)
     if use_qk_l2norm:
-        q = q * inv_norm(q)
         k = k * inv_norm(k)
-    q = q * scale
     v = v_ref[t, h, cols].astype(jnp.float32)
     s = s * jnp.exp(g_ref[t, h].astype(jnp.float32))
     delta = (v - jnp.sum(s * k[:, None], axis=0)) * beta_ref[t, h].astype(jnp.float32)
     s = s + k[:, None] * delta[None, :]
-    o_ref[t, h, cols] = jnp.sum(s * q[:, None], axis=0).astype(o_ref.dtype)
+    if o_ref is not None:
+        q = q_ref[t, hk, :].astype(jnp.float32)
+        if use_qk_l2norm:
+            q = q * inv_norm(q)
+        q = q * scale
+        o_ref[t, h, cols] = jnp.sum(s * q[:, None], axis=0).astype(o_ref.dtype)
     return s

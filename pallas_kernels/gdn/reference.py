@@ -12,8 +12,10 @@ its initial state from pool slot `slots[b]` when `has_initial[b]` (else zeros) a
 state back there. Tokens past `cu_seqlens[B]` are padding: zero output, no state written.
 
 Verification never touches the pool: `*_verify` start each draft token from its parent's state
-(`parents[b, j]`, -1 = the committed state in the slot; parents come before children) and return one
-state per draft token in scratch; `commit` later copies the accepted one into the slot.
+(`parents[b, j]`, -1 = the committed state in the slot; parents come before children). The conv
+returns the window after every draft token as scratch; the recurrent state does not (one state per
+draft token would be N x 64 KiB per head to write and read back). Instead `commit` replays the
+accepted path's tokens on the committed state and copies the accepted node's conv window.
 """
 
 from __future__ import annotations
@@ -169,10 +171,25 @@ def gated_delta_rule(
     return out.astype(out_dtype), pool
 
 
+def ancestors(parents):
+    """`[B, N]` parents (-1 = root, parents before children) -> `[B, N, N]` bool: `[b, j, i]` is
+    True when node i lies on the path from the committed state to node j, j itself included. Since
+    a parent's index is smaller than its child's, the path in index order is the path root first."""
+    batch, n = parents.shape
+    anc = jnp.zeros((batch, n, n), bool)
+    eye = jnp.eye(n, dtype=bool)
+    rows = jnp.arange(batch)
+    for j in range(n):
+        p = parents[:, j]
+        from_parent = jnp.where((p >= 0)[:, None], anc[rows, jnp.maximum(p, 0)], False)
+        anc = anc.at[:, j].set(from_parent | eye[j])
+    return anc
+
+
 def gated_delta_rule_verify(q, k, v, g, beta, state_pool, slots, parents, *, scale=None, use_qk_l2norm=True):
     """Draft tokens `[B*N, ...]` each from its parent's state; the pool is read, never written.
 
-    Returns (o `[B*N, Hv, dv]`, state_scratch `[B, N, Hv, dk, dv]` float32).
+    Returns o `[B*N, Hv, dv]`. The states after each token are not returned: `commit` replays.
     """
     batch, n = parents.shape
     out_dtype = q.dtype
@@ -188,17 +205,36 @@ def gated_delta_rule_verify(q, k, v, g, beta, state_pool, slots, parents, *, sca
         states.append(st)
         outs.append(o)
     out = jnp.stack(outs, axis=1).reshape((batch * n,) + outs[0].shape[1:])
-    return out.astype(out_dtype), jnp.stack(states[1:], axis=1)
+    return out.astype(out_dtype)
 
 
-def commit(state_pool, conv_pool, state_scratch, conv_scratch, slots, accepted):
-    """Copy draft step `accepted[b]`'s state and conv window into slot `slots[b]`; negative keeps it."""
-    batch = slots.shape[0]
-    idx = jnp.clip(accepted, 0, state_scratch.shape[1] - 1)
-    rows = jnp.arange(batch)
+def accepted_path(parents, accepted):
+    """`[B, N]` bool: the nodes whose tokens lead from the committed state to node `accepted[b]`
+    (its ancestors and itself); all False where accepted is negative."""
+    n = parents.shape[1]
+    rows = jnp.arange(parents.shape[0])
+    return ancestors(parents)[rows, jnp.clip(accepted, 0, n - 1)] & (accepted >= 0)[:, None]
+
+
+def commit(state_pool, conv_pool, conv_scratch, k, v, g, beta, slots, path, accepted, *, use_qk_l2norm=True):
+    """Make draft node `accepted[b]` the committed state of slot `slots[b]` (negative: keep).
+
+    State: replay the verified tokens marked in `path` `[B, N]` (`accepted_path`; k, v, g, beta
+    `[B*N, ...]` as given to `gated_delta_rule_verify`) over the slot's committed state, in index
+    order. Conv: copy the accepted node's window from `conv_scratch` `[B, N, C, K-1]`.
+    """
+    batch, n = path.shape
+    _, kf, vf, gf, bf = _prep(jnp.zeros_like(k), k, v, g, beta, None, use_qk_l2norm)
+    shape = lambda a: a.reshape((batch, n) + a.shape[1:])  # noqa: E731
+    kf, vf, gf, bf = map(shape, (kf, vf, gf, bf))
+    state = state_pool[slots]
+    for i in range(n):
+        nxt, _ = _step(state, kf[:, i], kf[:, i], vf[:, i], gf[:, i], bf[:, i])
+        state = jnp.where(path[:, i, None, None, None], nxt, state)
     target = jnp.where(accepted >= 0, slots, state_pool.shape[0])
-    state_pool = state_pool.at[target].set(state_scratch[rows, idx], mode="drop")
-    conv_pool = conv_pool.at[target].set(conv_scratch[rows, idx].astype(conv_pool.dtype), mode="drop")
+    state_pool = state_pool.at[target].set(state, mode="drop")
+    last = conv_scratch[jnp.arange(batch), jnp.clip(accepted, 0, n - 1)]
+    conv_pool = conv_pool.at[target].set(last.astype(conv_pool.dtype), mode="drop")
     return state_pool, conv_pool
 
 
@@ -208,5 +244,7 @@ __all__ = [
     "causal_conv1d_verify",
     "gated_delta_rule",
     "gated_delta_rule_verify",
+    "ancestors",
+    "accepted_path",
     "commit",
 ]

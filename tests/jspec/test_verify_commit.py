@@ -89,7 +89,7 @@ def test_verify_then_commit_matches_plain_scoring(model):
         acc_n[i] = len(p) - 1
     caches = move_kv(caches, page_table, l0, jnp.asarray(path), jnp.asarray(acc_n), valid, PAGE)
     accepted = jnp.asarray([ACCEPT["a"], ACCEPT["b"], -1], jnp.int32)
-    h.caches = verify.commit(caches, out.gdn_scratch, slots, accepted)
+    h.caches = verify.commit(caches, out.gdn_scratch, slots, accepted, parents)
     for i, k in enumerate(order[:2]):
         h.length[k] += int(acc_n[i]) + 1
     nxt = {k: [int(t)] for k, t in zip(PROMPTS, rng.integers(0, tm.VOCAB, 2))}

@@ -1,8 +1,10 @@
-"""Commit of the accepted draft step (interpret mode) against the reference, with donated pools."""
+"""Commit of the accepted draft node (interpret mode): the replayed state and the copied conv window
+against the reference, with donated pools, on chains and trees."""
 
 from __future__ import annotations
 
 import functools
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -11,38 +13,74 @@ import pytest
 
 from pallas_kernels import gdn
 from pallas_kernels.gdn import reference as ref
-from test_gdn_inputs import assert_close, random_slots
+from test_gdn_inputs import DIMS, assert_close, parents_of, random_slots, state_pool, token_inputs
 
-S, B, N, HV, DK, DV, C, K = 8, 4, 3, 2, 16, 32, 24, 4
+S, B, N, C, K = 8, 4, 5, 24, 4
+
+commit_fn = jax.jit(functools.partial(gdn.commit, interpret=True), donate_argnums=(0, 1))
+commit_ref = jax.jit(ref.commit)
 
 
-def make_case(seed, accepted, dk=DK):
+def make_case(seed, kinds, accepted, dims=DIMS, conv_dtype=np.float32, channels=C):
     rng = np.random.default_rng(seed)
-    state_pool = rng.standard_normal((S, HV, dk, DV)).astype(np.float32)
-    conv_pool = rng.standard_normal((S, C, K - 1)).astype(np.float32)
-    state_pool[0] = np.nan  # a poisoned slot nobody commits to must stay as it is
-    slots = random_slots(rng, B, S - 1) + 1
-    state_scratch = rng.standard_normal((B, N, HV, dk, DV)).astype(np.float32)
-    conv_scratch = rng.standard_normal((B, N, C, K - 1)).astype(np.float32)
-    return tuple(jnp.asarray(a) for a in (state_pool, conv_pool, state_scratch, conv_scratch, slots,
-                                          np.asarray(accepted, np.int32)))
+    parents = np.stack([parents_of(kind, rng, N) for kind in kinds]).astype(np.int32)
+    slots = random_slots(rng, B, S - 1) + 1  # slot 0 is poisoned and nobody commits to it
+    q, k, v, g, beta = token_inputs(rng, B * N, B * N, **dims)
+    pool = state_pool(rng, S, slots, [True] * B, Hv=dims["Hv"], dk=dims["dk"], dv=dims["dv"])
+    conv_pool = np.full((S, channels, K - 1), np.nan, np.float32)
+    conv_pool[slots] = rng.standard_normal((B, channels, K - 1))
+    conv_scratch = rng.standard_normal((B, N, channels, K - 1)).astype(np.float32)
+    parents, accepted = jnp.asarray(parents), jnp.asarray(accepted, jnp.int32)
+    path = ref.accepted_path(parents, accepted)
+    tokens = dict(q=q, k=k, v=v, g=g, beta=beta)
+    args = (jnp.asarray(pool), jnp.asarray(conv_pool).astype(conv_dtype), jnp.asarray(conv_scratch),
+            *(jnp.asarray(x) for x in (k, v, g, beta)), jnp.asarray(slots), path, accepted)
+    return args, parents, tokens
 
 
-@pytest.mark.parametrize("dk", [DK, 64])  # 64: the per-slot state is a whole number of copy blocks
-def test_commit_accepted_and_kept(dk):
-    for seed, accepted in enumerate([[-1, 0, 2, 1], [2, 2, -1, -1], [-1, -1, -1, -1], [0, 1, 2, 0]]):
-        args = make_case(seed, accepted, dk)
-        want = jax.jit(ref.commit)(*args)
-        # Donating the pools, as the engine does: the kernel aliases them, so this runs in place.
-        got = jax.jit(functools.partial(gdn.commit, interpret=True), donate_argnums=(0, 1))(*args)
-        assert_close(got[0], want[0], tol=0, what=f"state pool {accepted}")
-        assert_close(got[1], want[1], tol=0, what=f"conv pool {accepted}")
+KINDS = [("chain",) * 4, ("tree", "star", "two_branches", "chain"), ("tree",) * 4]
 
 
-def test_commit_casts_conv_window_to_pool_dtype():
-    args = list(make_case(9, [1, -1, 0, 2]))
-    args[1] = args[1].astype(jnp.bfloat16)
+@pytest.mark.parametrize("kinds", KINDS, ids=lambda k: "-".join(k))
+def test_commit_replays_the_accepted_path(kinds):
+    for accepted in ([-1, 0, 4, 2], [4, 3, -1, -1], [-1] * B, [1, 4, 0, 3]):
+        args, _, _ = make_case(zlib.crc32("-".join(kinds).encode()), kinds, accepted)
+        want = commit_ref(*args)
+        got = commit_fn(*args)  # donated pools, as the engine passes them: the kernel runs in place
+        assert_close(got[0], want[0], what=f"state pool {kinds} {accepted}")
+        assert_close(got[1], want[1], tol=0, what=f"conv pool {kinds} {accepted}")
+
+
+def test_commit_equals_the_verified_node_state():
+    # The replayed state of node j equals the state verify reached at node j: decode the
+    # committed state plus node j's path token by token with the recurrent reference.
+    kinds = ("tree", "two_branches", "star", "chain")
+    accepted = [3, 4, 2, 4]
+    args, parents, tok = make_case(5, kinds, accepted)
+    pool0 = np.asarray(args[0])  # before the donating call
+    got = commit_fn(*args)[0]
+    for b in range(B):
+        p = np.asarray(parents[b])
+        path, j = [], accepted[b]
+        while j >= 0:
+            path.append(j)
+            j = int(p[j])
+        rows = [b * N + i for i in reversed(path)]
+        slot = int(args[7][b])
+        sub = {name: jnp.asarray(x[rows]) for name, x in tok.items()}
+        _, pool = ref.gated_delta_rule(sub["q"], sub["k"], sub["v"], sub["g"], sub["beta"], jnp.asarray(pool0),
+                                       jnp.asarray([0, len(rows)], jnp.int32), jnp.asarray([slot], jnp.int32),
+                                       jnp.asarray([True]))
+        assert_close(np.asarray(got)[slot], np.asarray(pool)[slot], what=f"request {b} path {path[::-1]}")
+
+
+def test_commit_conv_window_in_pool_dtype_and_wide_conv():
+    # A bf16 conv pool, and a conv window wider than one copy block per program (several passes).
+    dims = dict(Hk=1, Hv=1, dk=16, dv=16)
+    # 700 x 3 = 2100 window elements over one program per request: 9 passes of 256, the last partial.
+    args, _, _ = make_case(9, KINDS[1], [1, -1, 0, 2], dims=dims, conv_dtype=jnp.bfloat16, channels=700)
     want = ref.commit(*args)
     got = jax.jit(functools.partial(gdn.commit, interpret=True))(*args)
     assert got[1].dtype == jnp.bfloat16
     assert_close(got[1], want[1], tol=0, what="conv pool bf16")
+    assert_close(got[0], want[0], what="state pool")
