@@ -1,28 +1,44 @@
-"""Benchmark and GPU check of the routed-expert gather kernels (pallas_kernels/moe).
+"""Benchmark and GPU check of the expert-tiled routed-expert kernels (pallas_kernels/moe).
 
 Run on the GPU machine from the repository root:
 
-    PYTHONPATH=. python3 bench/kernels/moe.py --out $OUT/kernels_moe_h200.json [--sweep] [--refine] [--budget-s 250]
+    PYTHONPATH=. python3 bench/kernels/moe.py --out $OUT/moe.json [--quick] [--refine] [--budget-s 170]
+    PYTHONPATH=. python3 bench/kernels/moe.py --cpu-smoke --out /tmp/moe_smoke.json   # CPU: tiny, interpret
 
-In order of priority (a time budget skips the tail rather than lose everything):
-1. copy rates through PyTorch (a subprocess, before JAX takes the GPU): a 2 GiB device-to-device
-   copy (the ceiling), and a copy of exactly the expert bytes of every case below, rotating over four
-   buffer pairs; bytes read + written per second;
-2. correctness on the GPU: Pallas and the XLA gather path (`reference.moe_gather`, what
-   `SparseMoE._routed_gather` ran before) against a float32 oracle on the gathered weights;
-3. with --sweep: launch shapes of the up and down kernels timed alone at Qwen3-Next T=1 (stage A),
-   the best few again over warps / stages at T=1 and T=4 (stage B); this chose
-   `gather_gemv.DEFAULTS`; with --refine: neighbours of those defaults at T=1 and T=4;
-4. the table: Qwen3-Next (X=512, K=10, E=2048, I=512) and Qwen3-30B-A3B (X=128, K=8, E=2048,
-   I=768) shapes, bf16, T in {1, 4, 8, 16}: Pallas (default launch shapes, and the sweep's best if
-   swept), XLA, and the copy of the same bytes. A path's rate is expert bytes read / time
-   (P x 3 x E x I x 2 bytes, P = T*K pairs: a repeated expert counts again, as both paths read it
-   again); its fraction is that rate over the copy's (read + written) rate for the same bytes.
+In order of priority (the time budget skips the tail, and the JSON lists what it skipped):
+1. copy rates, before JAX takes the GPU: a 2 GiB device-to-device copy (the ceiling) and a copy of
+   the ideal bytes of every table row (`copy_bytes`), through PyTorch in a subprocess, rotating over
+   four buffer pairs; bytes read + written per second. Without PyTorch, jnp.copy under jit
+   (`copy_source` says which);
+2. correctness on the GPU at T=1 (one pair per tile) and with skewed routing (one expert taking a
+   slot of every token, so its pairs cross tile boundaries): the tiled kernels, the XLA gather path
+   (`reference.moe_gather`) and the grouped GEMM (`SparseMoE._routed_grouped`) against a float32
+   oracle on the gathered weights;
+3. the table: Qwen3-Next (X=512, K=10, E=2048, I=512) and Qwen3-30B-A3B (X=128, K=8, E=2048,
+   I=768) shapes, bf16, T in {1, 4, 8, 16, 32, 64, 128, 256, 512}, visited so that a budget cut
+   loses the least (T = 1, 128, 16, 512, 32, 4, 256, 64, 8; both shapes at each). Main columns:
+   - `tiled`: `moe_gather_pallas` as SparseMoE runs it (tiles of 16, sorted from SORT_MIN_TOKENS on);
+   - `ragged`: XLA's grouped GEMM, the engine's own `SparseMoE._routed_grouped` (argsort + ragged_dot);
+   - `pairs` (T in {4, 8, 16}): the same kernels with one pair per tile, i.e. the per-pair kernel
+     they replaced (at T=1 that is what `tiled` runs); tunes SORT_MIN_TOKENS.
+   Then, with time left (not with --quick): `tiled_m32` / `tiled_m64` (tiles of 32 / 64 pairs) at
+   T >= 128, `pairs` at T in {32, 64}, `plan` (the tile planning alone: sort, scans, scatters) at T in
+   {4, 16, 128, 512}, and `xla_gather` (`reference.moe_gather`, what `_routed_gather` ran before the
+   kernels) at T=1.
+   Bytes: `ideal_bytes` = distinct experts per routing (mean over the rotated sets) x 3 x E x I x 2,
+   what any path must read; `tile_bytes` = tiles used x the same slab, what the tiled kernels ask of
+   memory (repeats within ~the same moment hit L2); `pair_bytes` = pairs x slab. A path's
+   `frac_of_copy` is (ideal_bytes / its time) over the (read + written) rate of a copy of
+   `copy_bytes` (ideal_bytes rounded to MiB), as in earlier runs (which counted pair bytes: the
+   same at T=1); `speedup_tiled_vs_*` are ratios of times;
+4. with --refine: launch-shape neighbours of `gather_gemv.DEFAULTS` for the whole op at Qwen3-Next
+   T=1 and T=128.
 
-Timing: each measured call runs the op on R=32 rotated input sets (tokens, routing) inside one
-jitted function, with the expert weights (3.2 GB / 1.2 GB, far above L2) as arguments; five calls
-are queued before one `block_until_ready`, so host dispatch overlaps the GPU; median of samples,
-divided by 5 x R.
+Timing: each measured call runs the op on R rotated input sets (tokens, random top-k routing, R = 32
+for T <= 16, 8 for T <= 64, else 4) inside one jitted function, with the expert weights (3.2 GB /
+1.2 GB, far above L2) as arguments; a few calls are queued before one `block_until_ready`, so host
+dispatch overlaps the GPU; median of 3-9 samples (fewer for slow ops), divided by calls x R.
+`compile_s` per path shows where the budget went.
 """
 
 from __future__ import annotations
@@ -34,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 import zlib
 
 import numpy as np
@@ -43,10 +60,15 @@ SHAPES = {
     "qwen3_next": dict(X=512, K=10, E=2048, I=512),
     "qwen3_30b_a3b": dict(X=128, K=8, E=2048, I=768),
 }
-TOKENS = (1, 4, 8, 16)
-# The runner-up for the up kernel (float32 multiply-adds), timed beside the default in the table.
-UP_FMA = dict(mma=False, block_n=128, block_k=32, programs_per_sm=4, num_warps=8)
+TOKENS = (1, 128, 16, 512, 32, 4, 256, 64, 8)  # priority order; the JSON keys say T
+QUICK_TOKENS = (1, 128, 16, 512)
 SMOKE_SHAPES = {"tiny": dict(X=16, K=4, E=64, I=48)}
+SMOKE_TOKENS = (1, 12, 5)
+PAIRS_T = (4, 8, 16)  # the per-pair schedule, beside the tiled one, in the table
+EXTRA_PAIRS_T = (32, 64)
+EXTRA_BLOCK_M = (32, 64)  # tiles taller than one MMA, where experts have many pairs
+EXTRA_BLOCK_M_MIN_T = 128
+PLAN_T = (4, 16, 128, 512)  # the tile planning alone
 
 COPY_SCRIPT = r"""
 import json, sys, torch
@@ -80,17 +102,69 @@ def log(*a):
     print(f"[{time.perf_counter() - T0:6.1f}s]", *a, flush=True)
 
 
-def expert_bytes(shape, t, itemsize=2):
-    return t * shape["K"] * 3 * shape["E"] * shape["I"] * itemsize
+def slab_bytes(shape, itemsize=2):
+    """One expert's gate_up + down weights."""
+    return 3 * shape["E"] * shape["I"] * itemsize
 
 
-def copy_rates(sizes):
+def routings(shape, t, n, seed=0):
+    """n random top-k routings `[T, K]` (distinct experts within a token), deterministic per T."""
+    rng = np.random.default_rng(seed + 97 * t)
+    return [np.argsort(rng.random((t, shape["X"])), axis=1)[:, : shape["K"]] for _ in range(n)]
+
+
+def num_sets(t, smoke=False):
+    if smoke:
+        return 2
+    return 32 if t <= 16 else 8 if t <= 64 else 4
+
+
+def routing_stats(shape, t, smoke=False, block_m=16):
+    """Mean over the rotated sets: distinct experts, tiles of `block_m` used; from host routings."""
+    distinct, used = [], []
+    for e in routings(shape, t, num_sets(t, smoke)):
+        counts = np.bincount(e.reshape(-1), minlength=shape["X"])
+        distinct.append(int((counts > 0).sum()))
+        used.append(int(sum(-(-c // block_m) for c in counts)))
+    return float(np.mean(distinct)), float(np.mean(used))
+
+
+def copy_bytes(shape, t, smoke=False):
+    """The size of the copy a row is compared with: its ideal bytes rounded to MiB (so that copy
+    sizes are few and reproducible)."""
+    b = routing_stats(shape, t, smoke)[0] * slab_bytes(shape)
+    return max(1 << 20, int(round(b / (1 << 20))) << 20)
+
+
+def copy_rates_torch(sizes):
     try:
         out = subprocess.run([sys.executable, "-c", COPY_SCRIPT, json.dumps(sizes)], capture_output=True, text=True,
                              timeout=150)
         return json.loads(out.stdout.strip().splitlines()[-1])
-    except Exception as e:  # noqa: BLE001 - report it; fractions are then missing
+    except Exception as e:  # noqa: BLE001 - report it; the JAX copy stands in
         return {"error": repr(e)[:500]}
+
+
+def copy_rates_jax(sizes, reps=20, samples=7):
+    """jnp.copy under jit (XLA emits a device copy): the stand-in when PyTorch is not there."""
+    import jax
+    import jax.numpy as jnp
+
+    f = jax.jit(jnp.copy)
+    res = {}
+    for n in sizes:
+        pairs = 1 if n >= (1 << 31) else 4
+        srcs = [jax.random.bits(jax.random.key(i), (n,), jnp.uint8) for i in range(pairs)]
+        jax.block_until_ready([f(s) for s in srcs])
+        ts = []
+        for _ in range(samples):
+            t = time.perf_counter()
+            jax.block_until_ready([f(srcs[i % pairs]) for i in range(reps)])
+            ts.append((time.perf_counter() - t) / reps)
+        ms = statistics.median(ts) * 1e3
+        res[str(n)] = {"ms": ms, "tb_per_s": 2 * n / ms / 1e9}
+        del srcs
+    return res
 
 
 def git_commit():
@@ -104,22 +178,29 @@ class Bench:
     def __init__(self, args):
         import jax
 
-        self.jax = jax
+        from pallas_kernels.moe import gather_gemv as gg
+
+        self.jax, self.gg = jax, gg
         self.args = args
         self.deadline = T0 + args.budget_s
-        self.interpret = args.smoke
-        self.shapes = SMOKE_SHAPES if args.smoke else SHAPES
-        self.tokens = (1, 4) if args.smoke else TOKENS
-        self.sets = 4 if args.smoke else 32
+        self.smoke = args.cpu_smoke
+        self.shapes = SMOKE_SHAPES if self.smoke else SHAPES
+        self.tokens = SMOKE_TOKENS if self.smoke else QUICK_TOKENS if args.quick else TOKENS
+        from jspec.models import mlp
+
         dev = jax.devices()[0]
         self.res = {
             "device": dev.device_kind,
             "jax_version": jax.__version__,
             "commit": git_commit(),
             "command": "PYTHONPATH=. python3 bench/kernels/moe.py " + " ".join(sys.argv[1:]),
-            "timing": "median over samples of (5 queued jitted calls, each the op on 32 rotated input sets) / 160",
-            "bytes": "expert bytes read: T*K pairs x 3 x E x I x 2 (bf16)",
-            "fraction": "(bytes / time) / (2 x bytes / time of a torch copy of the same bytes)",
+            "timing": "median over samples of (queued jitted calls, each the op on R rotated input sets) / (calls x R)",
+            "bytes": "ideal_bytes: mean distinct experts x 3 x E x I x 2 (bf16); tile_bytes: mean tiles used x the "
+                     "same; pair_bytes: T*K x the same",
+            "fraction": "(ideal_bytes / time) / (2 x bytes / time of a device copy of the same bytes)",
+            "gather_max_tokens": mlp.GATHER_MAX_TOKENS,
+            "sort_min_tokens": gg.SORT_MIN_TOKENS,
+            "skipped": [],
             "sections": {},
         }
         self.weights = {}
@@ -136,6 +217,10 @@ class Bench:
         self.res["sections"].setdefault(section, {})[key] = value
         self.save()
 
+    def skip(self, what):
+        self.res["skipped"].append(what)
+        log("skipped (budget):", what)
+
     # ------------------------------------------------------------------------- inputs
 
     def expert_weights(self, name):
@@ -148,57 +233,92 @@ class Bench:
                 jnp.bfloat16)
             dn = (jax.random.normal(k2, (s["X"], s["I"], s["E"]), jnp.bfloat16) * (s["I"] ** -0.5)).astype(
                 jnp.bfloat16)
-            self.weights = {name: jax.block_until_ready((gu, dn))}  # one shape's weights at a time
+            self.weights[name] = jax.block_until_ready((gu, dn))  # both shapes together: 4.4 GB
         return self.weights[name]
 
-    def token_sets(self, name, t, n, seed=0):
-        """n sets of (x [T, E], experts [T, K] distinct per token, weights [T, K]) in bf16."""
+    def token_sets(self, name, t, seed=0):
+        """The rotated sets of (x [T, E], experts [T, K], weights [T, K]) in bf16."""
         jnp = self.jax.numpy
         s = self.shapes[name]
-        rng = np.random.default_rng(seed + 97 * t)
+        rng = np.random.default_rng(seed + 1 + 97 * t)
         sets = []
-        for _ in range(n):
-            x = rng.standard_normal((t, s["E"]))
-            experts = np.argsort(rng.random((t, s["X"])), axis=1)[:, : s["K"]]
+        for experts in routings(s, t, num_sets(t, self.smoke), seed):
             w = rng.random((t, s["K"]))
             w /= w.sum(1, keepdims=True)
-            sets.append((jnp.asarray(x, jnp.bfloat16), jnp.asarray(experts, jnp.int32), jnp.asarray(w, jnp.bfloat16)))
+            sets.append((jnp.asarray(rng.standard_normal((t, s["E"])), jnp.bfloat16), jnp.asarray(experts, jnp.int32),
+                         jnp.asarray(w, jnp.bfloat16)))
         return sets
 
-    # ------------------------------------------------------------------------- timing
+    # ------------------------------------------------------------------------- paths
 
-    def time_fn(self, fn, sets, weights, *, samples=9, calls=5):
-        """Seconds per op call: fn(*set, *weights) over the rotated sets inside one jit."""
-        jax = self.jax
-        f = jax.jit(lambda sets, weights: [fn(*s, *weights) for s in sets])
-        jax.block_until_ready(f(sets, weights))
-        if self.args.smoke:
-            samples, calls = 2, 1
-        ts = []
-        for _ in range(samples):
-            t = time.perf_counter()
-            outs = [f(sets, weights) for _ in range(calls)]
-            jax.block_until_ready(outs)
-            ts.append((time.perf_counter() - t) / (calls * len(sets)))
-        return statistics.median(ts)
-
-    # ------------------------------------------------------------------------- sections
-
-    def moe_fn(self, up=None, down=None):
-        from pallas_kernels.moe import gather_gemv as gg
+    def tiled_fn(self, *, block_m=16, sort=None, up=None, down=None):
+        gg = self.gg
 
         def fn(x, experts, weights, gate_up, down_w):
-            pairs = experts.size
-            up_cfg = gg.choose(pairs, x.shape[1], gate_up.shape[2], mode="up", **(up or {}))
-            down_cfg = gg.choose(pairs, down_w.shape[1], down_w.shape[2], mode="down", **(down or {}))
-            return gg.moe_gather_pallas(x, experts, weights, gate_up, down_w, up_cfg=up_cfg, down_cfg=down_cfg,
-                                        interpret=self.interpret)
+            up_cfg = down_cfg = None
+            if up or down:  # launch-shape overrides: `choose` needs the plan's tile count
+                t, k = experts.shape
+                srt = t >= gg.SORT_MIN_TOKENS if sort is None else sort
+                nt = gg.tiles.max_tiles(t * k, gate_up.shape[0], block_m) if srt else t * k
+                up_cfg = gg.choose(nt, x.shape[1], gate_up.shape[2], mode="up", **(up or {}))
+                down_cfg = gg.choose(nt, down_w.shape[1], down_w.shape[2], mode="down", **(down or {}))
+            return gg.moe_gather_pallas(x, experts, weights, gate_up, down_w, block_m=block_m, sort=sort,
+                                        up_cfg=up_cfg, down_cfg=down_cfg, interpret=self.smoke)
 
         return fn
 
+    @staticmethod
+    def ragged_fn(x, experts, weights, gate_up, down_w):
+        """The engine's grouped path, `SparseMoE._routed_grouped`, on bare arrays (its `self` is a stand-in)."""
+        from jspec.models.mlp import SparseMoE
+
+        me = types.SimpleNamespace(top_k=experts.shape[1], num_experts=gate_up.shape[0],
+                                   experts=types.SimpleNamespace(gate_up_proj=gate_up, down_proj=down_w))
+        return SparseMoE._routed_grouped(me, x, experts, weights)
+
+    def plan_fn(self):
+        gg = self.gg
+        return lambda x, experts, weights, gate_up, down_w: gg.plan(experts, gate_up.shape[0], sort=True)
+
+    # ------------------------------------------------------------------------- timing
+
+    def time_fn(self, fn, sets, weights):
+        """(seconds per op, seconds to compile): fn(*set, *weights) over the rotated sets inside one jit."""
+        jax = self.jax
+        f = jax.jit(lambda sets, weights: [fn(*s, *weights) for s in sets])
+        t = time.perf_counter()
+        jax.block_until_ready(f(sets, weights))
+        compile_s = time.perf_counter() - t
+        t = time.perf_counter()
+        jax.block_until_ready(f(sets, weights))
+        one = time.perf_counter() - t
+        if self.smoke:
+            return one / len(sets), compile_s
+        calls = 5 if one < 0.02 else 2 if one < 0.1 else 1
+        samples = max(3, min(9, int(0.4 / (one * calls))))
+        ts = []
+        for _ in range(samples):
+            t = time.perf_counter()
+            jax.block_until_ready([f(sets, weights) for _ in range(calls)])
+            ts.append((time.perf_counter() - t) / (calls * len(sets)))
+        return statistics.median(ts), compile_s
+
+    def measure(self, row, key, fn, sets, weights, *, need_s=6.0):
+        """row[key_us] (and key_compile_s), or key_error; False when the budget is spent."""
+        if self.time_left() < need_s:
+            return False
+        try:
+            sec, comp = self.time_fn(fn, sets, weights)
+            row[f"{key}_us"] = sec * 1e6
+            row[f"{key}_compile_s"] = round(comp, 2)
+        except Exception as e:  # noqa: BLE001 - an OOM or a lowering failure: record it, go on
+            row[f"{key}_error"] = repr(e)[:400]
+        return True
+
+    # ------------------------------------------------------------------------- sections
+
     def section_correctness(self):
         jax, jnp = self.jax, self.jax.numpy
-        from pallas_kernels.moe import reference as ref
 
         def oracle(x, experts, weights, gate_up, down):  # float32 on the gathered experts
             flat = experts.reshape(-1)
@@ -214,191 +334,172 @@ class Bench:
             a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
             return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
+        # T=1: one pair per tile. Skewed: every token's first slot on expert 0 (24 / 32 pairs on it,
+        # across tiles of 16) and the last token a repeat of the first.
+        if self.smoke:
+            cases = [("tiny", 1, False), ("tiny", 12, True)]
+        else:
+            cases = [("qwen3_next", 1, False), ("qwen3_next", 24, True), ("qwen3_30b_a3b", 32, True)]
         ok = True
-        for name in self.shapes:
-            gu, dn = self.expert_weights(name)
-            for t in self.tokens:
-                (x, e, w), = self.token_sets(name, t, 1, seed=1)
-                # Force repeats across tokens: the last token reuses the first token's experts.
-                e = e.at[-1].set(e[0])
-                p = jax.jit(self.moe_fn())(x, e, w, gu, dn).astype(jnp.float32)
-                xla = jax.jit(ref.moe_gather)(x, e, w, gu, dn).astype(jnp.float32)
-                o = jax.jit(oracle)(x, e, w, gu, dn)
-                row = {
-                    "pallas_vs_f32_rel_l2": rel(p, o),
-                    "xla_vs_f32_rel_l2": rel(xla, o),
-                    "pallas_vs_xla_rel_l2": rel(p, xla),
-                    "pallas_vs_xla_max_abs": float(jnp.max(jnp.abs(p - xla))),
-                    "max_abs_out": float(jnp.max(jnp.abs(xla))),
-                    "finite": bool(jnp.all(jnp.isfinite(p))),
-                }
-                row["ok"] = row["finite"] and row["pallas_vs_f32_rel_l2"] <= 2 * row["xla_vs_f32_rel_l2"] + 1e-3
-                ok &= row["ok"]
-                self.put("correctness", f"{name}_T{t}", row)
-                log("correctness", name, t, row)
+        for name, t, skewed in cases:
+            if self.time_left() < 20:
+                self.skip(f"correctness {name} T{t}")
+                continue
+            try:
+                row = self.correctness_case(name, t, skewed, oracle, rel)
+            except Exception as e:  # noqa: BLE001 - a lowering failure: record it; the table still runs
+                row = {"ok": False, "error": repr(e)[:600]}
+            ok &= row["ok"]
+            self.put("correctness", f"{name}_T{t}", row)
+            log("correctness", name, t, row)
         self.put("correctness", "all_ok", ok)
         return ok
 
-    def kernel_time(self, name, t, mode, overrides):
-        """Time of the up or down kernel alone, with launch-shape overrides."""
-        from pallas_kernels.moe import gather_gemv as gg
-
-        s = self.shapes[name]
-        gu, dn = self.expert_weights(name)
-        sets = self.token_sets(name, t, self.sets)
-        pairs = t * s["K"]
-        jnp = self.jax.numpy
-        if mode == "up":
-            cfg = gg.choose(pairs, s["E"], 2 * s["I"], mode="up", **overrides)
-            args = [(e.reshape(-1), x) for x, e, _ in sets]
-            fn = lambda flat, x, w: gg.gathered_gemv(flat, x, w, mode="up", cfg=cfg, top_k=s["K"],  # noqa: E731
-                                                     interpret=self.interpret)
-            weights = (gu,)
-        else:
-            cfg = gg.choose(pairs, s["I"], s["E"], mode="down", **overrides)
-            up_cfg = gg.choose(pairs, s["E"], 2 * s["I"], mode="up")
-            args = [(e.reshape(-1), jnp.asarray(np.random.default_rng(i).standard_normal(
-                (up_cfg.splits, pairs, 2 * s["I"])), jnp.float32)) for i, (_, e, _) in enumerate(sets)]
-            fn = lambda flat, src, w: gg.gathered_gemv(flat, src, w, mode="down", cfg=cfg, top_k=s["K"],  # noqa: E731
-                                                       interpret=self.interpret)
-            weights = (dn,)
-        sec = self.time_fn(fn, args, weights)
-        bytes_ = pairs * (2 if mode == "up" else 1) * s["E"] * s["I"] * 2
-        return sec, bytes_ / sec, cfg
-
-    def section_sweep(self):
-        name = next(iter(self.shapes))
-        stage_a = []
-        for mma, tiles in ((False, [(64, 64), (128, 32), (128, 64), (256, 32)]),
-                           (True, [(64, 64), (128, 64), (128, 128), (256, 64)])):
-            for bn, bk in tiles:
-                for pps in (2, 4, 8):
-                    stage_a.append(dict(mma=mma, block_n=bn, block_k=bk, programs_per_sm=pps))
-        best = {}
-        for mode in ("up", "down"):
-            rows = []
-            for ov in stage_a:
-                if self.time_left() < self.args.reserve_s:
-                    break
-                try:
-                    sec, rate, cfg = self.kernel_time(name, 1, mode, ov)
-                    rows.append(dict(ov, us=sec * 1e6, tb_per_s=rate / 1e12, cfg=str(cfg)))
-                except Exception as e:  # noqa: BLE001 - a shape Triton rejects: record it, go on
-                    rows.append(dict(ov, error=repr(e)[:300]))
-                log("sweep A", mode, rows[-1])
-                self.put("sweep_stage_a_T1", mode, rows)
-            ranked = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])[:2]
-            rows_b = []
-            for r in ranked:
-                base = {k: r[k] for k in ("mma", "block_n", "block_k", "programs_per_sm")}
-                for warps, stages in ((4, 3), (4, 1), (4, 4), (8, 3), (2, 3)):
-                    if self.time_left() < self.args.reserve_s:
-                        break
-                    ov = dict(base, num_warps=warps, num_stages=stages)
-                    try:
-                        t1, rate1, _ = self.kernel_time(name, 1, mode, ov)
-                        t4, rate4, _ = self.kernel_time(name, 4, mode, ov)
-                        rows_b.append(dict(ov, us_t1=t1 * 1e6, us_t4=t4 * 1e6, tb_per_s_t1=rate1 / 1e12,
-                                           tb_per_s_t4=rate4 / 1e12, score_us=(t1 + t4 / 4) * 1e6))
-                    except Exception as e:  # noqa: BLE001
-                        rows_b.append(dict(ov, error=repr(e)[:300]))
-                    log("sweep B", mode, rows_b[-1])
-                    self.put("sweep_stage_b_T1_T4", mode, rows_b)
-            done = sorted((r for r in rows_b if "score_us" in r), key=lambda r: r["score_us"])
-            if done:
-                best[mode] = {k: done[0][k] for k in ("mma", "block_n", "block_k", "programs_per_sm", "num_warps",
-                                                      "num_stages")}
-        self.put("sweep_best", "overrides", best)
-        return best
-
-    def section_refine(self):
-        """Neighbours of the defaults, each kernel alone, at T=1 and T=4 (Qwen3-Next)."""
-        name = next(iter(self.shapes))
-        variants = {
-            "up": [{}, dict(programs_per_sm=4), dict(num_warps=8), dict(block_n=128), dict(num_stages=4), UP_FMA],
-            "down": [{}, dict(programs_per_sm=1), dict(programs_per_sm=4), dict(block_n=64), dict(block_n=256),
-                     dict(num_warps=2), dict(block_k=32), dict(block_k=128)],
-        }
-        for mode, rows in variants.items():
-            out = []
-            for ov in rows:
-                if self.time_left() < self.args.reserve_s:
-                    break
-                try:
-                    t1, _, cfg1 = self.kernel_time(name, 1, mode, ov)
-                    t4, _, _ = self.kernel_time(name, 4, mode, ov)
-                    out.append(dict(overrides=ov, cfg_t1=str(cfg1), us_t1=t1 * 1e6, us_t4=t4 * 1e6))
-                except Exception as e:  # noqa: BLE001
-                    out.append(dict(overrides=ov, error=repr(e)[:300]))
-                log("refine", mode, out[-1])
-                self.put("refine_T1_T4", mode, out)
-
-    def section_table(self, copies, best=None):
+    def correctness_case(self, name, t, skewed, oracle, rel):
+        jax, jnp = self.jax, self.jax.numpy
         from pallas_kernels.moe import reference as ref
 
-        for name, s in self.shapes.items():
-            gu, dn = self.expert_weights(name)
-            for t in self.tokens:
-                if self.time_left() < 5:
-                    log("budget spent: table stops at", name, t)
-                    return
-                sets = self.token_sets(name, t, self.sets)
-                nbytes = expert_bytes(s, t)
-                row = {"pairs": t * s["K"], "expert_bytes": nbytes,
-                       "distinct_expert_bytes_first_set": int(len(np.unique(np.asarray(sets[0][1])))) * nbytes
-                       // (t * s["K"])}
-                row["pallas_us"] = self.time_fn(self.moe_fn(), sets, (gu, dn)) * 1e6
-                if best:
-                    row["pallas_swept_us"] = self.time_fn(self.moe_fn(best.get("up"), best.get("down")), sets,
-                                                          (gu, dn)) * 1e6
-                row["pallas_up_fma_us"] = self.time_fn(self.moe_fn(UP_FMA), sets, (gu, dn)) * 1e6
-                row["xla_us"] = self.time_fn(ref.moe_gather, sets, (gu, dn)) * 1e6
-                copy = copies.get(str(nbytes)) if isinstance(copies, dict) else None
-                if copy:
-                    row["copy_us"] = copy["ms"] * 1e3
-                    row["copy_tb_per_s"] = copy["tb_per_s"]
-                for k in ("pallas", "pallas_swept", "pallas_up_fma", "xla"):
-                    if f"{k}_us" in row:
-                        rate = nbytes / (row[f"{k}_us"] * 1e-6)
-                        row[f"{k}_tb_per_s"] = rate / 1e12
-                        if copy:
-                            row[f"{k}_frac_of_copy"] = rate / (copy["tb_per_s"] * 1e12)
-                row["speedup_pallas_vs_xla"] = row["xla_us"] / row["pallas_us"]
-                self.put("table", f"{name}_T{t}", row)
-                log("table", name, t, {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
+        gu, dn = self.expert_weights(name)
+        (x, _, w), *_ = self.token_sets(name, t, seed=1)
+        e = routings(self.shapes[name], t, 1, seed=1)[0]
+        if skewed:
+            for r in e:  # expert 0 into slot 0, keeping a token's experts distinct
+                r[r == 0] = r[0]
+                r[0] = 0
+            e[-1] = e[0]
+        e = jnp.asarray(e, jnp.int32)
+        o = jax.jit(oracle)(x, e, w, gu, dn)
+        row = {"skewed": skewed, "max_abs_out": float(jnp.max(jnp.abs(o)))}
+        tiled = None
+        for key, fn in (("tiled", self.tiled_fn()), ("xla_gather", ref.moe_gather), ("ragged", self.ragged_fn)):
+            out = jax.jit(fn)(x, e, w, gu, dn).astype(jnp.float32)
+            row[f"{key}_vs_f32_rel_l2"] = rel(out, o)
+            row[f"{key}_finite"] = bool(jnp.all(jnp.isfinite(out)))
+            if tiled is None:
+                tiled = out
+            else:
+                row[f"tiled_vs_{key}_rel_l2"] = rel(tiled, out)
+        row["ok"] = row["tiled_finite"] and row["tiled_vs_f32_rel_l2"] <= 2 * row["xla_gather_vs_f32_rel_l2"] + 1e-3
+        return row
+
+    def section_table(self, copies):
+        """The main rows for every T (priority order, both shapes), then the extras while time is left."""
+        from pallas_kernels.moe import reference as ref
+
+        main, extra = [], []  # (name, t, key, fn)
+        for t in self.tokens:
+            for name in self.shapes:
+                main.append((name, t, "tiled", self.tiled_fn()))
+                main.append((name, t, "ragged", self.ragged_fn))
+                if t in PAIRS_T or (self.smoke and t > 1):
+                    main.append((name, t, "pairs", self.tiled_fn(sort=False)))
+                if t >= EXTRA_BLOCK_M_MIN_T or (self.smoke and t > 1):
+                    extra += [(name, t, f"tiled_m{bm}", self.tiled_fn(block_m=bm)) for bm in EXTRA_BLOCK_M]
+                if t in EXTRA_PAIRS_T:
+                    extra.append((name, t, "pairs", self.tiled_fn(sort=False)))
+                if t in PLAN_T or (self.smoke and t > 1):
+                    extra.append((name, t, "plan", self.plan_fn()))
+                if t == 1:
+                    extra.append((name, t, "xla_gather", ref.moe_gather))
+        rows, sets = {}, {}
+        for name, t, key, fn in main + ([] if self.args.quick else extra):
+            if (name, t) not in rows:
+                rows[(name, t)] = self.table_row(name, t, copies)
+            row = rows[(name, t)]
+            if (name, t) not in sets:
+                sets.clear()  # one row's input sets at a time
+                sets[(name, t)] = self.token_sets(name, t)
+            if not self.measure(row, key, fn, sets[(name, t)], self.expert_weights(name),
+                                need_s=4.0 if key == "plan" else 8.0):
+                self.skip(f"table {name} T{t} {key}")
+                continue
+            if f"{key}_us" in row and key != "plan":
+                rate = row["ideal_bytes"] / (row[f"{key}_us"] * 1e-6)
+                row[f"{key}_tb_per_s"] = rate / 1e12
+                if "copy_tb_per_s" in row:
+                    row[f"{key}_frac_of_copy"] = rate / (row["copy_tb_per_s"] * 1e12)
+            for other in ("ragged", "pairs"):
+                if "tiled_us" in row and f"{other}_us" in row:
+                    row[f"speedup_tiled_vs_{other}"] = row[f"{other}_us"] / row["tiled_us"]
+            self.put("table", f"{name}_T{t}", row)
+            log("table", name, t, key, {k: round(v, 3) for k, v in row.items() if k.startswith(key)
+                                        and isinstance(v, float)})
+
+    def table_row(self, name, t, copies):
+        s = self.shapes[name]
+        distinct, used = routing_stats(s, t, self.smoke)
+        nbytes = copy_bytes(s, t, self.smoke)
+        row = {"T": t, "pairs": t * s["K"], "sets": num_sets(t, self.smoke), "distinct_experts": distinct,
+               "tiles_used": used, "ideal_bytes": int(distinct * slab_bytes(s)), "copy_bytes": nbytes,
+               "tile_bytes": int(used * slab_bytes(s)),
+               "pair_bytes": t * s["K"] * slab_bytes(s),
+               "launch_up": str(self.gg.choose(self._tiles(s, t), s["E"], 2 * s["I"], mode="up")),
+               "launch_down": str(self.gg.choose(self._tiles(s, t), s["I"], s["E"], mode="down"))}
+        copy = copies.get(str(nbytes))
+        if copy:
+            row["copy_us"] = copy["ms"] * 1e3
+            row["copy_tb_per_s"] = copy["tb_per_s"]
+        return row
+
+    def _tiles(self, s, t, block_m=16):
+        srt = t >= self.gg.SORT_MIN_TOKENS
+        return self.gg.tiles.max_tiles(t * s["K"], s["X"], block_m) if srt else t * s["K"]
+
+    def section_refine(self):
+        """Neighbours of the defaults for the whole op (Qwen3-Next T=1 and T=128)."""
+        name = next(iter(self.shapes))
+        gu, dn = self.expert_weights(name)
+        variants = [({}, {}), (dict(programs_per_sm=4), {}), ({}, dict(programs_per_sm=4)), (dict(block_n=128), {}),
+                    ({}, dict(block_n=256)), (dict(num_warps=8), dict(num_warps=8)), (dict(block_k=32), {}),
+                    ({}, dict(block_k=128)), (dict(num_stages=4), dict(num_stages=4))]
+        out = []
+        for up, down in variants:
+            row = {"up": up, "down": down}
+            for t in (1, 128) if not self.smoke else (1, 12):
+                sets = self.token_sets(name, t)
+                if not self.measure(row, f"T{t}", self.tiled_fn(up=up, down=down), sets, (gu, dn)):
+                    self.skip(f"refine {up} {down} T{t}")
+            out.append(row)
+            log("refine", row)
+            self.put("refine", name, out)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "kernels_moe_h200.json"))
-    ap.add_argument("--budget-s", type=float, default=250.0)
-    ap.add_argument("--reserve-s", type=float, default=90.0, help="seconds the sweep leaves for the table")
-    ap.add_argument("--sweep", action="store_true", help="the launch-shape sweep that chose DEFAULTS")
-    ap.add_argument("--refine", action="store_true", help="neighbours of DEFAULTS, each kernel alone")
-    ap.add_argument("--smoke", action="store_true", help="CPU: tiny shapes, interpret mode, no copy")
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "moe.json"))
+    ap.add_argument("--budget-s", type=float, default=170.0, help="wall seconds for the whole run")
+    ap.add_argument("--quick", action="store_true", help=f"T in {QUICK_TOKENS}, main rows only")
+    ap.add_argument("--refine", action="store_true", help="launch-shape neighbours of DEFAULTS (after the table)")
+    ap.add_argument("--cpu-smoke", "--smoke", dest="cpu_smoke", action="store_true",
+                    help="CPU: tiny shapes, kernels in interpret mode, a JAX copy; checks the script, not speed")
     args = ap.parse_args()
 
-    copies = {}
-    if not args.smoke:
-        sizes = [1 << 31] + sorted({expert_bytes(s, t) for s in SHAPES.values() for t in TOKENS})
-        copies = copy_rates(sizes)
-        log("copy", copies)
+    shapes = SMOKE_SHAPES if args.cpu_smoke else SHAPES
+    tokens = SMOKE_TOKENS if args.cpu_smoke else QUICK_TOKENS if args.quick else TOKENS
+    sizes = sorted({copy_bytes(s, t, args.cpu_smoke) for s in shapes.values() for t in tokens})
+    copies, source = {}, "torch"
+    if not args.cpu_smoke:
+        copies = copy_rates_torch([1 << 31] + sizes)
+        log("copy (torch)", copies)
+    if args.cpu_smoke or "error" in copies:
+        torch_error = copies.get("error")
+        source = "jax"
+        copies = copy_rates_jax(sizes + ([] if args.cpu_smoke else [1 << 31]))
+        if torch_error:
+            copies["torch_error"] = torch_error
+        log("copy (jax)", copies)
     bn = Bench(args)
+    bn.res["copy_source"] = source
     bn.res["sections"]["copy"] = copies
-    if not args.smoke and "error" not in copies:
+    if str(1 << 31) in copies:
         bn.res["copy_ceiling_tb_per_s"] = copies[str(1 << 31)]["tb_per_s"]
-    from pallas_kernels.moe import gather_gemv as gg
-
-    bn.res["default_launch_shapes"] = {
-        f"{name}_T{t}": {"up": str(gg.choose(t * s["K"], s["E"], 2 * s["I"], mode="up")),
-                         "down": str(gg.choose(t * s["K"], s["I"], s["E"], mode="down"))}
-        for name, s in bn.shapes.items() for t in bn.tokens}
     bn.save()
     bn.section_correctness()
-    best = bn.section_sweep() if args.sweep else None
+    bn.section_table(copies)
     if args.refine:
         bn.section_refine()
-    bn.section_table(copies, best)
+    bn.res["wall_s"] = round(time.perf_counter() - T0, 1)
+    bn.save()
     log("done")
 
 
