@@ -17,10 +17,12 @@ In order of priority (the time budget skips the tail, and the JSON lists what it
 3. the table: Qwen3-Next (X=512, K=10, E=2048, I=512) and Qwen3-30B-A3B (X=128, K=8, E=2048,
    I=768) shapes, bf16, T in {1, 4, 8, 16, 32, 64, 128, 256, 512}, visited so that a budget cut
    loses the least (T = 1, 128, 16, 512, 32, 4, 256, 64, 8; both shapes at each). Main columns:
-   - `tiled`: `moe_gather_pallas` as SparseMoE runs it (tiles of 16, sorted from SORT_MIN_TOKENS on);
+   - `tiled`: `moe_gather_pallas` as SparseMoE runs it (tiles of 16; sorted by expert or one pair per
+     tile as `gather_gemv.sorts` decides: `default_plan` in the row says which);
    - `ragged`: XLA's grouped GEMM, the engine's own `SparseMoE._routed_grouped` (argsort + ragged_dot);
-   - `pairs` (T in {4, 8, 16}): the same kernels with one pair per tile, i.e. the per-pair kernel
-     they replaced (at T=1 that is what `tiled` runs); tunes SORT_MIN_TOKENS.
+   - at T in {4, 8, 16}, the plan `tiled` did not take: `pairs` (one pair per tile, i.e. the
+     per-pair kernel they replaced, which is what `tiled` runs at T=1) or `sorted`; tunes
+     SORT_MIN_LOAD.
    Then, with time left (not with --quick): `tiled_m32` / `tiled_m64` (tiles of 32 / 64 pairs) at
    T >= 128, `pairs` at T in {32, 64}, `plan` (the tile planning alone: sort, scans, scatters) at T in
    {4, 16, 128, 512}, and `xla_gather` (`reference.moe_gather`, what `_routed_gather` ran before the
@@ -199,7 +201,7 @@ class Bench:
                      "same; pair_bytes: T*K x the same",
             "fraction": "(ideal_bytes / time) / (2 x bytes / time of a device copy of the same bytes)",
             "gather_max_tokens": mlp.GATHER_MAX_TOKENS,
-            "sort_min_tokens": gg.SORT_MIN_TOKENS,
+            "sort_min_load": gg.SORT_MIN_LOAD,
             "skipped": [],
             "sections": {},
         }
@@ -258,7 +260,7 @@ class Bench:
             up_cfg = down_cfg = None
             if up or down:  # launch-shape overrides: `choose` needs the plan's tile count
                 t, k = experts.shape
-                srt = t >= gg.SORT_MIN_TOKENS if sort is None else sort
+                srt = gg.sorts(t, k, gate_up.shape[0]) if sort is None else sort
                 nt = gg.tiles.max_tiles(t * k, gate_up.shape[0], block_m) if srt else t * k
                 up_cfg = gg.choose(nt, x.shape[1], gate_up.shape[2], mode="up", **(up or {}))
                 down_cfg = gg.choose(nt, down_w.shape[1], down_w.shape[2], mode="down", **(down or {}))
@@ -391,8 +393,9 @@ class Bench:
             for name in self.shapes:
                 main.append((name, t, "tiled", self.tiled_fn()))
                 main.append((name, t, "ragged", self.ragged_fn))
-                if t in PAIRS_T or (self.smoke and t > 1):
-                    main.append((name, t, "pairs", self.tiled_fn(sort=False)))
+                if t in PAIRS_T or (self.smoke and t > 1):  # the plan the default did not take
+                    srt = not self.gg.sorts(t, self.shapes[name]["K"], self.shapes[name]["X"])
+                    main.append((name, t, "sorted" if srt else "pairs", self.tiled_fn(sort=srt)))
                 if t >= EXTRA_BLOCK_M_MIN_T or (self.smoke and t > 1):
                     extra += [(name, t, f"tiled_m{bm}", self.tiled_fn(block_m=bm)) for bm in EXTRA_BLOCK_M]
                 if t in EXTRA_PAIRS_T:
@@ -418,7 +421,7 @@ class Bench:
                 row[f"{key}_tb_per_s"] = rate / 1e12
                 if "copy_tb_per_s" in row:
                     row[f"{key}_frac_of_copy"] = rate / (row["copy_tb_per_s"] * 1e12)
-            for other in ("ragged", "pairs"):
+            for other in ("ragged", "pairs", "sorted"):
                 if "tiled_us" in row and f"{other}_us" in row:
                     row[f"speedup_tiled_vs_{other}"] = row[f"{other}_us"] / row["tiled_us"]
             self.put("table", f"{name}_T{t}", row)
@@ -429,12 +432,14 @@ class Bench:
         s = self.shapes[name]
         distinct, used = routing_stats(s, t, self.smoke)
         nbytes = copy_bytes(s, t, self.smoke)
-        row = {"T": t, "pairs": t * s["K"], "sets": num_sets(t, self.smoke), "distinct_experts": distinct,
-               "tiles_used": used, "ideal_bytes": int(distinct * slab_bytes(s)), "copy_bytes": nbytes,
-               "tile_bytes": int(used * slab_bytes(s)),
-               "pair_bytes": t * s["K"] * slab_bytes(s),
-               "launch_up": str(self.gg.choose(self._tiles(s, t), s["E"], 2 * s["I"], mode="up")),
-               "launch_down": str(self.gg.choose(self._tiles(s, t), s["I"], s["E"], mode="down"))}
+        tiles, slab = self._tiles(s, t), slab_bytes(s)
+        plan = "sorted" if self.gg.sorts(t, s["K"], s["X"]) else "pairs"
+        row = {"T": t, "num_pairs": t * s["K"], "default_plan": plan,
+               "sets": num_sets(t, self.smoke), "distinct_experts": distinct, "tiles_used": used,
+               "ideal_bytes": int(distinct * slab), "copy_bytes": nbytes, "tile_bytes": int(used * slab),
+               "pair_bytes": t * s["K"] * slab, "num_tiles": tiles,
+               "launch_up": str(self.gg.choose(tiles, s["E"], 2 * s["I"], mode="up")),
+               "launch_down": str(self.gg.choose(tiles, s["I"], s["E"], mode="down"))}
         copy = copies.get(str(nbytes))
         if copy:
             row["copy_us"] = copy["ms"] * 1e3
@@ -442,7 +447,7 @@ class Bench:
         return row
 
     def _tiles(self, s, t, block_m=16):
-        srt = t >= self.gg.SORT_MIN_TOKENS
+        srt = self.gg.sorts(t, s["K"], s["X"])
         return self.gg.tiles.max_tiles(t * s["K"], s["X"], block_m) if srt else t * s["K"]
 
     def section_refine(self):

@@ -18,10 +18,10 @@ kernel's prologue sums the up kernel's partials of its pairs and applies silu(ga
 so h never makes a round trip of its own; the last jnp fusion sums the down partials and weights
 the K experts of each token.
 
-With one pair per tile (`tiles.pair_tiles`, used for a single token, whose top-k experts are
-distinct) this is the per-pair kernel it replaced: one program per (pair, split, column tile), the
-pair's vector in row 0 of a 16-row operand. With sorted tiles (several tokens) an expert shared by
-n pairs is read ceil(n / M) times instead of n times.
+With one pair per tile (`tiles.pair_tiles`: one token, or too few pairs per expert for repeats to
+matter, see `sorts`) this runs the schedule of the per-pair kernel it replaced: one program per
+(pair, split, column tile), the pair's vector in row 0 of a 16-row operand, the same weight
+reads. With sorted tiles an expert shared by n pairs is read ceil(n / M) times instead of n times.
 
 Rounding follows `reference.moe_gather`: the gate_up product, silu(gate) * up and the down product
 are rounded to the activation dtype, as the XLA path rounds them. Rows of a tile never mix (a row of
@@ -55,11 +55,12 @@ from pallas_kernels.moe import tiles
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 MMA_ROWS = 16  # the smallest tensor-core tile height: a tile of 16 pairs costs what one pair did
-# Tiles from this many tokens on are planned by sorting pairs by expert. One token's top-k experts
-# are distinct, so its plan is one pair per tile, which needs no device work. Between 2 and ~8
-# tokens the sort (a few small XLA kernels) may cost about what it saves; bench/kernels/moe.py times
-# both plans at every T (`pallas_pairs_us`, `pallas_tiled_us`) to tune this.
-SORT_MIN_TOKENS = 2
+# Pairs per expert (T*K / X) from which tiles are planned by sorting pairs by expert. Below it the
+# plan is one pair per tile, which needs no device work and has the schedule of the per-pair
+# kernel measured before; at T*K = X/4 random routing repeats ~12% of pairs, and the sort (a few
+# small XLA kernels) should cost less than that saves. An initial value: bench/kernels/moe.py
+# times both plans at T in {4, 8, 16} to tune it.
+SORT_MIN_LOAD = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,19 +204,25 @@ def gathered_gemv(tile_expert, tile_pairs, src, w, *, mode: str, cfg: Config, to
     )(tile_expert, tile_pairs, src, w)
 
 
+def sorts(tokens: int, top_k: int, num_experts: int) -> bool:
+    """Whether the default plan sorts: from SORT_MIN_LOAD pairs per expert on, and never for one
+    token (whose top-k experts are distinct, so sorting finds nothing to share)."""
+    return tokens > 1 and tokens * top_k >= SORT_MIN_LOAD * num_experts
+
+
 def plan(experts, num_experts: int, *, block_m: int = MMA_ROWS, sort: bool | None = None):
-    """The tile plan of `experts` `[T, K]`: sorted by expert from SORT_MIN_TOKENS tokens on (or
-    when `sort` says so), else one pair per tile."""
+    """The tile plan of `experts` `[T, K]`: sorted by expert when `sort` (None: `sorts`) says so,
+    else one pair per tile."""
     if sort is None:
-        sort = experts.shape[0] >= SORT_MIN_TOKENS
+        sort = sorts(*experts.shape, num_experts)
     flat = experts.reshape(-1).astype(jnp.int32)
     return tiles.sorted_tiles(flat, num_experts, block_m) if sort else tiles.pair_tiles(flat, block_m)
 
 
 def moe_gather_pallas(x, experts, weights, gate_up, down, *, block_m: int = MMA_ROWS, sort: bool | None = None,
                       up_cfg: Config | None = None, down_cfg: Config | None = None, interpret: bool = False):
-    """Same contract as `reference.moe_gather`. block_m: pairs per tile; sort: the plan (None: by
-    SORT_MIN_TOKENS); up_cfg / down_cfg: launch shapes (None: `choose` for the plan's tile count)."""
+    """Same contract as `reference.moe_gather`. block_m: pairs per tile; sort: the plan (None:
+    `sorts`); up_cfg / down_cfg: launch shapes (None: `choose` for the plan's tile count)."""
     t, e = x.shape
     k = experts.shape[1]
     inter = down.shape[1]
