@@ -129,7 +129,8 @@ def gdn_commit(state_pool, conv_pool, conv_scratch, replay, slots, path, accepte
 
 
 def moe_gather(x, experts, weights, gate_up, down):
-    """Routed experts of a few tokens: each (token, k) pair streams its expert's weights once.
+    """Routed experts of decode / verify batches: the expert-tiled gather kernels read each routed
+    expert about once per tile of up to 16 of its (token, k) pairs.
     x [T, E], experts / weights [T, K], gate_up [X, E, 2I], down [X, I, E] -> [T, E]."""
     fn, kw = _pick("moe", "moe_gather", moe_ref.moe_gather)
     return fn(x, experts, weights, gate_up, down, **kw)
