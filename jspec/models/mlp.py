@@ -40,14 +40,14 @@ class Experts(nnx.Module):
 
 
 # Token counts up to which SparseMoE runs the expert-tiled gather kernels (`ops.moe_gather`) rather
-# than the grouped GEMM (`ragged_dot`). XLA lowers ragged_dot poorly on the GPU at decode and verify
-# sizes (a batch-32 verify step of Qwen3-Next, 128 tokens, was slower than plain decode), while the
-# tiled kernels read each routed expert about once per 16 of its pairs. 256 covers verify steps up to
-# batch 32 x 8 draft tokens and leaves prefill chunks to the grouped GEMM, which uses the tensor cores
-# fully once every expert has many rows; an initial value, to be tuned from bench/kernels/moe.py
-# (tiled kernel against ragged_dot at T up to 512). A static Python int: each token bucket compiles
-# one path.
-GATHER_MAX_TOKENS = 256
+# than the grouped GEMM (`ragged_dot`). H100, bf16 (bench/results/kernels_moe_h100.json), tiled
+# against ragged_dot: Qwen3-Next T=1 62 vs 257 us, T=128 1.09 vs 7.29 ms, T=512 1.35 vs 28.5 ms;
+# Qwen3-30B-A3B T=1 67 vs 54 us, T=4 equal, T=128 0.49 vs 1.80 ms, T=512 0.75 vs 7.23 ms. XLA's
+# ragged_dot time grows about linearly with T (it computes far more than the routed rows), the tiled
+# kernels' sublinearly (each expert is read once per tile of 16 of its pairs), so the kernels take
+# every step up to 8192 tokens, a usual largest prefill chunk. Measured only up to T=512: from there
+# to 8192 this extrapolates both trends. A static Python int: each token bucket compiles one path.
+GATHER_MAX_TOKENS = 8192
 
 
 def _grouped_matmul(x, w, group_sizes):
