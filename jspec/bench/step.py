@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.errors import ConfigError
 from jspec.runtime.model_runner import ModelRunner
 from jspec.runtime.request import Request
 from jspec.runtime.sampling_params import SamplingParams
@@ -135,6 +136,23 @@ def bytes_per_step(cfg, model, batch: int, context: int) -> dict:
     return {"weights": float(weights), "kv": float(kv), "gdn_state": float(gdn), "total": float(weights + kv + gdn)}
 
 
+def check_fits(model, kv_tokens: int, points) -> None:
+    """Refuse a grid whose KV pool cannot sit beside the weights, before allocating anything
+    (an allocation that fails on the GPU can stall in the allocator's retries instead of failing)."""
+    cfg = model.config
+    attn_layers = len(cfg.attention_layer_ids)
+    kv_bytes = kv_tokens * attn_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * jnp.dtype(model.dtype).itemsize
+    weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
+    stats = jax.devices()[0].memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    if limit and weight_bytes + kv_bytes > 0.9 * limit:
+        worst = max(points, key=lambda p: p[0] * p[1])
+        raise ConfigError(
+            f"bench step: the KV pool for batch x context up to {worst[0]} x {worst[1]} needs "
+            f"{kv_bytes / 2**30:.1f} GiB beside {weight_bytes / 2**30:.1f} GiB of weights, more than 90% of the "
+            f"device's {limit / 2**30:.1f} GiB; use smaller --batch-sizes / --context-lens")
+
+
 def roofline(model, points: list[tuple[int, int]], *, copy_bps: float, page_size: int = 16,
              profile_dir: str | None = None, iters: int = 20, reps: int = 5) -> list[dict]:
     """One record per (batch, context): ms/step, bytes, floor, fraction of the copy rate."""
@@ -142,6 +160,7 @@ def roofline(model, points: list[tuple[int, int]], *, copy_bps: float, page_size
     max_b = max(b for b, _ in points)
     pages_per_seq = -(-max(c for _, c in points) // page_size)
     need_pages = max(b * -(-c // page_size) for b, c in points) + 1
+    check_fits(model, need_pages * page_size, points)
     runner = ModelRunner(model, page_size=page_size, num_pages=need_pages, num_slots=max_b + 1,
                          pages_per_seq=pages_per_seq, decode_batch_sizes=sorted({b for b, _ in points}),
                          extend_token_sizes=[], max_extend_requests=1, progress=False)
