@@ -189,7 +189,7 @@ class Bench:
         self.deadline = T0 + args.budget_s
         self.smoke = args.cpu_smoke
         self.shapes = SMOKE_SHAPES if self.smoke else SHAPES
-        self.tokens = SMOKE_TOKENS if self.smoke else QUICK_TOKENS if args.quick else TOKENS
+        self.tokens = SMOKE_TOKENS if self.smoke else args.tokens or (QUICK_TOKENS if args.quick else TOKENS)
         from jspec.models import mlp
 
         dev = jax.devices()[0]
@@ -255,7 +255,7 @@ class Bench:
 
     # ------------------------------------------------------------------------- paths
 
-    def tiled_fn(self, *, block_m=16, sort=None, up=None, down=None):
+    def tiled_fn(self, *, block_m=16, sort=None, up=None, down=None, single_row=True):
         gg = self.gg
 
         def fn(x, experts, weights, gate_up, down_w):
@@ -267,7 +267,8 @@ class Bench:
                 up_cfg = gg.choose(nt, x.shape[1], gate_up.shape[2], mode="up", **(up or {}))
                 down_cfg = gg.choose(nt, down_w.shape[1], down_w.shape[2], mode="down", **(down or {}))
             return gg.moe_gather_pallas(x, experts, weights, gate_up, down_w, block_m=block_m, sort=sort,
-                                        up_cfg=up_cfg, down_cfg=down_cfg, interpret=self.smoke)
+                                        up_cfg=up_cfg, down_cfg=down_cfg, interpret=self.smoke,
+                                        single_row=single_row)
 
         return fn
 
@@ -395,6 +396,9 @@ class Bench:
             for name in self.shapes:
                 main.append((name, t, "tiled", self.tiled_fn()))
                 main.append((name, t, "ragged", self.ragged_fn))
+                if not self.gg.sorts(t, self.shapes[name]["K"], self.shapes[name]["X"]):
+                    # One pair per tile: the single-vector load against the generic masked row gather.
+                    main.append((name, t, "masked_rows", self.tiled_fn(single_row=False)))
                 if t in PAIRS_T or (self.smoke and t > 1):  # the plan the default did not take
                     srt = not self.gg.sorts(t, self.shapes[name]["K"], self.shapes[name]["X"])
                     main.append((name, t, "sorted" if srt else "pairs", self.tiled_fn(sort=srt)))
@@ -479,10 +483,12 @@ def main():
     ap.add_argument("--refine", action="store_true", help="launch-shape neighbours of DEFAULTS (after the table)")
     ap.add_argument("--cpu-smoke", "--smoke", dest="cpu_smoke", action="store_true",
                     help="CPU: tiny shapes, kernels in interpret mode, a JAX copy; checks the script, not speed")
+    ap.add_argument("--tokens", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
+                    help="T values to visit, in this order (default: all, or --quick's)")
     args = ap.parse_args()
 
     shapes = SMOKE_SHAPES if args.cpu_smoke else SHAPES
-    tokens = SMOKE_TOKENS if args.cpu_smoke else QUICK_TOKENS if args.quick else TOKENS
+    tokens = SMOKE_TOKENS if args.cpu_smoke else args.tokens or (QUICK_TOKENS if args.quick else TOKENS)
     sizes = sorted({copy_bytes(s, t, args.cpu_smoke) for s in shapes.values() for t in tokens})
     copies, source = {}, "torch"
     if not args.cpu_smoke:

@@ -128,7 +128,7 @@ def choose(num_tiles: int, k_dim: int, n_dim: int, *, mode: str = "up", block_n=
 
 
 def _kernel(tile_expert_ref, tile_pairs_ref, src_ref, w_ref, o_ref, *, mode: str, cfg: Config, top_k: int,
-            inter: int, exact_f32: bool):
+            inter: int, exact_f32: bool, single: bool):
     tile, s, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     e = tile_expert_ref[tile]
 
@@ -138,6 +138,10 @@ def _kernel(tile_expert_ref, tile_pairs_ref, src_ref, w_ref, o_ref, *, mode: str
         block_k, block_n = cfg.block_k, cfg.block_n
         chunk = w_ref.shape[1] // cfg.splits
         dtype = w_ref.dtype
+        if single:
+            _single_pair(tile, e, s, j, src_ref, w_ref, o_ref, mode=mode, cfg=cfg, top_k=top_k, inter=inter,
+                         exact_f32=exact_f32, block_m=block_m, chunk=chunk)
+            return
         pairs = tile_pairs_ref[tile, pl.ds(0, block_m)]
         live = pairs >= 0
         # Padding rows index one past the last pair: their loads and stores are masked on the GPU,
@@ -174,13 +178,44 @@ def _kernel(tile_expert_ref, tile_pairs_ref, src_ref, w_ref, o_ref, *, mode: str
         plt.store(o_ref.at[s, pair, cols], acc, mask=jnp.broadcast_to(live[:, None], (block_m, block_n)))
 
 
+def _single_pair(p, e, s, j, src_ref, w_ref, o_ref, *, mode, cfg, top_k, inter, exact_f32, block_m, chunk):
+    """A one-pair-per-tile plan (tile p = pair p): load the pair's input as one [BK] vector and put
+    it in row 0 of the MMA operand, instead of a masked 16-row gather whose 15 dead rows still cost
+    address arithmetic and load instructions in every step. Same products, same rounding."""
+    block_k, block_n = cfg.block_k, cfg.block_n
+    dtype = w_ref.dtype
+    first_row = (jnp.arange(block_m, dtype=jnp.int32) == 0)[:, None]
+    precision = jax.lax.Precision.HIGHEST if exact_f32 else None
+
+    def vector(k0):
+        rows = pl.ds(k0, block_k)
+        if mode == "up":
+            return src_ref[p // top_k, rows].astype(dtype)
+        gate = sum(src_ref[i, p, rows] for i in range(src_ref.shape[0]))
+        up = sum(src_ref[i, p, pl.ds(inter + k0, block_k)] for i in range(src_ref.shape[0]))
+        gate = gate.astype(dtype).astype(jnp.float32)
+        up = up.astype(dtype).astype(jnp.float32)
+        return (gate / (1.0 + jnp.exp(-gate)) * up).astype(dtype)
+
+    def step(i, acc):
+        k0 = s * chunk + i * block_k
+        a = jnp.where(first_row, jnp.broadcast_to(vector(k0)[None, :], (block_m, block_k)), jnp.zeros((), dtype))
+        w = w_ref[e, pl.ds(k0, block_k), pl.ds(j * block_n, block_n)]
+        return acc + jax.lax.dot_general(a, w, (((1,), (0,)), ((), ())), precision=precision,
+                                         preferred_element_type=jnp.float32)
+
+    acc = jax.lax.fori_loop(0, chunk // block_k, step, jnp.zeros((block_m, block_n), jnp.float32))
+    o_ref[s, p, pl.ds(j * block_n, block_n)] = jnp.sum(acc, axis=0)  # rows 1.. are zeros
+
+
 def gathered_gemv(tile_expert, tile_pairs, src, w, *, mode: str, cfg: Config, top_k: int,
-                  interpret: bool = False):
+                  interpret: bool = False, single: bool = False):
     """Partial sums `[S, P, N]` float32 of each pair's vector times its expert's `w[e]` `[Kd, N]`,
     over the tiles of a plan (`tiles.py`).
 
     mode "up": src is x `[T, E]`, pair p reads row p // top_k. mode "down": src is the up kernel's
-    partials `[S', P, 2I]`, from which the kernel forms silu(gate) * up."""
+    partials `[S', P, 2I]`, from which the kernel forms silu(gate) * up. single: the plan is one pair
+    per tile in pair order (`tiles.pair_tiles`), so tile p serves pair p alone."""
     pairs = src.shape[0] * top_k if mode == "up" else src.shape[1]
     num_tiles, block_m = tile_pairs.shape
     _, k_dim, n_dim = w.shape
@@ -189,7 +224,7 @@ def gathered_gemv(tile_expert, tile_pairs, src, w, *, mode: str, cfg: Config, to
     if not interpret and (block_m < MMA_ROWS or block_m & (block_m - 1)):
         raise ValueError(f"block_m={block_m}: Triton's dot wants a power of two >= {MMA_ROWS}")
     kernel = functools.partial(_kernel, mode=mode, cfg=cfg, top_k=top_k, inter=k_dim if mode == "down" else 0,
-                               exact_f32=jnp.dtype(w.dtype) == jnp.float32)
+                               exact_f32=jnp.dtype(w.dtype) == jnp.float32, single=single)
     params = {}
     if not interpret:
         params["compiler_params"] = plt.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -221,18 +256,26 @@ def plan(experts, num_experts: int, *, block_m: int = MMA_ROWS, sort: bool | Non
 
 
 def moe_gather_pallas(x, experts, weights, gate_up, down, *, block_m: int = MMA_ROWS, sort: bool | None = None,
-                      up_cfg: Config | None = None, down_cfg: Config | None = None, interpret: bool = False):
+                      up_cfg: Config | None = None, down_cfg: Config | None = None, interpret: bool = False,
+                      single_row: bool = True):
     """Same contract as `reference.moe_gather`. block_m: pairs per tile; sort: the plan (None:
-    `sorts`); up_cfg / down_cfg: launch shapes (None: `choose` for the plan's tile count)."""
+    `sorts`); up_cfg / down_cfg: launch shapes (None: `choose` for the plan's tile count);
+    single_row: with one pair per tile, load each pair's input as one vector (False: the generic
+    masked row gather, kept for measuring the two against each other)."""
     t, e = x.shape
     k = experts.shape[1]
     inter = down.shape[1]
+    if sort is None:
+        sort = sorts(t, k, gate_up.shape[0])
     tile_expert, tile_pairs = plan(experts, gate_up.shape[0], block_m=block_m, sort=sort)
     num_tiles = tile_expert.shape[0]
+    single = not sort and single_row
     up_cfg = up_cfg or choose(num_tiles, e, 2 * inter, mode="up")
     down_cfg = down_cfg or choose(num_tiles, inter, e, mode="down")
-    gu = gathered_gemv(tile_expert, tile_pairs, x, gate_up, mode="up", cfg=up_cfg, top_k=k, interpret=interpret)
-    y = gathered_gemv(tile_expert, tile_pairs, gu, down, mode="down", cfg=down_cfg, top_k=k, interpret=interpret)
+    gu = gathered_gemv(tile_expert, tile_pairs, x, gate_up, mode="up", cfg=up_cfg, top_k=k, interpret=interpret,
+                       single=single)
+    y = gathered_gemv(tile_expert, tile_pairs, gu, down, mode="down", cfg=down_cfg, top_k=k, interpret=interpret,
+                      single=single)
     y = jnp.sum(y, axis=0).astype(x.dtype).reshape(t, k, e).astype(jnp.float32)
     return jnp.sum(y * weights[:, :, None].astype(jnp.float32), axis=1).astype(x.dtype)
 

@@ -14,7 +14,7 @@ import pytest
 from pallas_kernels import moe
 from pallas_kernels.moe import reference as ref
 from pallas_kernels.moe import tiles
-from pallas_kernels.moe.gather_gemv import choose
+from pallas_kernels.moe.gather_gemv import choose, moe_gather_pallas
 
 X, E, I = 40, 64, 48  # I = 48: the down kernel's contracted size is not a power of two
 SKEWED = 3  # the expert every token's first slot takes in the "skewed" routing
@@ -89,6 +89,17 @@ PARAMS = [pytest.param(*c, d, id=f"{c[0]}-T{c[1]}-m{c[3]}-{c[4]}-{n}") for c in 
 def test_matches_reference(kind, t, k, block_m, sort, splits, dtype):
     args = make_case(100 * t + k, t, k, dtype, kind)
     assert_matches(kernel_fn(t, k, block_m, sort, splits)(*args), jax.jit(ref.moe_gather)(*args), dtype)
+
+
+@pytest.mark.parametrize("t,k", [(1, 4), (5, 2)])
+def test_pair_plan_masked_row_gather(t, k):
+    # With one pair per tile the kernels load each pair's input as one vector (tested above); the
+    # generic masked row gather, kept to measure the two, must give the same result.
+    args = make_case(7 * t + k, t, k, jnp.float32, "distinct")
+    got = jax.jit(functools.partial(moe_gather_pallas, interpret=True, sort=False, single_row=False,
+                                    up_cfg=choose(t * k, E, 2 * I, mode="up", splits=2, **UP),
+                                    down_cfg=choose(t * k, I, E, mode="down", splits=3, **DOWN)))(*args)
+    assert_matches(got, jax.jit(ref.moe_gather)(*args), jnp.float32)
 
 
 def test_default_launch_shapes():
