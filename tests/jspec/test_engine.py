@@ -1,6 +1,7 @@
-"""Engine end to end on CPU: greedy parity with transformers, sampling reproducibility, stop
-conditions, streaming, logprobs, errors, zero recompilation, and a stress run with retraction and
-aborts that must leave no page or slot behind."""
+"""Engine end to end on CPU: sampling reproducibility, stop conditions, streaming, logprobs, errors,
+no implicit transfers in the loop, zero recompilation, and a stress run with retraction and aborts
+that must leave no page or slot behind. Greedy parity with transformers: test_engine_parity.py (a
+second file, so that `-n 2 --dist loadfile` runs the two side by side)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,14 @@ import time
 import jax
 import numpy as np
 import pytest
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import tiny_models as tm  # noqa: E402
 from compile_checks import compilations  # noqa: E402
+from engine_checks import SMALL, check_no_leaks  # noqa: E402
 
 from jspec import Engine  # noqa: E402
 from jspec.errors import ConfigError, InvalidRequestError  # noqa: E402
-
-SMALL = dict(dtype="float32", cuda_graph_bs=[1, 2, 4], max_running_requests=4, show_progress=False,
-             compilation_cache_dir="none")
 
 
 def add_word_tokenizer(d: str) -> None:
@@ -37,12 +35,6 @@ def add_word_tokenizer(d: str) -> None:
     tok.save(os.path.join(d, "tokenizer.json"))
 
 
-def hf_greedy(hf, prompt, n):
-    out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                      pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    return out[0, len(prompt):].tolist()
-
-
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("eng_qwen3"))
@@ -53,43 +45,14 @@ def qwen3_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(qwen3_dir):
-    eng = Engine(qwen3_dir[0], page_size=4, chunked_prefill_size=16, context_length=128, **SMALL)
+    """The module's engine. Its loop runs under jax.transfer_guard("disallow"), so every test that
+    uses it also checks that serving its requests (sampling with top-k / top-p, penalties, stops,
+    streaming, logprobs, refused requests) makes no implicit device-host transfer: such a transfer
+    would raise in the loop and fail the request (test_loop_makes_no_implicit_transfers)."""
+    eng = Engine(qwen3_dir[0], page_size=4, chunked_prefill_size=16, context_length=128, transfer_guard="disallow",
+                 **SMALL)
     yield eng
     eng.shutdown()
-
-
-def check_no_leaks(eng):
-    assert eng.wait_idle(30)
-    eng.pages.check_all_free()
-    eng.slots.check_all_free()
-    info = eng.get_server_info()
-    assert info["num_free_pages"] == info["num_total_pages"]
-    assert info["num_running_requests"] == 0 and info["num_waiting_requests"] == 0
-
-
-# --------------------------------------------------------------------------- greedy parity
-PARITY = [("llama", 1, False), ("qwen3", 16, False), ("qwen3_moe", 16, True), ("qwen3_next", 1, False),
-          ("qwen3_next", 16, True)]
-
-
-@pytest.mark.parametrize("arch,page_size,mixed", PARITY)
-def test_greedy_matches_transformers(tmp_path, arch, page_size, mixed):
-    d = str(tmp_path / arch)
-    hf = tm.build(arch, d, seed=30 + page_size)
-    prompts = [tm.random_ids(n, seed=n) for n in (5, 23, 11, 2, 17, 8)]
-    eng = Engine(d, page_size=page_size, chunked_prefill_size=8, context_length=64, disable_top_k_top_p=True,
-                 disable_overlap_schedule=(page_size == 1), enable_mixed_chunk=mixed, **SMALL)
-    try:
-        outs = eng.generate(input_ids=prompts, sampling_params={"max_new_tokens": 10, "temperature": 0,
-                                                                "ignore_eos": True})
-        for p, o in zip(prompts, outs):
-            assert o["output_ids"] == hf_greedy(hf, p, 10), (arch, page_size, p)
-            assert o["meta_info"]["finish_reason"] == {"type": "length", "length": 10}
-            assert o["meta_info"]["prompt_tokens"] == len(p) and o["meta_info"]["completion_tokens"] == 10
-        assert (eng.scheduler.num_mixed_decode_rows > 0) == mixed
-        check_no_leaks(eng)
-    finally:
-        eng.shutdown()
 
 
 # --------------------------------------------------------------------------- sampling
@@ -225,8 +188,10 @@ def test_zero_recompilation_after_warmup(engine):
 # --------------------------------------------------------------------------- stress
 def test_stress_retraction_and_aborts(qwen3_dir):
     """A few hundred requests, random lengths, random aborts, a pool small enough to retract."""
+    # Its requests sample greedily or at temperature 1, never with top-k / top-p: the engine compiles
+    # no sort variant it would not run (disable_top_k_top_p, CI time).
     eng = Engine(qwen3_dir[0], page_size=4, chunked_prefill_size=16, context_length=64, max_total_tokens=96,
-                 **SMALL)
+                 disable_top_k_top_p=True, **SMALL)
     try:
         rng = random.Random(1)
         results, threads = {}, []
@@ -258,19 +223,15 @@ def test_stress_retraction_and_aborts(qwen3_dir):
         eng.shutdown()
 
 
-def test_loop_makes_no_implicit_transfers(qwen3_dir):
-    """Under jax.transfer_guard("disallow") in the loop thread, only the explicit per-step input
-    device_put and output device_get are allowed: a hidden host sync would raise and fail requests."""
-    eng = Engine(qwen3_dir[0], page_size=4, chunked_prefill_size=16, context_length=128, transfer_guard="disallow",
-                 **SMALL)
-    try:
-        outs = eng.generate(input_ids=[tm.random_ids(n, seed=n) for n in (3, 20, 9)],
-                            sampling_params={"max_new_tokens": 6, "temperature": 0.8, "top_p": 0.9,
-                                             "ignore_eos": True})
-        assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)
-        assert eng.get_server_info()["last_error"] is None
-    finally:
-        eng.shutdown()
+def test_loop_makes_no_implicit_transfers(engine):
+    """Under jax.transfer_guard("disallow") in the loop thread (the module's engine runs under it),
+    only the explicit per-step input device_put and output device_get are allowed: a hidden host
+    sync would raise and fail requests."""
+    outs = engine.generate(input_ids=[tm.random_ids(n, seed=n) for n in (3, 20, 9)],
+                           sampling_params={"max_new_tokens": 6, "temperature": 0.8, "top_p": 0.9,
+                                            "ignore_eos": True})
+    assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)
+    assert engine.get_server_info()["last_error"] is None
     # The guard is live: the same kind of implicit transfer does raise under it.
     with jax.transfer_guard("disallow"):
         with pytest.raises(Exception):
