@@ -35,8 +35,9 @@ def environment() -> dict:
         "num_devices": jax.device_count(),
         "jax_version": jax.__version__,
         "python": sys.version.split()[0],
-        "commit": _git("rev-parse", "HEAD") or "unknown",
-        "commit_dirty": None if status is None else bool(status),
+        # $JSPEC_COMMIT names the tree when it was copied to a machine without (or with a stale) .git.
+        "commit": os.environ.get("JSPEC_COMMIT") or _git("rev-parse", "HEAD") or "unknown",
+        "commit_dirty": None if status is None or os.environ.get("JSPEC_COMMIT") else bool(status),
     }
 
 

@@ -56,12 +56,12 @@ from pallas_kernels.moe import tiles
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 MMA_ROWS = 16  # the smallest tensor-core tile height: a tile of 16 pairs costs what one pair did
 # Pairs per expert (T*K / X) from which tiles are planned by sorting pairs by expert. Below it the
-# plan is one pair per tile, which needs no device work. H100 (bench/results/kernels_moe_h100.json),
-# sorted against one pair per tile: Qwen3-30B-A3B T=4 (load 0.25) 129 vs 118 us, T=8 (0.5) 203 vs
-# 205 us, T=16 (1.0) 309 vs 355 us; Qwen3-Next T=8 (0.16) 198 vs 187 us, T=16 (0.31) 342 vs 342 us,
-# T=32 (0.63) 556 vs 635 us. The sort (25-80 us of small XLA kernels) pays from about half a pair
-# per expert on.
-SORT_MIN_LOAD = 0.5
+# plan is one pair per tile, which needs no device work and loads each pair's input as one vector.
+# H200 (bench/results/kernels_moe_h200_pairs_t1-8.json, _t16-64.json), one pair per tile against
+# sorted tiles: Qwen3-Next T=8 (load 0.16) 126 vs 170 us, T=16 (0.31) 239 vs 302 us, T=64 (1.25)
+# 767 vs 677 us; Qwen3-30B-A3B T=8 (0.5) 143 vs 177 us, T=16 (1.0) 239 vs 269 us, T=32 (2.0) 407 vs
+# 357 us. The sort (about 26 us of small XLA kernels) pays from above one pair per expert.
+SORT_MIN_LOAD = 1.25
 
 
 @dataclasses.dataclass(frozen=True)
