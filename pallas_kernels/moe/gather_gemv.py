@@ -20,8 +20,10 @@ the K experts of each token.
 
 With one pair per tile (`tiles.pair_tiles`: one token, or too few pairs per expert for repeats to
 matter, see `sorts`) this runs the schedule of the per-pair kernel it replaced: one program per
-(pair, split, column tile), the pair's vector in row 0 of a 16-row operand, the same weight
-reads. With sorted tiles an expert shared by n pairs is read ceil(n / M) times instead of n times.
+(pair, split, column tile), the pair's input loaded as one vector into row 0 of a 16-row operand,
+the same weight reads. (The generic masked 16-row gather, `single_row=False`, took 59 us against
+31 us at Qwen3-Next T=1 on the H200.) With sorted tiles an expert shared by n pairs is read
+ceil(n / M) times instead of n times.
 
 Rounding follows `reference.moe_gather`: the gate_up product, silu(gate) * up and the down product
 are rounded to the activation dtype, as the XLA path rounds them. Rows of a tile never mix (a row of
@@ -29,11 +31,12 @@ a matrix product depends only on its own row of the operand), so each pair's res
 exactly as when it was alone. On the H200 (bf16) the per-pair kernel was 0.007 (relative L2) from
 XLA's result and 0.004 from a float32 oracle, against XLA's own 0.006.
 
-Measured (H200, jax 0.11.2, bf16, bench/kernels/moe.py, rotated random routing, weights far above
-L2), for the per-pair kernel this generalises: Qwen3-Next shapes (X=512, K=10, E=2048, I=512) T=1
-28.5 us against XLA's gather fusion 123 us (0.64 vs 0.15 of the rate of a device copy of the same
-63 MB); T=4 72.6 vs 481 us. Qwen3-30B-A3B shapes T=1 34.3 vs 150 us, T=4 78.6 vs 543 us. Figures of
-the tiled kernel (T up to 512, against XLA's ragged_dot) are pending a GPU run of the benchmark.
+Measured (jax 0.11.2, bf16, bench/kernels/moe.py, rotated random routing, weights far above L2;
+bench/results/kernels_moe_h100.json, kernels_moe_h200_pairs_*.json): Qwen3-Next shapes (X=512,
+K=10, E=2048, I=512) on the H200: T=1 30.8 us (0.59 of the rate of a copy of the same bytes), T=8
+126 us, T=64 677 us; on the H100 against XLA's ragged_dot: T=128 1.09 vs 7.29 ms (0.91 of copy),
+T=512 1.35 vs 28.5 ms. Qwen3-30B-A3B shapes (X=128, K=8, I=768): H200 T=1 34.7 us; H100 T=128 0.49
+vs 1.80 ms.
 
 Lowering: Triton (compiler params select it on jax >= 0.11), so the same kernel runs in interpret
 mode on the CPU. Every operand is a whole array in global memory and indexed by the kernel,
