@@ -1,11 +1,14 @@
-"""Shared set-up of the EAGLE-family engine tests: tiny targets, drafters in their published
-formats (random ones, and "agreeing" ones built to match a near-bigram target), the reference
-greedy outputs, and an engine factory."""
+"""Shared set-up of the EAGLE-family engine tests (test_spec_eagle.py, test_spec_eagle_agree.py,
+test_spec_eagle_hybrid.py): tiny targets, drafters in their published formats (random ones, and
+"agreeing" ones built to match a near-bigram target), the reference greedy outputs, an engine
+factory, and the checks that the dense and hybrid files both run."""
 
 from __future__ import annotations
 
 import tiny_drafters as td
 import tiny_models as tm
+
+from spec_checks import leak_free
 
 from jspec import Engine
 
@@ -46,14 +49,17 @@ def build_models(root, names) -> dict:
 _refs: dict = {}
 
 
-def reference(target: str, page_size: int = 4):
-    """Non-speculative greedy outputs of PROMPTS (cached per target directory)."""
+def reference(target: str, page_size: int = 4, engine=None):
+    """Non-speculative greedy outputs of PROMPTS (cached per target directory). engine: a plain
+    engine of that target (BASE settings) to serve them, kept running; by default one is started
+    and shut down."""
     if target not in _refs:
-        eng = Engine(target, page_size=page_size, **BASE)
+        eng = engine if engine is not None else Engine(target, page_size=page_size, **BASE)
         try:
             _refs[target] = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)]
         finally:
-            eng.shutdown()
+            if engine is None:
+                eng.shutdown()
     return _refs[target]
 
 
@@ -61,3 +67,49 @@ def spec_engine(models, algo, target, draft, *, steps, topk, ndt, page_size, **k
     extra = {} if draft is None else dict(speculative_draft_model_path=models[draft])
     return Engine(models[target], page_size=page_size, speculative_algorithm=algo, speculative_num_steps=steps,
                   speculative_eagle_topk=topk, speculative_num_draft_tokens=ndt, **extra, **{**BASE, **kw})
+
+
+# Plain temperature (top-k / top-p through a tree: test_tree_sampling_follows_the_target_distribution).
+SAMPLED = [{"max_new_tokens": 14, "temperature": 0.8, "seed": 11 + i, "ignore_eos": True} for i in range(2)]
+
+
+def check_agreeing_drafter(models, algo, target, draft, topk, ndt, compare_v1):
+    """Drafts that the target mostly keeps: exercises multi-token acceptance, tree walks, the KV
+    move of accepted tree nodes, hybrid commits past node 0 and the drafter's catch-up. Runs in
+    spec v2 (overlap, the default) with the loop under transfer_guard("disallow"): no
+    device-to-host transfer beyond each step's explicit output fetch. Where marked, the
+    synchronous loop (v1) must give the same outputs, greedy and seeded sampling alike."""
+    ref = reference(models[target], 4)
+    sps = [GREEDY] * 3 + SAMPLED
+    outs = {}
+    for mode in ("v2", "v1") if compare_v1 else ("v2",):
+        extra = dict(transfer_guard="disallow") if mode == "v2" else dict(disable_overlap_schedule=True)
+        eng = spec_engine(models, algo, target, draft, steps=3, topk=topk, ndt=ndt, page_size=4, **extra)
+        try:
+            res = eng.generate(input_ids=PROMPTS, sampling_params=sps)
+            outs[mode] = [o["output_ids"] for o in res]
+            assert eng.get_server_info()["last_error"] is None
+            # Greedy rows keep most drafts (sampled ones, at temperature 0.8, fewer).
+            greedy_accept = [o["meta_info"]["spec_accept_length"] for o in res[:3]]
+            assert min(greedy_accept) > 2.5, greedy_accept
+            leak_free(eng)
+        finally:
+            eng.shutdown()
+    assert outs["v2"][:3] == ref[:3]
+    if compare_v1:
+        assert outs["v1"] == outs["v2"]
+
+
+def check_naive_eagle(models, target, draft):
+    """NAIVE_EAGLE: [last, one draft] verified per step, the drafter's format read from its
+    config.json (EAGLE), or the target's MTP layer without a draft path."""
+    ref = reference(models[target], 4)
+    eng = spec_engine(models, "NAIVE_EAGLE", target, draft, steps=None, topk=None, ndt=None, page_size=4)
+    try:
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == ref
+        info = eng.get_server_info()
+        assert info["speculative_num_draft_tokens"] == 2 and 1.5 < info["avg_spec_accept_length"] <= 2.0
+        leak_free(eng)
+    finally:
+        eng.shutdown()

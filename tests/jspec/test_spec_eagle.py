@@ -1,7 +1,8 @@
-"""EAGLE, EAGLE3, NEXTN (MTP) and NAIVE_EAGLE: greedy output equal to non-speculative greedy output
-with random drafters in their published formats (which almost never agree), chain and tree, on
-Qwen3, Qwen3-Next (hybrid) and Llama targets; SGLang's defaults; simulated acceptance; settings
-errors; no leaks. Agreeing drafters, sampling and stress: test_spec_eagle_agree.py."""
+"""EAGLE and EAGLE3 on dense targets: greedy output equal to non-speculative greedy output with
+random drafters in their published formats (which almost never agree), chain and tree, on Qwen3 and
+Llama targets; SGLang's defaults; simulated acceptance; settings errors; no leaks. Agreeing drafters
+(and NAIVE_EAGLE), sampling and stress on a dense target: test_spec_eagle_agree.py; the hybrid
+Qwen3-Next target (NEXTN, NAIVE_EAGLE with MTP, NGRAM): test_spec_eagle_hybrid.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-import tiny_models as tm  # noqa: E402
 from spec_checks import leak_free  # noqa: E402
 from spec_eagle_common import BASE, GREEDY, PROMPTS, build_models, reference, spec_engine  # noqa: E402
 
@@ -21,8 +21,7 @@ from jspec.errors import ConfigError  # noqa: E402
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    return build_models(tmp_path_factory.mktemp("eagle"), ("qwen3", "eagle", "eagle3", "bigram",
-                                                           "agree_eagle", "bigram_next", "llama", "llama_eagle"))
+    return build_models(tmp_path_factory.mktemp("eagle"), ("qwen3", "eagle", "eagle3", "llama", "llama_eagle"))
 
 
 CASES = [
@@ -31,7 +30,7 @@ CASES = [
     ("EAGLE3", "qwen3", "eagle3", 3, 2, 5, 16),
     ("EAGLE", "qwen3", "eagle", 2, 1, 3, 16),
     # Hybrid (Qwen3-Next) targets with their MTP layer, chain and tree, run in
-    # test_spec_eagle_agree.py (drafts kept and rejected), and NAIVE_EAGLE below.
+    # test_spec_eagle_hybrid.py (drafts kept and rejected), with NAIVE_EAGLE.
 ]
 
 
@@ -66,40 +65,6 @@ def test_llama_target_gets_sglang_defaults_and_exact_trees(models):
         eng.shutdown()
 
 
-@pytest.mark.parametrize("target,draft", [("bigram", "agree_eagle"), ("bigram_next", None)])
-def test_naive_eagle_one_fused_step(models, target, draft):
-    """NAIVE_EAGLE: [last, one draft] verified per step, the drafter's format read from its
-    config.json (EAGLE here), or the target's MTP layer without a draft path."""
-    ref = reference(models[target], 4)
-    eng = spec_engine(models, "NAIVE_EAGLE", target, draft, steps=None, topk=None, ndt=None, page_size=4)
-    try:
-        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
-        assert [o["output_ids"] for o in outs] == ref
-        info = eng.get_server_info()
-        assert info["speculative_num_draft_tokens"] == 2 and 1.5 < info["avg_spec_accept_length"] <= 2.0
-        leak_free(eng)
-    finally:
-        eng.shutdown()
-
-
-def test_ngram_on_a_hybrid_target_overlapped(models):
-    """NGRAM in spec v2 on a Qwen3-Next target: a near-bigram model's greedy text repeats itself
-    enough that some device-side drafts are kept, so the Gated-DeltaNet state is committed past
-    node 0; the loop runs under transfer_guard("disallow")."""
-    ref = reference(models["bigram_next"], 4)
-    eng = spec_engine(models, "NGRAM", "bigram_next", None, steps=3, topk=1, ndt=4, page_size=4,
-                      transfer_guard="disallow")
-    try:
-        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
-        assert [o["output_ids"] for o in outs] == ref
-        info = eng.get_server_info()
-        hist = info["spec_accept_length_histogram"]
-        assert info["last_error"] is None and max(hist) >= 3, hist  # commits past node 0 happened
-        leak_free(eng)
-    finally:
-        eng.shutdown()
-
-
 def test_simulated_accept_length(models):
     """Benchmark mode: the mean accept length is forced (outputs then are not the target's)."""
     eng = spec_engine(models, "EAGLE3", "qwen3", "eagle3", steps=3, topk=1, ndt=4, page_size=4,
@@ -124,10 +89,3 @@ def test_simulated_accept_length(models):
 def test_bad_settings(models, kw, match):
     with pytest.raises(ConfigError, match=match):
         Engine(models["qwen3"], page_size=4, **{**BASE, **kw})
-
-
-def test_nextn_needs_mtp_tensors(tmp_path):
-    bare = str(tmp_path / "no_mtp")
-    tm.build("qwen3_next", bare, seed=8)
-    with pytest.raises(Exception, match="mtp"):
-        Engine(bare, page_size=4, speculative_algorithm="NEXTN", **BASE)

@@ -1,7 +1,8 @@
-"""EAGLE-family drafters that agree with their (near-bigram) targets, so most drafts are kept:
-multi-token acceptance, tree walks, KV moves, hybrid commits past node 0 and the drafter's catch-up,
-in spec v2 under the transfer guard and against spec v1; exact sampling through a tree; a stress run
-with retraction and aborts."""
+"""EAGLE drafters that agree with their dense (near-bigram) target, so most drafts are kept:
+multi-token acceptance, tree walks, KV moves and the drafter's catch-up, in spec v2 under the
+transfer guard and against spec v1; NAIVE_EAGLE with an EAGLE drafter; exact sampling through a
+tree; a stress run with retraction and aborts. The hybrid target (NEXTN, NAIVE_EAGLE with MTP,
+NGRAM): test_spec_eagle_hybrid.py."""
 
 from __future__ import annotations
 
@@ -14,52 +15,41 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import tiny_models as tm  # noqa: E402
 from compile_checks import compilations  # noqa: E402
 from spec_checks import DRAWS, leak_free, second_token_follows_target, two_token_draws  # noqa: E402
-from spec_eagle_common import BASE, GREEDY, PROMPTS, build_models, reference, spec_engine  # noqa: E402
+from spec_eagle_common import (BASE, GREEDY, build_models, check_agreeing_drafter, check_naive_eagle,  # noqa: E402
+                               reference, spec_engine)
 
 from jspec import Engine  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    return build_models(tmp_path_factory.mktemp("agree"), ("bigram", "agree_eagle", "bigram_next", "flat",
-                                                           "agree_flat"))
+    return build_models(tmp_path_factory.mktemp("agree"), ("bigram", "agree_eagle", "flat", "agree_flat"))
 
 
-# Plain temperature (top-k / top-p through a tree: test_tree_sampling_follows_the_target_distribution).
-SAMPLED = [{"max_new_tokens": 14, "temperature": 0.8, "seed": 11 + i, "ignore_eos": True} for i in range(2)]
+@pytest.fixture(scope="module")
+def plain_bigram(models):
+    """The non-speculative engine of the bigram target: it serves the reference outputs of
+    PROMPTS and of the stress run's prompts (one compile for both)."""
+    eng = Engine(models["bigram"], page_size=4, **BASE)
+    reference(models["bigram"], 4, engine=eng)
+    yield eng
+    eng.shutdown()
 
 
+# The hybrid target's MTP layer, chain and tree: test_spec_eagle_hybrid.py.
 @pytest.mark.parametrize("algo,target,draft,topk,ndt,compare_v1", [
     ("EAGLE", "bigram", "agree_eagle", 1, 4, True),
     ("EAGLE", "bigram", "agree_eagle", 2, 6, False),
-    ("NEXTN", "bigram_next", None, 1, 4, True),
-    ("NEXTN", "bigram_next", None, 2, 6, False),
 ])
-def test_agreeing_drafters_are_accepted_and_exact(models, algo, target, draft, topk, ndt, compare_v1):
-    """Drafts that the target mostly keeps: exercises multi-token acceptance, tree walks, the KV
-    move of accepted tree nodes, hybrid commits past node 0 and the drafter's catch-up. Runs in
-    spec v2 (overlap, the default) with the loop under transfer_guard("disallow"): no
-    device-to-host transfer beyond each step's explicit output fetch. Where marked, the
-    synchronous loop (v1) must give the same outputs, greedy and seeded sampling alike."""
-    ref = reference(models[target], 4)
-    sps = [GREEDY] * 3 + SAMPLED
-    outs = {}
-    for mode in ("v2", "v1") if compare_v1 else ("v2",):
-        extra = dict(transfer_guard="disallow") if mode == "v2" else dict(disable_overlap_schedule=True)
-        eng = spec_engine(models, algo, target, draft, steps=3, topk=topk, ndt=ndt, page_size=4, **extra)
-        try:
-            res = eng.generate(input_ids=PROMPTS, sampling_params=sps)
-            outs[mode] = [o["output_ids"] for o in res]
-            assert eng.get_server_info()["last_error"] is None
-            # Greedy rows keep most drafts (sampled ones, at temperature 0.8, fewer).
-            greedy_accept = [o["meta_info"]["spec_accept_length"] for o in res[:3]]
-            assert min(greedy_accept) > 2.5, greedy_accept
-            leak_free(eng)
-        finally:
-            eng.shutdown()
-    assert outs["v2"][:3] == ref[:3]
-    if compare_v1:
-        assert outs["v1"] == outs["v2"]
+def test_agreeing_drafters_are_accepted_and_exact(models, plain_bigram, algo, target, draft, topk, ndt,
+                                                  compare_v1):
+    check_agreeing_drafter(models, algo, target, draft, topk, ndt, compare_v1)
+
+
+def test_naive_eagle_one_fused_step(models, plain_bigram):
+    """NAIVE_EAGLE with an EAGLE drafter (its format read from its config.json); with the hybrid
+    target's MTP layer: test_spec_eagle_hybrid.py."""
+    check_naive_eagle(models, "bigram", "agree_eagle")
 
 
 # Temperature 1 without top-p: test_tree_accept.py (the walk alone) and the chain tests.
@@ -78,7 +68,7 @@ def test_tree_sampling_follows_the_target_distribution(models, temperature, top_
     second_token_follows_target(outs, prompt, models["flat"], temperature, top_p)
 
 
-def test_stress_retraction_aborts_without_recompiling(models):
+def test_stress_retraction_aborts_without_recompiling(models, plain_bigram):
     """Up to 16 requests per step, a pool small enough to force retraction, random aborts from
     other threads, a tree drafter that keeps most drafts: finished greedy requests still equal
     non-speculative greedy output, nothing leaks, and nothing compiles after start-up."""
@@ -88,12 +78,8 @@ def test_stress_retraction_aborts_without_recompiling(models):
     rng = random.Random(3)
     prompts = [tm.random_ids(rng.randint(1, 30), seed=500 + i) for i in range(48)]
     lens = [rng.randint(8, 30) for _ in prompts]
-    ref_eng = Engine(models["bigram"], page_size=4, **BASE)
-    try:
-        ref = [o["output_ids"] for o in ref_eng.generate(
-            input_ids=prompts, sampling_params=[dict(GREEDY, max_new_tokens=n) for n in lens])]
-    finally:
-        ref_eng.shutdown()
+    ref = [o["output_ids"] for o in plain_bigram.generate(
+        input_ids=prompts, sampling_params=[dict(GREEDY, max_new_tokens=n) for n in lens])]
 
     eng = spec_engine(models, "EAGLE", "bigram", "agree_eagle", steps=3, topk=2, ndt=6, page_size=4,
                       context_length=64, max_total_tokens=100, cuda_graph_bs=[16], max_running_requests=16)
