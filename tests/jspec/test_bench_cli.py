@@ -132,12 +132,17 @@ def test_sweep_then_plot(engine_flags, tmp_path, capsys):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
 
 
-def test_bench_step_roofline(tmp_path):
+def test_bench_step_roofline(tmp_path, monkeypatch):
     """`jspec bench step` times the compiled decode step and reports it against the bytes floor."""
+    import functools
     import json as _json
 
+    from jspec.bench import step
     from jspec.cli import main as _main
 
+    # The copy-bandwidth probe over 64 MiB instead of its default 1 GiB (whose random fill and
+    # passes took ~15 s of CPU and 2 GiB of memory here); the same code measures it either way.
+    monkeypatch.setattr(step, "copy_bandwidth", functools.partial(step.copy_bandwidth, 1 << 26))
     out = tmp_path / "step.jsonl"
     assert _main(["bench", "step", "--model-path", "random:tiny-qwen3", "--dtype", "float32",
                   "--batch-sizes", "1,2", "--context-lens", "32", "--iters", "2",
@@ -148,7 +153,7 @@ def test_bench_step_roofline(tmp_path):
         assert r["kind"] == "step" and r["ms_per_step"] > 0 and r["floor_ms"] > 0
         assert 0 < r["fraction_of_copy_bandwidth"] and r["bytes"]["kv"] > 0
         assert r["bytes"]["total"] == r["bytes"]["weights"] + r["bytes"]["kv"] + r["bytes"]["gdn_state"]
-        assert r["copy"]["bytes_per_s"] > 0 and r["speculative_split_ms"] is None
+        assert r["copy"]["bytes_per_s"] > 0 and r["copy"]["bytes"] == 2 << 26 and r["speculative_split_ms"] is None
     assert recs[1]["bytes"]["kv"] == 2 * recs[0]["bytes"]["kv"]
 
 
