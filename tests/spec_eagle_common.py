@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import tiny_drafters as td
 import tiny_models as tm
-
 from spec_checks import leak_free
 
 from jspec import Engine
