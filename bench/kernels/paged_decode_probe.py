@@ -1,0 +1,285 @@
+"""Why does paged decode stream at about half the copy rate? Probe kernels that isolate one cause each.
+
+Run on the GPU machine from the repository root:
+
+    PYTHONPATH=. python3 bench/kernels/paged_decode_probe.py --out bench/results/paged_decode_probe_<dev>.json
+
+Every probe has the shipped decode kernel's grid (request, KV head, KV split) and loop (an online
+softmax over KV steps), so only one thing changes at a time:
+- `source`: how a KV step's rows are found.
+  - "gather": one page id per KV token, then a gather of `[BK, D]` rows (what `kernel.py` does);
+  - "pages": one scalar page id per page, then a contiguous `[L, D]` slice load per page;
+  - "contig": no page table in the loop (each request's pages are laid out back to back in this
+    probe's pool, so one scalar base address per program is enough). This is the no-paging ceiling.
+- `math`: "dot" (MMA on rows padded to 16, like the shipped kernel), "fma" (broadcast products
+  on exactly H/G rows, no MMA) or "none" (K and V rows are only summed: pure streaming).
+plus launch shapes (block_kv, num_warps, num_stages, splits). Each probe's output is checked against
+the reference before it is timed, so a figure never comes from a kernel that reads the wrong bytes.
+The shipped kernel (`paged_decode`) and a device copy are measured in the same run as anchors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import paged_attention as pab  # noqa: E402  (the shared Bench, copy ceiling and pools)
+
+QWEN3_8B = dict(H=32, G=8, D=128)
+
+
+def probe_call(q, k_pages, v_pages, page_table, seq_lens, *, source, math_mode, block_kv, splits, num_warps,
+               num_stages, sm_scale, interpret=False):
+    """`q [B, H, D]` over the paged pool; returns the split partials `(acc, m, l)` like `kernel.py`."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+
+    from pallas_kernels.paged_attention import tuning
+
+    batch, num_heads, head_dim = q.shape
+    num_pages, page_size, num_kv_heads, _ = k_pages.shape
+    pages_per_seq = page_table.shape[1]
+    group = num_heads // num_kv_heads
+    rows = tuning.next_pow2(max(16, group)) if math_mode == "dot" else tuning.next_pow2(group)
+    pages_per_split = -(-pages_per_seq // splits)
+    step_pages = max(1, block_kv // page_size)
+    pages_per_split = -(-pages_per_split // step_pages) * step_pages
+    splits = -(-pages_per_seq // pages_per_split)
+    scale_log2 = float(sm_scale) * math.log2(math.e)
+
+    def kernel(seq_ref, pt_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref):
+        b, g, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        seq_len = seq_ref[b]
+        lo = s * (pages_per_split * page_size)
+        hi = jnp.minimum(lo + pages_per_split * page_size, seq_len)
+        n_steps = jnp.maximum(hi - lo, 0) // block_kv  # the probe's contexts are whole steps
+        r = jnp.arange(rows, dtype=jnp.int32)
+        qv = q_ref[b, g * group + r % group, :]  # [M, D]
+        col = jnp.arange(block_kv, dtype=jnp.int32)
+        base = pt_ref[b, 0] * page_size  # "contig" only: the request's first slot
+
+        def load(start):
+            if source == "gather":
+                c = start + col
+                slot = pt_ref[b, c // page_size] * page_size + c % page_size
+                return [(k_ref[slot, g, :], v_ref[slot, g, :])]
+            if source == "pages":
+                out = []
+                for j in range(step_pages):
+                    p = pt_ref[b, start // page_size + j]
+                    sl = pl.ds(p * page_size, page_size)
+                    out.append((k_ref[sl, g, :], v_ref[sl, g, :]))
+                return out
+            sl = pl.ds(base + start, block_kv)
+            return [(k_ref[sl, g, :], v_ref[sl, g, :])]
+
+        def dot(a, bb, contract_b):
+            return lax.dot_general(a, bb, (((1,), (contract_b,)), ((), ())), preferred_element_type=jnp.float32)
+
+        def body(step, carry):
+            acc, m, l = carry
+            parts = load(lo + step * block_kv)
+            if math_mode == "none":
+                for kk, vv in parts:
+                    acc = acc + jnp.sum(kk.astype(jnp.float32) + vv.astype(jnp.float32), axis=0)[None, :]
+                return acc, m, l
+            if math_mode == "dot":
+                logits = [dot(qv, kk, 1) * scale_log2 for kk, _ in parts]
+            else:
+                qf = qv.astype(jnp.float32)
+                logits = [jnp.sum(qf[:, None, :] * kk.astype(jnp.float32)[None], axis=2) * scale_log2
+                          for kk, _ in parts]
+            m_new = m
+            for x in logits:
+                m_new = jnp.maximum(m_new, jnp.max(x, axis=1))
+            alpha = jnp.exp2(m - m_new)
+            acc = alpha[:, None] * acc
+            l = alpha * l
+            for x, (_, vv) in zip(logits, parts):
+                p = jnp.exp2(x - m_new[:, None])
+                l = l + jnp.sum(p, axis=1)
+                if math_mode == "dot":
+                    acc = acc + dot(p.astype(vv.dtype), vv, 0)
+                else:
+                    acc = acc + jnp.sum(p[:, :, None] * vv.astype(jnp.float32)[None], axis=1)
+            return acc, m_new, l
+
+        carry = (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), -jnp.inf, jnp.float32),
+                 jnp.zeros((rows,), jnp.float32))
+        acc, m, l = lax.fori_loop(0, n_steps, body, carry)
+        o_ref[...] = acc
+        m_ref[...] = m
+        l_ref[...] = l
+
+    grid = (batch, num_kv_heads, splits)
+    o = jax.ShapeDtypeStruct((batch, num_kv_heads, splits, rows, head_dim), jnp.float32)
+    st = jax.ShapeDtypeStruct((batch, num_kv_heads, splits, rows), jnp.float32)
+    params = {}
+    if not interpret:
+        from jax.experimental.pallas import triton as pltriton
+
+        params["compiler_params"] = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    flat = (num_pages * page_size, num_kv_heads, head_dim)
+    return pl.pallas_call(
+        kernel, grid=grid, out_shape=[o, st, st], interpret=interpret, name=f"probe_{source}_{math_mode}",
+        out_specs=[pl.BlockSpec((None, None, None, rows, head_dim), lambda b, g, s: (b, g, s, 0, 0)),
+                   pl.BlockSpec((None, None, None, rows), lambda b, g, s: (b, g, s, 0)),
+                   pl.BlockSpec((None, None, None, rows), lambda b, g, s: (b, g, s, 0))],
+        **params,
+    )(seq_lens, page_table, q, k_pages.reshape(flat), v_pages.reshape(flat))
+
+
+def finish(acc, m, l, group, dtype):
+    """Split partials -> `[B, H, D]` (the probe's rows repeat heads when padded; keep the first H/G)."""
+    from pallas_kernels.paged_attention.combine import combine_splits
+
+    rows = combine_splits(acc, m, l, dtype)  # [B, G, M, D]
+    b, g, _, d = rows.shape
+    return rows[:, :, :group].reshape(b, g * group, d)
+
+
+PROBES = [
+    # (source, math, block_kv, num_warps, num_stages, splits)
+    ("gather", "dot", 64, 4, 4, 4),  # the shipped kernel's choices, probe form
+    ("contig", "dot", 64, 4, 4, 4),
+    ("pages", "dot", 64, 4, 4, 4),
+    ("gather", "none", 64, 4, 4, 4),
+    ("contig", "none", 64, 4, 4, 4),
+    ("gather", "fma", 16, 4, 4, 4),
+    ("gather", "fma", 32, 4, 4, 4),
+    ("contig", "fma", 32, 4, 4, 4),
+    ("gather", "dot", 64, 4, 2, 4),
+    ("gather", "dot", 32, 4, 2, 4),
+    ("gather", "dot", 32, 4, 6, 4),
+    ("gather", "dot", 16, 4, 8, 4),
+    ("gather", "dot", 64, 2, 4, 4),
+    ("gather", "dot", 64, 8, 4, 4),
+    ("gather", "dot", 128, 4, 3, 4),
+    ("gather", "dot", 64, 4, 4, 1),
+    ("gather", "dot", 64, 4, 4, 16),
+    ("contig", "dot", 128, 4, 3, 4),
+    ("contig", "dot", 64, 4, 2, 4),
+    ("pages", "dot", 64, 4, 2, 4),
+    ("pages", "dot", 32, 4, 4, 4),
+]
+
+
+def run_probes(bn, *, B=32, ctx=4096, L=16, probes=PROBES, key="b32_ctx4096_qwen3_8b"):
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.paged_attention import paged_decode
+    from pallas_kernels.paged_attention import reference as ref
+
+    H, G, D = QWEN3_8B["H"], QWEN3_8B["G"], QWEN3_8B["D"]
+    dtype = jnp.bfloat16
+    pps = ctx // L
+    kv_bytes = 2 * B * ctx * G * D * 2
+    n_sets, R = pab.n_rotations(kv_bytes)
+    P = n_sets * B * pps + 1
+    kk_, kv_ = jax.random.split(jax.random.key(7))
+    k = jax.random.normal(kk_, (P, L, G, D), jnp.float32).astype(dtype)
+    v = jax.random.normal(kv_, (P, L, G, D), jnp.float32).astype(dtype)
+    # Each request's pages back to back (so "contig" is valid), requests of a set in shuffled order.
+    rng = np.random.default_rng(0)
+    tables = []
+    for s_ in range(n_sets):
+        order = rng.permutation(B)
+        t = 1 + s_ * B * pps + order[:, None] * pps + np.arange(pps)[None, :]
+        tables.append(jnp.asarray(t.astype(np.int32)))
+    seq = jnp.full((B,), ctx, jnp.int32)
+    qs = [jax.random.normal(jax.random.key(100 + i), (B, H, D), jnp.float32).astype(dtype) for i in range(n_sets)]
+    sets = [(qs[i % n_sets], k, v, tables[i % n_sets], seq) for i in range(R)]
+    scale = 1 / math.sqrt(D)
+    copy = bn.res.get("copy_tb_per_s")
+    want = ref.paged_decode(qs[0], k, v, tables[0], seq, sm_scale=scale).astype(jnp.float32)
+
+    def frac(t):
+        return kv_bytes / t / 1e12 / copy if copy else None
+
+    rows = []
+    t = bn.time_fn(functools.partial(paged_decode, sm_scale=scale), sets)
+    rows.append({"probe": "shipped paged_decode", "ms": t * 1e3, "frac_of_copy": frac(t)})
+    pab.log("shipped", rows[-1])
+    bn.put("probes", key, rows)
+    for source, math_mode, bk, nw, ns, sp in probes:
+        if bn.time_left() < 15:
+            break
+        row = {"source": source, "math": math_mode, "block_kv": bk, "num_warps": nw, "num_stages": ns, "splits": sp}
+        try:
+            fn = functools.partial(probe_call, source=source, math_mode=math_mode, block_kv=bk, splits=sp,
+                                   num_warps=nw, num_stages=ns, sm_scale=scale)
+            acc, m, l = jax.jit(fn)(*sets[0])
+            if math_mode != "none":
+                got = finish(acc, m, l, H // G, jnp.float32)
+                err = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+                row["rel_l2"] = err
+                if not err < 2e-2:
+                    raise AssertionError(f"probe output wrong: rel_l2 {err}")
+            t = bn.time_fn(fn, sets)
+            row.update(ms=t * 1e3, frac_of_copy=frac(t))
+        except Exception as e:  # noqa: BLE001
+            row["error"] = repr(e)[:400]
+        rows.append(row)
+        pab.log("probe", row)
+        bn.put("probes", key, rows)
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="bench/results/paged_decode_probe.json")
+    p.add_argument("--budget-s", type=float, default=240.0)
+    p.add_argument("--cpu-smoke", action="store_true", help="interpret mode on tiny shapes: checks the probes only")
+    a = p.parse_args(argv)
+    if a.cpu_smoke:
+        return cpu_smoke()
+    copy = pab.copy_bandwidth()
+    bn = pab.Bench(a.out, a.budget_s)
+    bn.res["command"] = "PYTHONPATH=. python3 bench/kernels/paged_decode_probe.py " + " ".join(sys.argv[1:])
+    bn.res["commit"] = os.environ.get("JSPEC_COMMIT", bn.res["commit"])
+    bn.res["copy_reference"] = copy
+    bn.res["copy_tb_per_s"] = copy.get("tb_per_s")
+    pab.log("device", bn.res["device"], "copy", copy)
+    run_probes(bn)
+    bn.res["elapsed_s"] = time.perf_counter() - pab.T0
+    bn.save()
+
+
+def cpu_smoke():
+    """Every probe form in interpret mode against the reference, on a tiny pool."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.paged_attention import reference as ref
+
+    B, L, pps, H, G, D = 2, 16, 8, 8, 2, 32
+    P = B * pps + 1
+    k = jax.random.normal(jax.random.key(1), (P, L, G, D), jnp.float32)
+    v = jax.random.normal(jax.random.key(2), (P, L, G, D), jnp.float32)
+    table = jnp.asarray((1 + np.arange(B)[::-1, None] * pps + np.arange(pps)[None]).astype(np.int32))
+    seq = jnp.full((B,), pps * L, jnp.int32)
+    q = jax.random.normal(jax.random.key(3), (B, H, D), jnp.float32)
+    want = ref.paged_decode(q, k, v, table, seq, sm_scale=0.2)
+    for source in ("gather", "pages", "contig"):
+        for math_mode, bk in (("dot", 32), ("fma", 16)):
+            acc, m, l = probe_call(q, k, v, table, seq, source=source, math_mode=math_mode, block_kv=bk, splits=2,
+                                   num_warps=4, num_stages=2, sm_scale=0.2, interpret=True)
+            got = finish(acc, m, l, H // G, jnp.float32)
+            err = float(jnp.max(jnp.abs(got - want)))
+            print(source, math_mode, "max abs err", err)
+            assert err < 1e-4, (source, math_mode, err)
+    print("cpu smoke ok")
+
+
+if __name__ == "__main__":
+    main()
