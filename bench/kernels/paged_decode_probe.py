@@ -36,7 +36,7 @@ QWEN3_8B = dict(H=32, G=8, D=128)
 
 
 def probe_call(q, k_pages, v_pages, page_table, seq_lens, *, source, math_mode, block_kv, splits, num_warps,
-               num_stages, sm_scale, interpret=False):
+               num_stages, sm_scale, order="bgs", interpret=False):
     """`q [B, H, D]` over the paged pool; returns the split partials `(acc, m, l)` like `kernel.py`."""
     import jax
     import jax.numpy as jnp
@@ -57,7 +57,10 @@ def probe_call(q, k_pages, v_pages, page_table, seq_lens, *, source, math_mode, 
     scale_log2 = float(sm_scale) * math.log2(math.e)
 
     def kernel(seq_ref, pt_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref):
-        b, g, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        if order == "bgs":
+            b, g, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        else:  # "gbs": the KV heads of one request are neighbours in launch order (they read the same pages)
+            g, b, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         seq_len = seq_ref[b]
         lo = s * (pages_per_split * page_size)
         hi = jnp.minimum(lo + pages_per_split * page_size, seq_len)
@@ -120,7 +123,11 @@ def probe_call(q, k_pages, v_pages, page_table, seq_lens, *, source, math_mode, 
         m_ref[...] = m
         l_ref[...] = l
 
-    grid = (batch, num_kv_heads, splits)
+    grid = (batch, num_kv_heads, splits) if order == "bgs" else (num_kv_heads, batch, splits)
+    if order == "bgs":
+        o_map, s_map = (lambda b, g, s: (b, g, s, 0, 0)), (lambda b, g, s: (b, g, s, 0))
+    else:
+        o_map, s_map = (lambda g, b, s: (b, g, s, 0, 0)), (lambda g, b, s: (b, g, s, 0))
     o = jax.ShapeDtypeStruct((batch, num_kv_heads, splits, rows, head_dim), jnp.float32)
     st = jax.ShapeDtypeStruct((batch, num_kv_heads, splits, rows), jnp.float32)
     params = {}
@@ -131,9 +138,8 @@ def probe_call(q, k_pages, v_pages, page_table, seq_lens, *, source, math_mode, 
     flat = (num_pages * page_size, num_kv_heads, head_dim)
     return pl.pallas_call(
         kernel, grid=grid, out_shape=[o, st, st], interpret=interpret, name=f"probe_{source}_{math_mode}",
-        out_specs=[pl.BlockSpec((None, None, None, rows, head_dim), lambda b, g, s: (b, g, s, 0, 0)),
-                   pl.BlockSpec((None, None, None, rows), lambda b, g, s: (b, g, s, 0)),
-                   pl.BlockSpec((None, None, None, rows), lambda b, g, s: (b, g, s, 0))],
+        out_specs=[pl.BlockSpec((None, None, None, rows, head_dim), o_map),
+                   pl.BlockSpec((None, None, None, rows), s_map), pl.BlockSpec((None, None, None, rows), s_map)],
         **params,
     )(seq_lens, page_table, q, k_pages.reshape(flat), v_pages.reshape(flat))
 
@@ -147,33 +153,47 @@ def finish(acc, m, l, group, dtype):
     return rows[:, :, :group].reshape(b, g * group, d)
 
 
+def P(source="gather", math="dot", block_kv=64, num_warps=4, num_stages=4, splits=4, order="bgs", table="random"):
+    return dict(source=source, math=math, block_kv=block_kv, num_warps=num_warps, num_stages=num_stages,
+                splits=splits, order=order, table=table)
+
+
+# The shipped kernel's choices in probe form, then one change at a time. "table": "random" scatters
+# every page over the pool (a pool after allocator churn; what the section decode target times),
+# "sorted" keeps each request's pages back to back (required by "contig").
 PROBES = [
-    # (source, math, block_kv, num_warps, num_stages, splits)
-    ("gather", "dot", 64, 4, 4, 4),  # the shipped kernel's choices, probe form
-    ("contig", "dot", 64, 4, 4, 4),
-    ("pages", "dot", 64, 4, 4, 4),
-    ("gather", "none", 64, 4, 4, 4),
-    ("contig", "none", 64, 4, 4, 4),
-    ("gather", "fma", 16, 4, 4, 4),
-    ("gather", "fma", 32, 4, 4, 4),
-    ("contig", "fma", 32, 4, 4, 4),
-    ("gather", "dot", 64, 4, 2, 4),
-    ("gather", "dot", 32, 4, 2, 4),
-    ("gather", "dot", 32, 4, 6, 4),
-    ("gather", "dot", 16, 4, 8, 4),
-    ("gather", "dot", 64, 2, 4, 4),
-    ("gather", "dot", 64, 8, 4, 4),
-    ("gather", "dot", 128, 4, 3, 4),
-    ("gather", "dot", 64, 4, 4, 1),
-    ("gather", "dot", 64, 4, 4, 16),
-    ("contig", "dot", 128, 4, 3, 4),
-    ("contig", "dot", 64, 4, 2, 4),
-    ("pages", "dot", 64, 4, 2, 4),
-    ("pages", "dot", 32, 4, 4, 4),
+    P(), P(table="sorted"), P(source="contig", table="sorted"), P(source="pages"),
+    P(order="gbs"), P(order="gbs", table="sorted"), P(source="pages", order="gbs"),
+    P(math="none"), P(math="none", table="sorted"), P(source="contig", math="none", table="sorted"),
+    P(num_stages=2), P(num_stages=3), P(num_stages=5), P(block_kv=32, num_stages=6), P(block_kv=128, num_stages=3),
+    P(num_warps=2), P(splits=2), P(splits=8),
+    P(order="gbs", splits=2), P(order="gbs", num_stages=3), P(order="gbs", block_kv=128, num_stages=3),
 ]
 
 
-def run_probes(bn, *, B=32, ctx=4096, L=16, probes=PROBES, key="b32_ctx4096_qwen3_8b"):
+def make_pool(B, ctx, L, G, D, n_sets, table):
+    import jax
+    import jax.numpy as jnp
+
+    pps = ctx // L
+    P_ = n_sets * B * pps + 1
+    kk_, kv_ = jax.random.split(jax.random.key(7))
+    k = jax.random.normal(kk_, (P_, L, G, D), jnp.float32).astype(jnp.bfloat16)
+    v = jax.random.normal(kv_, (P_, L, G, D), jnp.float32).astype(jnp.bfloat16)
+    rng = np.random.default_rng(0)
+    tables = []
+    for s_ in range(n_sets):
+        if table == "sorted":  # each request's pages back to back, requests of a set shuffled
+            order = rng.permutation(B)
+            t = 1 + s_ * B * pps + order[:, None] * pps + np.arange(pps)[None, :]
+        else:  # every page of the set anywhere
+            t = (1 + s_ * B * pps + rng.permutation(B * pps)).reshape(B, pps)
+        tables.append(jnp.asarray(t.astype(np.int32)))
+    return k, v, tables
+
+
+def run_probes(bn, *, B=32, ctx=4096, L=16, probes=PROBES, rounds=2, key="b32_ctx4096_qwen3_8b"):
+    """Each probe is timed `rounds` times, interleaved with the other probes (run-to-run spread)."""
     import jax
     import jax.numpy as jnp
 
@@ -181,57 +201,51 @@ def run_probes(bn, *, B=32, ctx=4096, L=16, probes=PROBES, key="b32_ctx4096_qwen
     from pallas_kernels.paged_attention import reference as ref
 
     H, G, D = QWEN3_8B["H"], QWEN3_8B["G"], QWEN3_8B["D"]
-    dtype = jnp.bfloat16
-    pps = ctx // L
     kv_bytes = 2 * B * ctx * G * D * 2
     n_sets, R = pab.n_rotations(kv_bytes)
-    P = n_sets * B * pps + 1
-    kk_, kv_ = jax.random.split(jax.random.key(7))
-    k = jax.random.normal(kk_, (P, L, G, D), jnp.float32).astype(dtype)
-    v = jax.random.normal(kv_, (P, L, G, D), jnp.float32).astype(dtype)
-    # Each request's pages back to back (so "contig" is valid), requests of a set in shuffled order.
-    rng = np.random.default_rng(0)
-    tables = []
-    for s_ in range(n_sets):
-        order = rng.permutation(B)
-        t = 1 + s_ * B * pps + order[:, None] * pps + np.arange(pps)[None, :]
-        tables.append(jnp.asarray(t.astype(np.int32)))
-    seq = jnp.full((B,), ctx, jnp.int32)
-    qs = [jax.random.normal(jax.random.key(100 + i), (B, H, D), jnp.float32).astype(dtype) for i in range(n_sets)]
-    sets = [(qs[i % n_sets], k, v, tables[i % n_sets], seq) for i in range(R)]
     scale = 1 / math.sqrt(D)
     copy = bn.res.get("copy_tb_per_s")
-    want = ref.paged_decode(qs[0], k, v, tables[0], seq, sm_scale=scale).astype(jnp.float32)
+    qs = [jax.random.normal(jax.random.key(100 + i), (B, H, D), jnp.float32).astype(jnp.bfloat16)
+          for i in range(n_sets)]
+    seq = jnp.full((B,), ctx, jnp.int32)
+    pools, wants = {}, {}
+    for table in ("random", "sorted"):
+        k, v, tables = make_pool(B, ctx, L, G, D, n_sets, table)
+        pools[table] = [(qs[i % n_sets], k, v, tables[i % n_sets], seq) for i in range(R)]
+        wants[table] = ref.paged_decode(qs[0], k, v, tables[0], seq, sm_scale=scale).astype(jnp.float32)
 
     def frac(t):
         return kv_bytes / t / 1e12 / copy if copy else None
 
-    rows = []
-    t = bn.time_fn(functools.partial(paged_decode, sm_scale=scale), sets)
-    rows.append({"probe": "shipped paged_decode", "ms": t * 1e3, "frac_of_copy": frac(t)})
-    pab.log("shipped", rows[-1])
-    bn.put("probes", key, rows)
-    for source, math_mode, bk, nw, ns, sp in probes:
-        if bn.time_left() < 15:
-            break
-        row = {"source": source, "math": math_mode, "block_kv": bk, "num_warps": nw, "num_stages": ns, "splits": sp}
-        try:
-            fn = functools.partial(probe_call, source=source, math_mode=math_mode, block_kv=bk, splits=sp,
-                                   num_warps=nw, num_stages=ns, sm_scale=scale)
-            acc, m, l = jax.jit(fn)(*sets[0])
-            if math_mode != "none":
-                got = finish(acc, m, l, H // G, jnp.float32)
-                err = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
-                row["rel_l2"] = err
-                if not err < 2e-2:
-                    raise AssertionError(f"probe output wrong: rel_l2 {err}")
-            t = bn.time_fn(fn, sets)
-            row.update(ms=t * 1e3, frac_of_copy=frac(t))
-        except Exception as e:  # noqa: BLE001
-            row["error"] = repr(e)[:400]
-        rows.append(row)
-        pab.log("probe", row)
-        bn.put("probes", key, rows)
+    rows = [{"probe": "shipped paged_decode", "table": t, "ms": []} for t in ("random", "sorted")]
+    rows += [dict(p) | {"ms": []} for p in probes]
+    fns = {}
+    for rnd in range(rounds):
+        for row in rows:
+            if bn.time_left() < 15 or "error" in row:
+                continue
+            sets = pools[row["table"]]
+            try:
+                if "probe" in row:
+                    fn = functools.partial(paged_decode, sm_scale=scale)
+                else:
+                    kw = {k_: row[k_] for k_ in ("source", "block_kv", "splits", "num_warps", "num_stages", "order")}
+                    fn = functools.partial(probe_call, math_mode=row["math"], sm_scale=scale, **kw)
+                    if rnd == 0 and row["math"] != "none":
+                        acc, m, l = jax.jit(fn)(*sets[0])
+                        got = finish(acc, m, l, H // G, jnp.float32)
+                        want = wants[row["table"]]
+                        err = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+                        row["rel_l2"] = err
+                        if not err < 2e-2:
+                            raise AssertionError(f"probe output wrong: rel_l2 {err}")
+                t = bn.time_fn(fn, sets)
+                row["ms"].append(round(t * 1e3, 4))
+                row["frac_of_copy"] = frac(min(row["ms"]) / 1e3)
+            except Exception as e:  # noqa: BLE001
+                row["error"] = repr(e)[:400]
+            pab.log("round", rnd, row)
+            bn.put("probes", key, rows)
     return rows
 
 
@@ -263,21 +277,21 @@ def cpu_smoke():
     from pallas_kernels.paged_attention import reference as ref
 
     B, L, pps, H, G, D = 2, 16, 8, 8, 2, 32
-    P = B * pps + 1
-    k = jax.random.normal(jax.random.key(1), (P, L, G, D), jnp.float32)
-    v = jax.random.normal(jax.random.key(2), (P, L, G, D), jnp.float32)
+    n_pages = B * pps + 1
+    k = jax.random.normal(jax.random.key(1), (n_pages, L, G, D), jnp.float32)
+    v = jax.random.normal(jax.random.key(2), (n_pages, L, G, D), jnp.float32)
     table = jnp.asarray((1 + np.arange(B)[::-1, None] * pps + np.arange(pps)[None]).astype(np.int32))
     seq = jnp.full((B,), pps * L, jnp.int32)
     q = jax.random.normal(jax.random.key(3), (B, H, D), jnp.float32)
     want = ref.paged_decode(q, k, v, table, seq, sm_scale=0.2)
     for source in ("gather", "pages", "contig"):
-        for math_mode, bk in (("dot", 32), ("fma", 16)):
+        for math_mode, bk, order in (("dot", 32, "bgs"), ("dot", 32, "gbs"), ("fma", 16, "bgs")):
             acc, m, l = probe_call(q, k, v, table, seq, source=source, math_mode=math_mode, block_kv=bk, splits=2,
-                                   num_warps=4, num_stages=2, sm_scale=0.2, interpret=True)
+                                   num_warps=4, num_stages=2, sm_scale=0.2, order=order, interpret=True)
             got = finish(acc, m, l, H // G, jnp.float32)
             err = float(jnp.max(jnp.abs(got - want)))
-            print(source, math_mode, "max abs err", err)
-            assert err < 1e-4, (source, math_mode, err)
+            print(source, math_mode, order, "max abs err", err)
+            assert err < 1e-4, (source, math_mode, order, err)
     print("cpu smoke ok")
 
 
