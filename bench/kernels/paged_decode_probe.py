@@ -144,6 +144,43 @@ def probe_call(q, k_pages, v_pages, page_table, seq_lens, *, source, math_mode, 
     )(seq_lens, page_table, q, k_pages.reshape(flat), v_pages.reshape(flat))
 
 
+def mgpu_stream_call(k_pages, v_pages, page_table, *, splits=4, pages_per_step=4, max_concurrent_steps=4):
+    """Mosaic GPU streaming ceiling: every program TMA-copies its split's K and V pages (one
+    `[L, D]` box of KV head g per page, its page id read from the table) through a
+    `max_concurrent_steps`-deep SMEM pipeline and computes nothing. Output: a dummy `[B, G, S]`."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    num_pages, page_size, num_kv_heads, head_dim = k_pages.shape
+    batch, pages_per_seq = page_table.shape
+    pages_per_split = pages_per_seq // splits
+    steps = pages_per_split // pages_per_step
+
+    def kernel(pt_ref, k_ref, v_ref, o_ref):
+        b, g, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        first = s * pages_per_split
+
+        def spec(j):
+            return pl.BlockSpec((None, page_size, None, head_dim),
+                                lambda i: (pt_ref[b, first + i * pages_per_step + j], 0, g, 0))
+
+        def body(idx, *smem):
+            del idx, smem
+
+        specs = [spec(j) for j in range(pages_per_step)]
+        plgpu.emit_pipeline(body, grid=(steps,), in_specs=specs + specs,
+                            max_concurrent_steps=max_concurrent_steps)(*([k_ref] * pages_per_step + [v_ref] * pages_per_step))
+
+    gmem = pl.BlockSpec(memory_space=plgpu.GMEM)
+    return pl.pallas_call(
+        kernel, grid=(batch, num_kv_heads, splits), in_specs=[gmem, gmem, gmem], out_specs=gmem,
+        out_shape=jax.ShapeDtypeStruct((batch, num_kv_heads, splits), jnp.float32),
+        compiler_params=plgpu.CompilerParams(), name="probe_mgpu_stream",
+    )(page_table, k_pages, v_pages)
+
+
 def finish(acc, m, l, group, dtype):
     """Split partials -> `[B, H, D]` (the probe's rows repeat heads when padded; keep the first H/G)."""
     from pallas_kernels.paged_attention.combine import combine_splits
@@ -218,6 +255,8 @@ def run_probes(bn, *, B=32, ctx=4096, L=16, probes=PROBES, rounds=2, key="b32_ct
         return kv_bytes / t / 1e12 / copy if copy else None
 
     rows = [{"probe": "shipped paged_decode", "table": t, "ms": []} for t in ("random", "sorted")]
+    rows += [{"probe": "mgpu_stream", "table": "random", "ms": [], "pages_per_step": pps_, "max_concurrent_steps": mc}
+             for pps_, mc in ((4, 4), (4, 2), (2, 8), (8, 2))]
     rows += [dict(p) | {"ms": []} for p in probes]
     fns = {}
     for rnd in range(rounds):
@@ -226,7 +265,10 @@ def run_probes(bn, *, B=32, ctx=4096, L=16, probes=PROBES, rounds=2, key="b32_ct
                 continue
             sets = pools[row["table"]]
             try:
-                if "probe" in row:
+                if row.get("probe") == "mgpu_stream":
+                    kw = dict(pages_per_step=row["pages_per_step"], max_concurrent_steps=row["max_concurrent_steps"])
+                    fn = lambda q, kk, vv, pt, sl, kw=kw: mgpu_stream_call(kk, vv, pt, **kw)  # noqa: E731
+                elif "probe" in row:
                     fn = functools.partial(paged_decode, sm_scale=scale)
                 else:
                     kw = {k_: row[k_] for k_ in ("source", "block_kv", "splits", "num_warps", "num_stages", "order")}
@@ -253,6 +295,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="bench/results/paged_decode_probe.json")
     p.add_argument("--budget-s", type=float, default=240.0)
+    p.add_argument("--only", default="", help="comma list of probe names to keep (e.g. mgpu_stream)")
     p.add_argument("--cpu-smoke", action="store_true", help="interpret mode on tiny shapes: checks the probes only")
     a = p.parse_args(argv)
     if a.cpu_smoke:
@@ -264,7 +307,7 @@ def main(argv=None):
     bn.res["copy_reference"] = copy
     bn.res["copy_tb_per_s"] = copy.get("tb_per_s")
     pab.log("device", bn.res["device"], "copy", copy)
-    run_probes(bn)
+    run_probes(bn, probes=[] if a.only else PROBES)
     bn.res["elapsed_s"] = time.perf_counter() - pab.T0
     bn.save()
 
