@@ -153,6 +153,11 @@ def mgpu_stream_call(k_pages, v_pages, page_table, *, splits=4, pages_per_step=4
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    try:  # jax 0.11 registers the Mosaic GPU lowering of pallas_call only when this is imported
+        import jax._src.pallas.mosaic_gpu.pallas_call_registration  # noqa: F401
+    except ImportError:  # pragma: no cover
+        pass
+
     num_pages, page_size, num_kv_heads, head_dim = k_pages.shape
     batch, pages_per_seq = page_table.shape
     pages_per_split = pages_per_seq // splits
