@@ -151,12 +151,8 @@ def mgpu_stream_call(k_pages, v_pages, page_table, *, splits=4, pages_per_step=4
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
+    from jax import lax
     from jax.experimental.pallas import mosaic_gpu as plgpu
-
-    try:  # jax 0.11 registers the Mosaic GPU lowering of pallas_call only when this is imported
-        import jax._src.pallas.mosaic_gpu.pallas_call_registration  # noqa: F401
-    except ImportError:  # pragma: no cover
-        pass
 
     num_pages, page_size, num_kv_heads, head_dim = k_pages.shape
     batch, pages_per_seq = page_table.shape
@@ -164,7 +160,7 @@ def mgpu_stream_call(k_pages, v_pages, page_table, *, splits=4, pages_per_step=4
     steps = pages_per_split // pages_per_step
 
     def kernel(pt_ref, k_ref, v_ref, o_ref):
-        b, g, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        b, g, s = lax.axis_index("b"), lax.axis_index("g"), lax.axis_index("s")
         first = s * pages_per_split
 
         def spec(j):
@@ -178,11 +174,9 @@ def mgpu_stream_call(k_pages, v_pages, page_table, *, splits=4, pages_per_step=4
         plgpu.emit_pipeline(body, grid=(steps,), in_specs=specs + specs,
                             max_concurrent_steps=max_concurrent_steps)(*([k_ref] * pages_per_step + [v_ref] * pages_per_step))
 
-    gmem = pl.BlockSpec(memory_space=plgpu.GMEM)
-    return pl.pallas_call(
-        kernel, grid=(batch, num_kv_heads, splits), in_specs=[gmem, gmem, gmem], out_specs=gmem,
-        out_shape=jax.ShapeDtypeStruct((batch, num_kv_heads, splits), jnp.float32),
-        compiler_params=plgpu.CompilerParams(), name="probe_mgpu_stream",
+    return plgpu.kernel(
+        kernel, out_type=jax.ShapeDtypeStruct((batch, num_kv_heads, splits), jnp.float32),
+        grid=(batch, num_kv_heads, splits), grid_names=("b", "g", "s"),
     )(page_table, k_pages, v_pages)
 
 
