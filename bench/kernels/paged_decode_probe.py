@@ -144,10 +144,13 @@ def probe_call(q, k_pages, v_pages, page_table, seq_lens, *, source, math_mode, 
     )(seq_lens, page_table, q, k_pages.reshape(flat), v_pages.reshape(flat))
 
 
-def mgpu_stream_call(k_pages, v_pages, page_table, *, splits=4, pages_per_step=4, max_concurrent_steps=4):
+def mgpu_stream_call(k_pages, v_pages, page_table, *, splits=4, pages_per_step=4, max_concurrent_steps=4,
+                     whole_page=False):
     """Mosaic GPU streaming ceiling: every program TMA-copies its split's K and V pages (one
     `[L, D]` box of KV head g per page, its page id read from the table) through a
-    `max_concurrent_steps`-deep SMEM pipeline and computes nothing. Output: a dummy `[B, G, S]`."""
+    `max_concurrent_steps`-deep SMEM pipeline and computes nothing. Output: a dummy `[B, G, S]`.
+    whole_page: one program per (request, split) copies whole `[L, G, D]` pages (contiguous 32 KiB
+    at Qwen3-8B shapes) instead of one head's strided rows."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
@@ -164,6 +167,9 @@ def mgpu_stream_call(k_pages, v_pages, page_table, *, splits=4, pages_per_step=4
         first = s * pages_per_split
 
         def spec(j):
+            if whole_page:
+                return pl.BlockSpec((None, page_size, num_kv_heads, head_dim),
+                                    lambda i: (pt_ref[b, first + i * pages_per_step + j], 0, 0, 0))
             return pl.BlockSpec((None, page_size, None, head_dim),
                                 lambda i: (pt_ref[b, first + i * pages_per_step + j], 0, g, 0))
 
@@ -175,8 +181,8 @@ def mgpu_stream_call(k_pages, v_pages, page_table, *, splits=4, pages_per_step=4
                             max_concurrent_steps=max_concurrent_steps)(*([k_ref] * pages_per_step + [v_ref] * pages_per_step))
 
     return plgpu.kernel(
-        kernel, out_type=jax.ShapeDtypeStruct((batch, num_kv_heads, splits), jnp.float32),
-        grid=(batch, num_kv_heads, splits), grid_names=("b", "g", "s"),
+        kernel, out_type=jax.ShapeDtypeStruct((batch, 1 if whole_page else num_kv_heads, splits), jnp.float32),
+        grid=(batch, 1 if whole_page else num_kv_heads, splits), grid_names=("b", "g", "s"),
     )(page_table, k_pages, v_pages)
 
 
@@ -254,8 +260,10 @@ def run_probes(bn, *, B=32, ctx=4096, L=16, probes=PROBES, rounds=2, key="b32_ct
         return kv_bytes / t / 1e12 / copy if copy else None
 
     rows = [{"probe": "shipped paged_decode", "table": t, "ms": []} for t in ("random", "sorted")]
-    rows += [{"probe": "mgpu_stream", "table": "random", "ms": [], "pages_per_step": pps_, "max_concurrent_steps": mc}
-             for pps_, mc in ((4, 4), (4, 2), (2, 8), (8, 2))]
+    rows += [{"probe": "mgpu_stream", "table": "random", "ms": [], "pages_per_step": pps_, "max_concurrent_steps": mc,
+              "whole_page": wp, "splits": sp}
+             for pps_, mc, wp, sp in ((4, 4, False, 4), (8, 2, False, 4), (1, 3, True, 4), (1, 2, True, 8),
+                                      (1, 3, True, 16), (2, 1, True, 8))]
     rows += [dict(p) | {"ms": []} for p in probes]
     fns = {}
     for rnd in range(rounds):
@@ -265,7 +273,7 @@ def run_probes(bn, *, B=32, ctx=4096, L=16, probes=PROBES, rounds=2, key="b32_ct
             sets = pools[row["table"]]
             try:
                 if row.get("probe") == "mgpu_stream":
-                    kw = dict(pages_per_step=row["pages_per_step"], max_concurrent_steps=row["max_concurrent_steps"])
+                    kw = {k_: row[k_] for k_ in ("pages_per_step", "max_concurrent_steps", "whole_page", "splits")}
                     fn = lambda q, kk, vv, pt, sl, kw=kw: mgpu_stream_call(kk, vv, pt, **kw)  # noqa: E731
                 elif "probe" in row:
                     fn = functools.partial(paged_decode, sm_scale=scale)
