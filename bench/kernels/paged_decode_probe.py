@@ -212,6 +212,10 @@ PROBES = [
     P(order="gbs", splits=2), P(order="gbs", num_stages=3), P(order="gbs", block_kv=128, num_stages=3),
 ]
 
+# Launch shapes of the shipped form only, timed in more rounds: is splits=2 really faster?
+SPLITS_SWEEP = [P(splits=1), P(splits=2), P(), P(splits=2, num_stages=3), P(splits=2, order="gbs"),
+                P(splits=2, table="sorted")]
+
 
 def make_pool(B, ctx, L, G, D, n_sets, table):
     import jax
@@ -234,7 +238,7 @@ def make_pool(B, ctx, L, G, D, n_sets, table):
     return k, v, tables
 
 
-def run_probes(bn, *, B=32, ctx=4096, L=16, probes=PROBES, rounds=2, key="b32_ctx4096_qwen3_8b"):
+def run_probes(bn, *, B=32, ctx=4096, L=16, probes=PROBES, rounds=2, mgpu=True, key="b32_ctx4096_qwen3_8b"):
     """Each probe is timed `rounds` times, interleaved with the other probes (run-to-run spread)."""
     import jax
     import jax.numpy as jnp
@@ -263,7 +267,7 @@ def run_probes(bn, *, B=32, ctx=4096, L=16, probes=PROBES, rounds=2, key="b32_ct
     rows += [{"probe": "mgpu_stream", "table": "random", "ms": [], "pages_per_step": pps_, "max_concurrent_steps": mc,
               "whole_page": wp, "splits": sp}
              for pps_, mc, wp, sp in ((4, 4, False, 4), (8, 2, False, 4), (1, 3, True, 4), (1, 2, True, 8),
-                                      (1, 3, True, 16), (2, 1, True, 8))]
+                                      (1, 3, True, 16), (2, 1, True, 8)) if mgpu]
     rows += [dict(p) | {"ms": []} for p in probes]
     fns = {}
     for rnd in range(rounds):
@@ -302,6 +306,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="bench/results/paged_decode_probe.json")
     p.add_argument("--budget-s", type=float, default=240.0)
+    p.add_argument("--splits-sweep", action="store_true", help="only SPLITS_SWEEP, in --rounds rounds")
+    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--only", default="", help="comma list of probe names to keep (e.g. mgpu_stream)")
     p.add_argument("--cpu-smoke", action="store_true", help="interpret mode on tiny shapes: checks the probes only")
     a = p.parse_args(argv)
@@ -314,7 +320,8 @@ def main(argv=None):
     bn.res["copy_reference"] = copy
     bn.res["copy_tb_per_s"] = copy.get("tb_per_s")
     pab.log("device", bn.res["device"], "copy", copy)
-    run_probes(bn, probes=[] if a.only else PROBES)
+    probes = SPLITS_SWEEP if a.splits_sweep else [] if a.only else PROBES
+    run_probes(bn, probes=probes, rounds=a.rounds, mgpu=not a.splits_sweep)
     bn.res["elapsed_s"] = time.perf_counter() - pab.T0
     bn.save()
 
