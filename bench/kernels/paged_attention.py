@@ -71,6 +71,8 @@ def copy_bandwidth():
 
 
 def git_commit():
+    if os.environ.get("JSPEC_COMMIT"):
+        return os.environ["JSPEC_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     except Exception:  # noqa: BLE001
