@@ -13,21 +13,27 @@ prefix up to the block's first token): no mask at all. The second covers the res
 ever appear in the second loop, where logits are replaced (`where`, not multiply) by -inf and V
 rows by 0 before the products.
 
-Lowering: Triton (`plgpu.CompilerParams`), chosen because
+Lowering: Triton (`pallas.triton.CompilerParams`), chosen because
 - the same `pl.pallas_call` runs in interpret mode on CPU, so the tested kernel is the shipped one;
 - K/V rows are gathered per token through the page table (`k_ref[slots, g, :]`), which the
   Triton lowering turns into plain vectorised loads that its software pipeliner overlaps
-  (`num_stages`); Mosaic GPU wants rectangular TMA copies per page and cannot run on CPU.
-Mosaic GPU was not tried: with the Triton lowering the kernel already streams at 0.91 of the
-device-copy rate once programs are long (decode B=256 ctx=4096, B=32 ctx=32k; H200).
+  (`num_stages`);
+- Mosaic GPU was measured and would gain little: a Mosaic GPU kernel that only TMA-copies the same
+  paged bytes (one `[L, D]` box per page and head, or whole `[L, G, D]` pages; a 2- to 8-deep SMEM
+  pipeline) and computes nothing streams at 0.79-0.83 of the copy rate on the H200
+  (bench/kernels/paged_decode_probe.py, bench/results/paged_decode_probe_mgpu_h200.json), against
+  0.70-0.73 for this kernel with its softmax and products. At most that 10-15% is left to a TMA
+  kernel, and it would give up the CPU-tested kernel.
 
-Where it stands (H200, bf16, bench/results/kernels_paged_attention_h200.json): decode B=32
-ctx=4096 Qwen3-8B 0.235 ms = 0.54 of the copy rate (JAX's Triton paged_attention 0.377 ms, XLA
-2.12 ms); verify N=4 0.99-1.15x decode; causal prefill 8k 343 TFLOP/s (cuDNN 470). For B >= 8,
-decode time fits "about 0.08 ms + bytes at 4.1 TB/s": each program pays a fixed start (dependent
-scalar loads of its metadata, then a pipeline fill of page-id -> K/V loads) that short programs
-cannot hide. The kernel timed without the split merge took 0.257 ms against 0.235 ms with it
-(run-to-run noise), so the merge is not the cost.
+Where it stands (H200, bf16, bench/results/kernels_paged_attention_h200.json, 2026-11-22): decode
+B=32 ctx=4096 Qwen3-8B 0.18 ms = 0.70-0.73 of the copy rate in repeated runs (JAX's Triton
+paged_attention 0.31 ms, XLA 2.0 ms); verify N=4 1.10x decode, N=8 1.32-1.38x; causal prefill 8k
+343 TFLOP/s (cuDNN 470). Launch shapes barely move it: splits 1/2/4 timed 0.189/0.181/0.186 ms
+(medians of five interleaved rounds), 3 or 4 stages, 32 to 128 KV tokens per step, request- or
+head-major launch order, scattered or back-to-back pages all stayed within the 10% run-to-run spread
+(bench/results/paged_decode_probe_h200.json, paged_decode_probe_splits_h200.json). Triton probes
+that drop the page table altogether, or every product (K and V rows only summed), are no faster
+(0.64-0.75): what remains is how the Triton lowering streams a program's strided rows, not paging.
 
 Tried and dropped: one program per request holding all H query heads and reading whole
 `[G, D]` token records (contiguous page memory, G-times larger masked products). On the H200 it
