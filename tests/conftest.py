@@ -9,9 +9,11 @@ differences at most, as between XLA versions):
 Measured on the 2-core CI machine, one process: the NAIVE_EAGLE hybrid test's compile time 59 ->
 41 s, and the training + sampling-distribution tests (tests/train/test_train_lm.py -k
 loss_goes_down, tests/jspec/test_spec_ngram.py -k distribution, where generated code runs the
-most) 113 -> 81 s of wall time. Level 0 compiles faster still but made `jspec demo` generate 2-4x
-slower. A persistent compilation cache shared by the session was tried too: the test files' tiny
-models differ, so 2 of 77 compiles hit it and it cost more than it saved.
+most) 113 -> 81 s of wall time. Over the whole suite (-n 2, 2026-11-22) the saving is smaller: 46.9
+-> 44.2 CPU minutes, because several tests run long generated code. Level 0 compiles faster still
+but made `jspec demo` generate 2-4x slower. A persistent compilation cache shared by the session was
+tried too: the test files' tiny models differ, so 2 of 77 compiles hit it and it cost more than it
+saved.
 
 Flags the caller already set in XLA_FLAGS come last and so win. Subprocesses inherit the test
 flags; the one that runs `jspec demo` as a user would gets the caller's own (`JSPEC_USER_XLA_FLAGS`),

@@ -47,8 +47,11 @@ def first_turn_prompts(tokens: np.ndarray, *, user_id: int, assistant_id: int, e
 
 def distill(target_dir: str, corpus: str, out: str, *, time_budget: float, max_new_tokens: int = 256,
             max_prompt_tokens: int = 256, max_running_requests: int = 256, temperature: float = 0.0,
-            max_prompts: int | None = None, seed: int = 0, dtype: str = "bfloat16", log=print) -> dict:
-    """Generate replies until the time budget (seconds, engine start included) would run out."""
+            max_prompts: int | None = None, seed: int = 0, dtype: str = "bfloat16",
+            chunked_prefill_size: int | None = None, log=print) -> dict:
+    """Generate replies until the time budget (seconds, engine start included) would run out.
+    chunked_prefill_size: the engine's prefill token budget per step (None: its default); the
+    engine compiles one prefill executable per power of two up to it, so a small one starts faster."""
     from jspec.api import Engine
     from jspec.models.loader import load_tokenizer
     from jspec.train import data
@@ -74,7 +77,7 @@ def distill(target_dir: str, corpus: str, out: str, *, time_budget: float, max_n
         {"max_new_tokens": max_new_tokens, "temperature": 0.0}
     with Engine(target_dir, dtype=dtype, max_running_requests=max_running_requests,
                 cuda_graph_bs=[max_running_requests], context_length=max_prompt_tokens + max_new_tokens + 16,
-                disable_top_k_top_p=True,
+                chunked_prefill_size=chunked_prefill_size, disable_top_k_top_p=True,
                 show_progress=False) as engine:
         startup = time.perf_counter() - t0
         log(f"engine up in {startup:.1f} s; {len(prompts):,} train prompts of <= {max_prompt_tokens} tokens")
@@ -118,6 +121,7 @@ def add_parser(tsub) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=256)
     p.add_argument("--max-running-requests", type=int, default=256)
     p.add_argument("--max-prompts", type=int)
+    p.add_argument("--chunked-prefill-size", type=int, help="prefill tokens per engine step (default: the engine's)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy, the regime the drafters are scored in")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="bfloat16")
@@ -131,6 +135,7 @@ def _cmd(args) -> int:
                     max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                     max_running_requests=args.max_running_requests, temperature=args.temperature,
                     max_prompts=args.max_prompts, seed=args.seed, dtype=args.dtype,
+                    chunked_prefill_size=args.chunked_prefill_size,
                     log=lambda m: print(m, file=sys.stderr, flush=True))
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
         json.dump(stats, f, indent=1)

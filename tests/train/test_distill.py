@@ -54,7 +54,8 @@ def test_distill_writes_prompt_reply_eot(tmp_path):
     data.save_tokens(corpus, np.array(convs, np.uint16))
     out = str(tmp_path / "replies.npz")
     stats = distill(os.path.join(TINY, "qwen3"), corpus, out, time_budget=600, max_new_tokens=6,
-                    max_running_requests=4, max_prompts=5, dtype="float32", log=lambda m: None)
+                    max_running_requests=4, max_prompts=5, dtype="float32", chunked_prefill_size=16,
+                    log=lambda m: None)  # prompts of <= 10 tokens: one prefill bucket to compile (CI time)
     tokens = data.load_tokens(out)
     assert stats["prompts"] == 5 and stats["tokens"] == tokens.size
     # Every record is prompt + reply (<= 6 tokens, ending early only at an eos id) + <|endoftext|>.
