@@ -2,8 +2,8 @@
 
 Most of the suite's time is XLA compiling the tiny models' step functions (18 step compiles of one
 hybrid spec test: 59 s of compile in a 69 s test). Two compiler flags, set for the tests only,
-cut that. The HLO is the same; only its CPU code generation changes (last-bit float
-differences at most, as between XLA versions):
+cut that. The programs JAX hands to XLA are unchanged; only how XLA turns them into CPU code
+changes (results may differ in float rounding, as between XLA versions; every test still passes):
 - `--xla_backend_optimization_level=1`: LLVM's -O1 instead of -O2 for the generated CPU code;
 - `--xla_cpu_use_fusion_emitters=false`: XLA's classic emitters for CPU fusions.
 Measured on the 2-core CI machine, one process: the NAIVE_EAGLE hybrid test's compile time 59 ->
