@@ -84,6 +84,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cpu-smoke", action="store_true", help="the Triton probe in interpret mode, tiny shapes")
     a = p.parse_args(argv)
+    t0 = time.perf_counter()
     if a.cpu_smoke:
         pool = jax.random.normal(jax.random.key(0), (6, 2, 8, 16), jnp.float32)
         slots = jnp.asarray([4, 1, 3], jnp.int32)
@@ -121,6 +122,13 @@ def main(argv=None):
         probes[f"triton bv{bv}"] = lambda pool, s, bv=bv: triton_stream(pool, s, block_v=bv)
         probes[f"mosaic bv{bv}"] = lambda pool, s, bv=bv: mosaic_stream(pool, s, block_v=bv)
     rows = {name: {"ms": []} for name in probes}
+    res["probes"] = rows
+
+    def save():
+        res["elapsed_s"] = time.perf_counter() - t0
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
     for rnd in range(a.rounds):
         for name, fn in probes.items():
             row = rows[name]
@@ -141,12 +149,7 @@ def main(argv=None):
             except Exception as e:  # noqa: BLE001
                 row["error"] = repr(e)[:600]
             gb.log(f"round {rnd} {name}: {row}")
-            res["probes"] = rows
-            with open(a.out, "w") as f:
-                json.dump(res, f, indent=1)
-    res["elapsed_s"] = time.perf_counter() - gb.T0 if hasattr(gb, "T0") else None
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
+            save()
 
 
 if __name__ == "__main__":

@@ -269,7 +269,6 @@ def run_probes(bn, *, B=32, ctx=4096, L=16, probes=PROBES, rounds=2, mgpu=True, 
              for pps_, mc, wp, sp in ((4, 4, False, 4), (8, 2, False, 4), (1, 3, True, 4), (1, 2, True, 8),
                                       (1, 3, True, 16), (2, 1, True, 8)) if mgpu]
     rows += [dict(p) | {"ms": []} for p in probes]
-    fns = {}
     for rnd in range(rounds):
         for row in rows:
             if bn.time_left() < 15 or "error" in row:
@@ -308,7 +307,7 @@ def main(argv=None):
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--splits-sweep", action="store_true", help="only SPLITS_SWEEP, in --rounds rounds")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--only", default="", help="comma list of probe names to keep (e.g. mgpu_stream)")
+    p.add_argument("--only", choices=["mgpu_stream"], help="only the Mosaic GPU streaming probes (and the anchors)")
     p.add_argument("--cpu-smoke", action="store_true", help="interpret mode on tiny shapes: checks the probes only")
     a = p.parse_args(argv)
     if a.cpu_smoke:
