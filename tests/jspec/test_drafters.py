@@ -27,10 +27,12 @@ import tiny_drafters as td  # noqa: E402
 import tiny_models as tm  # noqa: E402
 
 from checkpoints.safetensors_reader import SafetensorsCheckpoint  # noqa: E402
-from jspec.errors import CheckpointError, ConfigError  # noqa: E402
+from jspec.errors import CheckpointError, ConfigError, UnsupportedModelError  # noqa: E402
 from jspec.models import load_model  # noqa: E402
-from jspec.models.batch import ForwardBatch, empty_caches  # noqa: E402
-from jspec.models.drafters import DraftOutput, load_drafter, random_drafter  # noqa: E402
+from jspec.cache.pool import allocate_caches  # noqa: E402
+from jspec.models.batch import ForwardBatch, ForwardMode  # noqa: E402
+from jspec.models.drafters import (DraftOutput, dflash_block_size, drafter_config, load_drafter,  # noqa: E402
+                                   random_drafter)
 from jspec.models.scoring import forward, single_sequence_batch  # noqa: E402
 
 TOL = 1e-4
@@ -53,7 +55,7 @@ def _draft(dgd, dparams, tgd, tparams, batch, caches, hidden, idx):
     return drafter(batch, caches, hidden, target=target, logits_indices=idx)
 
 
-def _batch(ids, start: int, mode: str, num_tokens: int) -> ForwardBatch:
+def _batch(ids, start: int, mode: ForwardMode, num_tokens: int) -> ForwardBatch:
     """One request at positions start .. start+len(ids)-1, padded to num_tokens (slot -1)."""
     n = len(ids)
     pos = np.arange(start, start + n)
@@ -72,14 +74,14 @@ def _batch(ids, start: int, mode: str, num_tokens: int) -> ForwardBatch:
 def run_drafter(dm, target, hidden_ext, hidden_dec=None):
     """Extend over IDS[:N] with hidden_ext [N, Hin] (padded to 8 rows), then decode IDS[N] at
     position N with hidden_dec [1, *] (default: the extend's last DraftOutput.hidden)."""
-    caches = empty_caches(dm.config, num_pages=6, page_size=PAGE, num_state_slots=1, dtype=dm.dtype)
+    caches = allocate_caches(dm.config, num_pages=6, page_size=PAGE, num_state_slots=1, dtype=dm.dtype)
     caches = jax.tree_util.tree_map(lambda x: jnp.full_like(x, jnp.nan), caches)
     h = jnp.concatenate([hidden_ext, jnp.zeros((1, hidden_ext.shape[1]), hidden_ext.dtype)])
-    ext, caches = _draft(dm.graphdef, dm.params, target.graphdef, target.params, _batch(IDS[:N], 0, "extend", N + 1),
+    ext, caches = _draft(dm.graphdef, dm.params, target.graphdef, target.params, _batch(IDS[:N], 0, ForwardMode.EXTEND, N + 1),
                          caches, h, jnp.arange(N))
     assert isinstance(ext, DraftOutput) and ext.logits.dtype == jnp.float32
     hd = ext.hidden[N - 1:] if hidden_dec is None else hidden_dec
-    dec, _ = _draft(dm.graphdef, dm.params, target.graphdef, target.params, _batch(IDS[N:], N, "decode", 1),
+    dec, _ = _draft(dm.graphdef, dm.params, target.graphdef, target.params, _batch(IDS[N:], N, ForwardMode.DECODE, 1),
                     caches, hd, None)
     return ext, dec
 
@@ -87,7 +89,7 @@ def run_drafter(dm, target, hidden_ext, hidden_dec=None):
 def target_out(target, capture_layers=()):
     """The jspec target over IDS (all N + 1 rows)."""
     batch = single_sequence_batch(IDS, page_size=16, padded_len=16)
-    caches = empty_caches(target.config, num_pages=1, page_size=16, num_state_slots=1, dtype=target.dtype)
+    caches = allocate_caches(target.config, num_pages=1, page_size=16, num_state_slots=1, dtype=target.dtype)
     out, _ = forward(target, caches, batch, jnp.arange(N + 1), capture_layers)
     return out
 
@@ -484,3 +486,134 @@ def test_nextn_errors(targets, root):
     save_file(_drop("mtp.norm.weight")(t), os.path.join(d, td.MTP_SHARD))
     with pytest.raises(CheckpointError, match=r"'mtp\.norm\.weight'"):
         load_drafter("NEXTN", d, target)
+
+
+# ----------------------------------------------------------------------------- config before weights
+
+
+def _same_error(load, read):
+    """load() and read() raise the same error type with the same message."""
+    with pytest.raises(Exception) as a:
+        load()
+    with pytest.raises(Exception) as b:
+        read()
+    assert type(b.value) is type(a.value) and str(b.value) == str(a.value), (a.value, b.value)
+    return b.value
+
+
+@pytest.fixture(scope="module")
+def dflash_dir(targets, root):
+    d = os.path.join(root, "dflash_config")
+    td.write_dflash(d, targets["qwen3"][0], seed=6, target_layer_ids=[0], num_layers=2, block_size=4)
+    return d
+
+
+def test_drafter_config_is_the_loaded_config(targets, root, eagle3_dir, dflash_dir):
+    """drafter_config, from config.json alone, equals the config of the drafter load_drafter
+    builds; its KV shape is the drafter's own (the heads' head_dim is not the qwen3 target's)."""
+    eagle = os.path.join(root, "eagle_config")
+    td.write_eagle(eagle, targets["qwen3"][0], seed=7, prefix="model.")
+    cases = [("EAGLE", eagle, "qwen3"), ("EAGLE3", eagle3_dir, "llama"), ("NEXTN", targets["qwen3_next"][0],
+             "qwen3_next"), ("NEXTN", targets["qwen3_5"][0], "qwen3_5"), ("DFLASH", dflash_dir, "qwen3")]
+    for kind, d, name in cases:
+        target = targets[name][1]
+        cfg = drafter_config(kind, d, target.config)
+        assert cfg == load_drafter(kind, d, target).config, kind
+    assert drafter_config(None, eagle, targets["qwen3"][1].config) == drafter_config("EAGLE", eagle,
+                                                                                     targets["qwen3"][1].config)
+    head = drafter_config("eagle3", eagle3_dir, targets["llama"][1].config)
+    assert head.attention_layer_ids == (0,) and head.num_key_value_heads == 2 and head.head_dim == 16
+    assert targets["qwen3"][1].config.head_dim == 32
+    assert drafter_config("EAGLE", eagle, targets["qwen3"][1].config).head_dim == 16
+    dflash = drafter_config("DFLASH", dflash_dir, targets["qwen3"][1].config)
+    assert dflash.attention_layer_ids == (0, 1) and dflash.head_dim == 16
+
+
+def test_drafter_config_reads_no_tensors(targets, eagle3_dir, root):
+    """A KV shape in config.json that the tensors contradict is still read (no tensor is); the
+    loader reports the tensors."""
+    d = _variant(eagle3_dir, os.path.join(root, "eagle3_one_kv_head"),
+                 config=lambda c: {**c, "num_key_value_heads": 1})
+    target = targets["llama"][1]
+    assert drafter_config("EAGLE3", d, target.config).num_key_value_heads == 1
+    with pytest.raises(CheckpointError, match="k_proj"):
+        load_drafter("EAGLE3", d, target)
+
+
+CONFIG_ERRORS = [e for e in ERRORS if "config" in e[1]]
+
+
+@pytest.mark.parametrize("label, change, error, needle", CONFIG_ERRORS, ids=[e[0] for e in CONFIG_ERRORS])
+def test_drafter_config_errors(targets, eagle3_dir, root, label, change, error, needle):
+    """Every config.json problem the loader reports, drafter_config reports the same way."""
+    d = _variant(eagle3_dir, os.path.join(root, f"bad_{label}"), **change)
+    target = targets["llama"][1]
+    e = _same_error(lambda: load_drafter("EAGLE3", d, target), lambda: drafter_config("EAGLE3", d, target.config))
+    assert isinstance(e, error) and needle in str(e)
+
+
+def test_drafter_config_directory_errors(targets, root, dflash_dir):
+    """Directory-level problems: the same error as load_drafter, for every kind."""
+    llama, qwen3 = targets["llama"][1], targets["qwen3"][1]
+    no_tensors = os.path.join(root, "config_only")
+    os.makedirs(no_tensors, exist_ok=True)
+    shutil.copy(os.path.join(dflash_dir, "config.json"), no_tensors)
+    no_config = os.path.join(root, "tensors_only")
+    os.makedirs(no_config, exist_ok=True)
+    shutil.copy(os.path.join(dflash_dir, "model.safetensors"), no_config)
+    bad_json = os.path.join(root, "bad_json")
+    os.makedirs(bad_json, exist_ok=True)
+    with open(os.path.join(bad_json, "config.json"), "w") as f:
+        f.write("{")
+    bare = os.path.join(root, "qwen3_5_bare")
+    tm.build("qwen3_5", bare, seed=8)
+    cases = [
+        ("EAGLE", os.path.join(root, "nowhere"), llama, ConfigError, "not a directory"),
+        ("EAGLE5", dflash_dir, llama, ConfigError, "EAGLE5"),
+        ("DFLASH", no_tensors, qwen3, CheckpointError, "holds neither"),
+        ("DFLASH", no_config, qwen3, ConfigError, "no config.json"),
+        ("EAGLE3", bad_json, llama, ConfigError, "not valid JSON"),
+        ("EAGLE3", dflash_dir, qwen3, UnsupportedModelError, "EAGLE3"),
+        ("DFLASH", dflash_dir, targets["qwen3_5"][1], ConfigError, "num_target_layers"),
+        ("NEXTN", targets["llama"][0], llama, ConfigError, "no MTP layer"),
+        ("NEXTN", no_tensors, targets["qwen3_5"][1], CheckpointError, "holds neither"),
+    ]
+    for kind, d, target, error, needle in cases:
+        e = _same_error(lambda: load_drafter(kind, d, target), lambda: drafter_config(kind, d, target.config))
+        assert isinstance(e, error) and needle in str(e), (kind, d, e)
+    with pytest.raises(ConfigError, match="neither an EAGLE"):  # detection knows EAGLE heads only
+        drafter_config(None, dflash_dir, qwen3.config)
+    # The MTP tensors are the loader's to find: drafter_config reads the target's config.json only.
+    assert drafter_config("NEXTN", bare, targets["qwen3_5"][1].config).attention_layer_ids == (0,)
+    with pytest.raises(CheckpointError, match=r"no `mtp\.\*` tensors"):
+        load_drafter("NEXTN", bare, targets["qwen3_5"][1])
+
+
+def test_dflash_block_size(targets, root, dflash_dir):
+    assert dflash_block_size(dflash_dir) == 4 == load_drafter("DFLASH", dflash_dir, targets["qwen3"][1]).block_size
+
+    def variant(name, **change):
+        d = os.path.join(root, f"dflash_block_{name}")
+        shutil.copytree(dflash_dir, d)
+        with open(os.path.join(d, "config.json")) as f:
+            cfg = json.load(f)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump({**cfg, **change}, f)
+        return d
+
+    nested = variant("nested", dflash_config={"block_size": 8, "mask_token_id": 3, "target_layer_ids": [0]})
+    assert dflash_block_size(nested) == 8  # dflash_config's block_size wins over the top-level one
+    # No readable config.json: None, and the loader reports it.
+    assert dflash_block_size(os.path.join(root, "nowhere")) is None
+    assert dflash_block_size(root) is None
+    bad_json = os.path.join(root, "dflash_block_bad_json")
+    os.makedirs(bad_json, exist_ok=True)
+    with open(os.path.join(bad_json, "config.json"), "w") as f:
+        f.write("not json")
+    assert dflash_block_size(bad_json) is None
+    # A readable config with a bad block size or another architecture: the loader's error.
+    target = targets["qwen3"][1]
+    for d in (variant("one", block_size=1), variant("float", block_size=4.0), variant("eagle", architectures=["X"])):
+        _same_error(lambda: load_drafter("DFLASH", d, target), lambda: dflash_block_size(d))
+    with pytest.raises(ConfigError, match="block_size=1 must be an int >= 2"):
+        dflash_block_size(os.path.join(root, "dflash_block_one"))

@@ -15,7 +15,8 @@ import jax
 from flax import nnx
 
 from jspec.config import ModelConfig
-from jspec.models.batch import Caches, ForwardBatch
+from jspec.cache.pool import Caches
+from jspec.models.batch import ForwardBatch
 from jspec.models.causal_lm import CausalLM, ForwardOutput
 
 
@@ -35,8 +36,8 @@ class TokenMap(nnx.Variable):
 
 
 class Drafter(nnx.Module):
-    kind: str  # "eagle" | "eagle3" | "mtp"
-    config: ModelConfig  # the single draft layer: attention_layer_ids == (0,), no GDN layers
+    kind: str  # "eagle" | "eagle3" | "mtp" | "dflash"
+    config: ModelConfig  # the draft layers (one, except DFlash's), all full attention: no GDN layers
     draft_vocab_size: int  # Vd, the width of DraftOutput.logits (< config.vocab_size only for EAGLE3 with d2t)
     # Target layers whose entering residual stream the drafter reads (CausalLM capture_layers);
     # () means it reads the target's final normed hidden instead.

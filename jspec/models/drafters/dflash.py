@@ -22,7 +22,8 @@ from flax import nnx
 from jspec.config import ModelConfig
 from jspec.models import ops
 from jspec.models.attention import Attention
-from jspec.models.batch import Caches, ForwardBatch
+from jspec.cache.pool import Caches
+from jspec.models.batch import ForwardBatch
 from jspec.models.causal_lm import CausalLM
 from jspec.models.drafters.base import DraftOutput, Drafter, as_dtype
 from jspec.models.layers import Linear, RMSNorm

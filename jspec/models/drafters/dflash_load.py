@@ -11,11 +11,17 @@ is the stream entering layer i + 1 in jspec's capture convention.
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 
 from jspec.config import FULL_ATTENTION, ModelConfig, RopeConfig, parse_hf_config
 from jspec.errors import CheckpointError, ConfigError, UnsupportedModelError
 from jspec.models.drafters.dflash import DFlashDrafter
+from jspec.models.drafters.reader import (DraftModel, build_draft_model, checkpoint_storage, head_tensors,
+                                          random_params, read_config_json, read_params)
+from jspec.models.loader import Model
 
 DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
 
@@ -29,9 +35,13 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     return [int(round(lo + i * (hi - lo) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
 
 
-def dflash_config(raw: dict, target: ModelConfig) -> tuple[ModelConfig, tuple[int, ...], int, int]:
-    """(draft layers' config, capture layers, block_size, mask_token_id) of a DFlash config.json,
-    checked against the target."""
+# ----------------------------------------------------------------------------- config.json
+
+
+def dflash_block(raw: dict) -> int:
+    """The block size of a DFlash config.json `raw` (`dflash_config.block_size`, else the
+    top-level `block_size`), after the architecture check: the part of `dflash_config` that
+    needs no target."""
     arch = (raw.get("architectures") or [None])[0]
     if arch not in DFLASH_ARCHITECTURES:
         raise UnsupportedModelError(f"draft config.json: architectures={arch!r} is not a DFlash drafter "
@@ -40,6 +50,15 @@ def dflash_config(raw: dict, target: ModelConfig) -> tuple[ModelConfig, tuple[in
     block = extra.get("block_size", raw.get("block_size"))
     if not isinstance(block, int) or isinstance(block, bool) or block < 2:
         raise ConfigError(f"draft config.json: block_size={block!r} must be an int >= 2")
+    return block
+
+
+def dflash_config(raw: dict, target: ModelConfig) -> tuple[ModelConfig, tuple[int, ...], int, int]:
+    """(draft layers' config, capture layers, block_size, mask_token_id) of a DFlash config.json,
+    checked against the target."""
+    block = dflash_block(raw)
+    arch = raw["architectures"][0]
+    extra = raw.get("dflash_config") or {}
     mask = extra.get("mask_token_id", raw.get("mask_token_id"))
     if not isinstance(mask, int) or not 0 <= mask < target.vocab_size:
         raise ConfigError(f"draft config.json: dflash_config.mask_token_id={mask!r} must be a token id of the "
@@ -68,20 +87,51 @@ def dflash_config(raw: dict, target: ModelConfig) -> tuple[ModelConfig, tuple[in
     return cfg, capture, block, mask
 
 
-def load_dflash(path: str, target, dt):
-    from jspec.models.drafters import loader
+def dflash_block_size(path) -> int | None:
+    """The block size a DFlash drafter at `path` was trained with (the engine's default number of
+    draft tokens), from its config.json alone, before any weight is read.
 
-    raw = loader._read_json(path)
-    cfg, capture, block, mask = dflash_config(raw, target.config)
+    None when `path` has no readable config.json (absent, unreadable or not JSON): the loader
+    then reports that problem with its own message. A readable config.json that is not a DFlash
+    one, or whose block size is not an int >= 2, raises the loader's error for it.
+    """
+    file = os.path.join(os.fspath(path), "config.json")
+    if not os.path.isfile(file):
+        return None
+    try:
+        with open(file) as f:
+            raw = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+    return dflash_block(raw)
+
+
+def dflash_drafter_config(path: str, target: ModelConfig) -> ModelConfig:
+    """The draft layers' config of the DFlash directory `path`, with every check `load_dflash`
+    makes before it reads tensors, in the same order, so the same error."""
+    cfg = dflash_config(read_config_json(path), target)[0]
+    checkpoint_storage(path)
+    return cfg
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_dflash(path: str, target: Model, dt) -> DraftModel:
+    """The DFlash drafter at `path`, in dtype `dt`."""
+    cfg, capture, block, mask = dflash_config(read_config_json(path), target.config)
     # Some exports carry a copy of the target's embedding / head; DFlash uses the target's.
-    src = loader._head_tensors(path, drop=("embed_tokens.weight", "lm_head.weight"))
+    view = head_tensors(path, drop=("embed_tokens.weight", "lm_head.weight"))
     e = cfg.hidden_size
-    if "fc.weight" in src and src.shape("fc.weight") != (e, len(capture) * e):
-        raise CheckpointError(f"shape {src.shape('fc.weight')}: fc reads {len(capture)} target layers x hidden_size "
-                              f"{e}, so it must be ({e}, {len(capture) * e})", tensor=src.stored("fc.weight"))
-    return loader._finish("dflash", lambda: DFlashDrafter(cfg, capture_layers=capture, block_size=block,
-                                                          mask_token_id=mask, dtype=dt),
-                          lambda exp: loader._read(src, exp, dt), dt, path)
+    if "fc.weight" in view and view.shape("fc.weight") != (e, len(capture) * e):
+        raise CheckpointError(f"shape {view.shape('fc.weight')}: fc reads {len(capture)} target layers x hidden_size "
+                              f"{e}, so it must be ({e}, {len(capture) * e})", tensor=view.stored("fc.weight"))
+    return build_draft_model("dflash", lambda: DFlashDrafter(cfg, capture_layers=capture, block_size=block,
+                                                             mask_token_id=mask, dtype=dt),
+                             lambda exp: read_params(view, exp, dt), dt, path)
+
+
+# ----------------------------------------------------------------------------- random weights
 
 
 def random_config(target: ModelConfig, *, num_layers: int = 5, intermediate_size=None, num_attention_heads=None,
@@ -106,13 +156,11 @@ def random_config(target: ModelConfig, *, num_layers: int = 5, intermediate_size
     )
 
 
-def random_dflash(target_model, dt, rng: np.random.Generator, scale: float, *, block_size: int = 16,
-                  mask_token_id: int | None = None, target_layer_ids=None, **shape):
+def random_dflash(target_model: Model, dt, rng: np.random.Generator, scale: float, *, block_size: int = 16,
+                  mask_token_id: int | None = None, target_layer_ids=None, **shape) -> DraftModel:
     """A DFlash drafter with random weights (benchmarks of real shapes without files; the start
     of training). target_layer_ids: config.json's convention; default the spread of
-    `default_target_layer_ids`, clipped to the target."""
-    from jspec.models.drafters import loader
-
+    `default_target_layer_ids`, clipped to the target. shape: `random_config`'s keywords."""
     tcfg = target_model.config
     try:
         cfg = random_config(tcfg, **shape)
@@ -127,11 +175,6 @@ def random_dflash(target_model, dt, rng: np.random.Generator, scale: float, *, b
         raise ConfigError(f"target_layer_ids={list(ids)}: must be in [0, {tcfg.num_hidden_layers - 2}]")
     capture = tuple(i + 1 for i in ids)
     mask = tcfg.vocab_size - 1 if mask_token_id is None else mask_token_id
-
-    def flat(expected):
-        return {name: (np.ones(shp, np.float32) if name.endswith("norm.weight")
-                       else scale * rng.standard_normal(shp, dtype=np.float32))
-                for name, shp in sorted(expected.items())}
-
-    return loader._finish("dflash", lambda: DFlashDrafter(cfg, capture_layers=capture, block_size=block_size,
-                                                          mask_token_id=mask, dtype=dt), flat, dt, "<random>")
+    return build_draft_model("dflash", lambda: DFlashDrafter(cfg, capture_layers=capture, block_size=block_size,
+                                                             mask_token_id=mask, dtype=dt),
+                             lambda exp: random_params(exp, rng, scale, zero_centred_norm=False), dt, "<random>")

@@ -15,7 +15,8 @@ from flax import nnx
 
 from jspec.config import ModelConfig
 from jspec.models.attention import Attention
-from jspec.models.batch import Caches, ForwardBatch
+from jspec.cache.pool import Caches
+from jspec.models.batch import ForwardBatch
 from jspec.models.causal_lm import CausalLM
 from jspec.models.drafters.base import DraftOutput, Drafter, TokenMap, as_dtype
 from jspec.models.layers import Embedding, Linear, RMSNorm

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.config import FULL_ATTENTION, ModelConfig
-from jspec.models.batch import Caches, ForwardBatch
+from jspec.cache.pool import Caches
+from jspec.models.batch import ForwardBatch
 from jspec.models.causal_lm import CausalLM, DecoderLayer
 from jspec.models.drafters.base import DraftOutput, Drafter, as_dtype
 from jspec.models.layers import Linear, RMSNorm
@@ -22,7 +23,7 @@ from jspec.models.rope import rope_cos_sin
 
 
 def mtp_config(target: ModelConfig, *, moe: bool) -> ModelConfig:
-    """The target's config cut to the one full-attention MTP layer (so `empty_caches` gives it
+    """The target's config cut to the one full-attention MTP layer (so `allocate_caches` gives it
     one KV layer and no Gated-DeltaNet state)."""
     return target.replace(num_hidden_layers=1, layer_types=(FULL_ATTENTION,), moe_layers=(moe,), num_mtp_layers=0)
 
