@@ -1,4 +1,10 @@
-"""`jspec train tokenizer | corpus | target | plot`: the tiny model family, from ShareGPT to HF checkpoints."""
+"""`jspec train ...`: the flags of every training command and the line each prints.
+
+The tiny model family, from ShareGPT to HF checkpoints: `tokenizer | corpus | target | plot`.
+Drafters against a frozen target: `distill` (the target's own replies as training tokens), then
+`eagle3 | mtp | dflash`. The work lives in the module each command names (`lm`, `eagle3`, ...);
+this file only turns flags into their arguments, so those modules import nothing of it.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +14,17 @@ import shlex
 import sys
 import time
 
+from jspec.config import parse_hf_config
 from jspec.errors import ConfigError
+from jspec.train import data, dflash, distill, eagle3, lm, loop, mtp
+from jspec.train.configs import CONFIGS, model_config
+from jspec.train.export import export_hf, model_card
+from jspec.train.tokenizer import load_tokenizer, save_tokenizer, special_token_ids, train_tokenizer
 
 DEFAULT_CONFIG_NAMES = ("qwen3", "qwen3-next", "qwen3-draft")
 
 
 def _cmd_tokenizer(args) -> int:
-    from jspec.train import data
-    from jspec.train.tokenizer import save_tokenizer, special_token_ids, train_tokenizer
-
     t0 = time.perf_counter()
     convs = data.load_conversations("train", path=args.data, limit=args.max_conversations)
     if not convs:
@@ -31,9 +39,6 @@ def _cmd_tokenizer(args) -> int:
 
 
 def _cmd_corpus(args) -> int:
-    from jspec.train import data
-    from jspec.train.tokenizer import load_tokenizer
-
     t0 = time.perf_counter()
     tok = load_tokenizer(args.tokenizer)
     convs = data.load_conversations(args.split, path=args.data, limit=args.max_conversations)
@@ -46,8 +51,6 @@ def _cmd_corpus(args) -> int:
 
 
 def _model_config(name: str, vocab_size: int) -> dict:
-    from jspec.train.configs import CONFIGS, model_config
-
     if name in CONFIGS:
         return model_config(name, vocab_size=vocab_size)
     if name.endswith(".json") and os.path.exists(name):
@@ -70,12 +73,6 @@ def _reproduce_command(args, steps: int, warmup: int) -> str:
 
 
 def _cmd_target(args) -> int:
-    from jspec.config import parse_hf_config
-    from jspec.train import data
-    from jspec.train.export import export_hf, model_card
-    from jspec.train.lm import TrainConfig, plot_history, train_lm
-    from jspec.train.tokenizer import load_tokenizer
-
     tok = load_tokenizer(args.tokenizer)
     cfg_dict = _model_config(args.config, tok.get_vocab_size())
     config = parse_hf_config(cfg_dict)
@@ -83,20 +80,20 @@ def _cmd_target(args) -> int:
     heldout_tokens = data.load_tokens(args.heldout)
     if int(train_tokens.max(initial=0)) >= config.vocab_size:
         raise ConfigError(f"--corpus holds token ids >= the vocabulary {config.vocab_size}: another tokenizer?")
-    tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
-                     min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-                     grad_clip=args.grad_clip, compute_dtype=args.compute_dtype, attention_impl=args.attention,
-                     eval_every=args.eval_every, eval_windows=args.eval_windows, log_every=args.log_every,
-                     seed=args.seed, time_budget_s=args.time_budget)
+    tc = lm.TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+                        min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup_steps,
+                        weight_decay=args.weight_decay, grad_clip=args.grad_clip, compute_dtype=args.compute_dtype,
+                        attention_impl=args.attention, eval_every=args.eval_every, eval_windows=args.eval_windows,
+                        log_every=args.log_every, seed=args.seed, time_budget_s=args.time_budget)
     os.makedirs(args.out, exist_ok=True)
     history_path = os.path.join(args.out, "history.json")
     log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
-    result = train_lm(config, train_tokens, heldout_tokens, tc, log=log, history_path=history_path)
+    result = lm.train_lm(config, train_tokens, heldout_tokens, tc, log=log, history_path=history_path)
     history = result.history
     history["command"] = _reproduce_command(args, history["steps"], history["warmup_steps"])
     if not args.no_plot:
         try:
-            plot_history(history, os.path.join(args.out, "loss.png"), title=f"jspec tiny {args.config}")
+            lm.plot_history(history, os.path.join(args.out, "loss.png"), title=f"jspec tiny {args.config}")
         except ImportError:
             print("matplotlib is not installed: no loss.png (write it later with `jspec train plot`)",
                   file=sys.stderr)
@@ -113,17 +110,182 @@ def _cmd_target(args) -> int:
 
 
 def _cmd_plot(args) -> int:
-    from jspec.train.lm import plot_history
-
     with open(args.history) as f:
         history = json.load(f)
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.history)), "loss.png")
-    plot_history(history, out, title=args.title)
+    lm.plot_history(history, out, title=args.title)
     print(f"wrote {out}")
     return 0
 
 
+# ----------------------------------------------------------------------------- drafters
+def add_drafter_train_flags(p) -> None:
+    """Flags every drafter run takes: the target, the token files and `loop.TrainConfig`."""
+    d = loop.TrainConfig()
+    p.add_argument("--target", required=True, help="target HF checkpoint directory (frozen)")
+    p.add_argument("--corpus", required=True, nargs="+",
+                   help="train tokens (.npy / .npz from `jspec train corpus` or `jspec train distill`; several are joined)")
+    p.add_argument("--heldout", help="held-out tokens: per-step draft accuracy logged on them")
+    p.add_argument("--steps", type=int, default=d.steps, help="steps (the most, with --time-budget)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--seq-len", type=int, default=d.seq_len)
+    p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, help="draft steps unrolled in training")
+    p.add_argument("--step-weight", type=float, default=d.step_weight, help="loss weight of draft step i: w ** i")
+    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate")
+    p.add_argument("--min-lr-ratio", type=float, default=d.min_lr_ratio)
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--grad-clip", type=float, default=d.grad_clip)
+    p.add_argument("--compute-dtype", default=d.compute_dtype, choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--attention", default=d.attention_impl, choices=["auto", "xla", "cudnn"],
+                   help="the target's dense attention (auto: cuDNN on GPU in bf16)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--eval-every", type=int, default=d.eval_every)
+    p.add_argument("--eval-windows", type=int, default=d.eval_windows, help="held-out windows per evaluation")
+    p.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size)
+    p.add_argument("--time-budget", type=float, help="seconds: shorten the schedule to end within them")
+
+
+def drafter_config(args) -> loop.TrainConfig:
+    """The drafter run's `loop.TrainConfig` from the flags of `add_drafter_train_flags`."""
+    return loop.TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+                            ttt_steps=args.ttt_steps, step_weight=args.step_weight, lr=args.lr,
+                            min_lr_ratio=args.min_lr_ratio, warmup_steps=args.warmup_steps,
+                            weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+                            compute_dtype=args.compute_dtype, attention_impl=args.attention, seed=args.seed,
+                            log_every=args.log_every, eval_every=args.eval_every, eval_windows=args.eval_windows,
+                            eval_batch_size=args.eval_batch_size, time_budget_s=args.time_budget)
+
+
+def summary_line(s: dict) -> str:
+    """One line from a drafter run's summary (`history.run_meta`): time, final loss and accuracies."""
+    f = s.get("final") or {}
+    accs = " ".join(f"{f[k]:.3f}" for k in sorted(f) if k.startswith("acc_"))
+    what = "held-out" if f.get("split") == "heldout" else "train"
+    return (f"{s.get('steps')} steps in {s.get('train_s', 0):.0f} s (compile {s.get('compile_s') or 0:.0f} s); "
+            f"{what} loss {f.get('loss', float('nan')):.4f}, draft top-1 = target [{accs}], "
+            f"accept length ~{f.get('accept_estimate', float('nan')):.2f}")
+
+
+def _log(args):
+    return (lambda m: None) if args.quiet else loop.stderr_log
+
+
+def _head_shape(args) -> dict:
+    """The drafter's layer shape flags that were given (the rest default to the target's)."""
+    shape = dict(intermediate_size=args.intermediate_size, num_attention_heads=args.num_heads,
+                 num_key_value_heads=args.num_kv_heads, head_dim=args.head_dim)
+    return {k: v for k, v in shape.items() if v is not None}
+
+
+def _layer_ids(flag: str | None) -> list[int] | None:
+    return None if flag is None else [int(i) for i in flag.split(",")]
+
+
+def _cmd_distill(args) -> int:
+    stats = distill.distill(args.target, args.corpus, args.out, time_budget=args.time_budget,
+                            max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
+                            max_running_requests=args.max_running_requests, temperature=args.temperature,
+                            max_prompts=args.max_prompts, seed=args.seed, dtype=args.dtype,
+                            chunked_prefill_size=args.chunked_prefill_size, log=loop.stderr_log)
+    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+        json.dump(stats, f, indent=1)
+    return 0
+
+
+def _cmd_eagle3(args) -> int:
+    s = eagle3.train_eagle3(args.target, args.corpus, args.heldout, args.out, drafter_config(args),
+                            draft_vocab=args.draft_vocab, aux_layer_ids=_layer_ids(args.aux_layer_ids),
+                            head_from_target=not args.random_head, export_dtype=args.export_dtype, log=_log(args),
+                            **_head_shape(args))
+    print(f"EAGLE3 head ({s['num_parameters']:,} parameters, {s['safetensors_mib']:.2f} MiB) -> {args.out}: "
+          f"{summary_line(s)}")
+    return 0
+
+
+def _cmd_mtp(args) -> int:
+    if args.out is None and not args.in_place:
+        raise ConfigError("--out DIR (a copy of the target with the MTP layer) or --in-place")
+    s = mtp.train_mtp(args.target, args.corpus, args.heldout, None if args.in_place else args.out,
+                      drafter_config(args), from_checkpoint=args.from_checkpoint, history_dir=args.history_dir,
+                      log=_log(args))
+    print(f"MTP layer ({s['num_parameters']:,} parameters) -> {args.target if args.in_place else args.out}: "
+          f"{summary_line(s)}")
+    return 0
+
+
+def _cmd_dflash(args) -> int:
+    s = dflash.train_dflash(args.target, args.corpus, args.heldout, args.out, drafter_config(args),
+                            block_size=args.block_size, num_layers=args.num_layers, num_blocks=args.num_blocks,
+                            target_layer_ids=_layer_ids(args.target_layer_ids), export_dtype=args.export_dtype,
+                            log=_log(args), **_head_shape(args))
+    print(f"DFlash drafter ({s['num_parameters']:,} parameters, {s['safetensors_mib']:.2f} MiB) -> {args.out}: "
+          f"{summary_line(s)}")
+    return 0
+
+
+def _add_drafter_parsers(tsub) -> None:
+    """`jspec train distill | eagle3 | mtp | dflash`."""
+    p = tsub.add_parser("distill", help="the target's own replies to train prompts, as drafter training tokens")
+    p.add_argument("--target", required=True, help="target HF checkpoint directory (with tokenizer.json)")
+    p.add_argument("--corpus", required=True, help="train tokens from `jspec train corpus` (the prompts)")
+    p.add_argument("--out", required=True, help="output token file (.npz)")
+    p.add_argument("--time-budget", type=float, required=True, help="seconds, engine start included")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-prompt-tokens", type=int, default=256)
+    p.add_argument("--max-running-requests", type=int, default=256)
+    p.add_argument("--max-prompts", type=int)
+    p.add_argument("--chunked-prefill-size", type=int, help="prefill tokens per engine step (default: the engine's)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy, the regime the drafters are scored in")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="bfloat16")
+    p.set_defaults(func=_cmd_distill)
+
+    e = tsub.add_parser("eagle3", help="train an EAGLE3 drafter against a frozen target; export it for EAGLE3")
+    add_drafter_train_flags(e)
+    e.add_argument("--out", required=True, help="output directory (config.json, model.safetensors, history)")
+    e.add_argument("--draft-vocab", type=int, default=2048,
+                   help="draft vocabulary: the corpus's most frequent tokens (the target's size: all of them)")
+    e.add_argument("--aux-layer-ids", help="target layers read, comma-separated, config.json's convention "
+                                            "(default SGLang's: 1, L/2 - 1, L - 4)")
+    e.add_argument("--intermediate-size", type=int, help="default: the target's")
+    e.add_argument("--num-heads", type=int, help="default: the target's")
+    e.add_argument("--num-kv-heads", type=int, help="default: the target's")
+    e.add_argument("--head-dim", type=int, help="default: the target's")
+    e.add_argument("--random-head", action="store_true", help="do not start lm_head / norm from the target's")
+    e.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    e.add_argument("--quiet", action="store_true")
+    e.set_defaults(func=_cmd_eagle3)
+
+    m = tsub.add_parser("mtp", help="train the MTP (NEXTN) layer of a Qwen3-Next / Qwen3.5 target; write it as mtp.*")
+    add_drafter_train_flags(m)
+    m.add_argument("--out", help="a copy of the target directory, with the trained mtp.* tensors")
+    m.add_argument("--in-place", action="store_true", help="write mtp.* into --target itself")
+    m.add_argument("--history-dir", help="where mtp_history.{json,png} go (default: the output checkpoint)")
+    m.add_argument("--from-checkpoint", action="store_true", help="start from the target's own mtp.* tensors")
+    m.add_argument("--quiet", action="store_true")
+    m.set_defaults(func=_cmd_mtp)
+
+    f = tsub.add_parser("dflash", help="train a DFlash block drafter against a frozen target; export it for DFLASH")
+    add_drafter_train_flags(f)
+    f.add_argument("--block-size", type=int, default=8)
+    f.add_argument("--num-layers", type=int, default=2)
+    f.add_argument("--num-blocks", type=int, default=8, help="blocks drawn per training window")
+    f.add_argument("--target-layer-ids", default=None, help="comma-separated target layers read (default: spread)")
+    f.add_argument("--intermediate-size", type=int, default=None)
+    f.add_argument("--num-heads", type=int, default=None)
+    f.add_argument("--num-kv-heads", type=int, default=None)
+    f.add_argument("--head-dim", type=int, default=None)
+    f.add_argument("--out", required=True, help="output directory (DFlash format)")
+    f.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    f.add_argument("--quiet", action="store_true")
+    f.set_defaults(func=_cmd_dflash)
+
+
+# ----------------------------------------------------------------------------- registration
 def add_train_parser(sub) -> None:
+    """`jspec train` and its subcommands, under the `jspec` sub-parsers `sub`."""
     t = sub.add_parser("train", help="train the tiny model family (tokenizer, corpus, target models)")
     tsub = t.add_subparsers(dest="train_command", required=True)
 
@@ -178,6 +340,4 @@ def add_train_parser(sub) -> None:
     p.add_argument("--title")
     p.set_defaults(func=_cmd_plot)
 
-    from jspec.train.drafter_common import add_drafter_parsers
-
-    add_drafter_parsers(tsub)  # `jspec train eagle3 | mtp`
+    _add_drafter_parsers(tsub)

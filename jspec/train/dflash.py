@@ -9,8 +9,8 @@ blocks of a row train in one forward. Block position j >= 1 is scored against th
 distribution for the token at a_k + j (target row a_k + j - 1), forward KL as for EAGLE3, with
 weight exp(-(j - 1) / decay): early positions decide how much of a block is accepted.
 
-The exported checkpoint is z-lab's format (`jspec/models/drafters/dflash_load.py`), which the
-engine reads for `speculative_algorithm="DFLASH"`.
+The exported checkpoint is z-lab's format, which the engine's DFLASH loader (`load_drafter`) reads
+for `speculative_algorithm="DFLASH"`.
 """
 
 from __future__ import annotations
@@ -21,14 +21,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jspec.models import load_model
 from jspec.models.causal_lm import CausalLM
-from jspec.models.drafters.dflash import DFlashDrafter
-from jspec.models.drafters.dflash_load import default_target_layer_ids
-from jspec.models.drafters.loader import random_drafter
+from jspec.models.drafters import DFlashDrafter, default_target_layer_ids, random_drafter
 from jspec.models.rope import rope_cos_sin
-from jspec.train.drafter_common import (TrainConfig, add_train_flags, captured_features, config_from_args, file_mib,
-                                        fit, hf_tensors, merged, np_dtype, param_count, run_meta, save_history,
-                                        stderr_log, summary_line, target_fn_for, write_drafter)
+from jspec.train import data
+from jspec.train.export import file_mib, hf_tensors, np_dtype, write_drafter
+from jspec.train.frozen_target import captured_features, merged, target_fn_for
+from jspec.train.history import run_meta, save_history
+from jspec.train.init import num_parameters
+from jspec.train.loop import TrainConfig, fit, stderr_log
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -111,7 +113,7 @@ def block_objective(block_logits, target_logits, starts, *, decay: float):
 
 def make_loss(target_graphdef, drafter_graphdef, capture_layers, *, num_blocks: int, decay: float, compute_dtype,
               target_fn=None, seed: int = 0):
-    """loss_fn(params, frozen, window) for `drafter_common.fit`. The anchors are drawn from the
+    """loss_fn(params, frozen, window) for `loop.fit`. The anchors are drawn from the
     window's own ids (a hash of them), so a jitted step needs no key argument and evaluation on
     fixed windows is deterministic."""
     target_fn = target_fn_for(TrainConfig()) if target_fn is None else target_fn
@@ -130,6 +132,7 @@ def make_loss(target_graphdef, drafter_graphdef, capture_layers, *, num_blocks: 
 
 
 def dflash_config(drafter: DFlashDrafter, num_target_layers: int, dtype: str) -> dict:
+    """config.json of z-lab's DFlash format (a Qwen3-shaped drafter plus `dflash_config`)."""
     cfg = drafter.config
     return dict(
         architectures=[ARCHITECTURE], model_type="qwen3", hidden_size=cfg.hidden_size,
@@ -145,6 +148,7 @@ def dflash_config(drafter: DFlashDrafter, num_target_layers: int, dtype: str) ->
 
 
 def export_dflash(drafter: DFlashDrafter, out_dir: str, num_target_layers: int, *, dtype: str = "bfloat16") -> dict:
+    """Write config.json + model.safetensors for `load_drafter("DFLASH", ...)`; returns the config."""
     _, params, _ = nnx.split(drafter, nnx.Param, ...)
     raw = dflash_config(drafter, num_target_layers, dtype)
     write_drafter(out_dir, hf_tensors(params, drafter.config, np_dtype(dtype)), raw)
@@ -157,9 +161,6 @@ def train_dflash(target_dir: str, corpus: str, heldout: str | None, out_dir: str
                  compiler_options=None, log=stderr_log, **shape) -> dict:
     """Train a DFlash drafter for the target at `target_dir` and export it to `out_dir`, with
     `dflash_history.{json,png}`. mask_token_id: default the tokenizer's `<|mask|>`, else the last id."""
-    from jspec.models import load_model
-    from jspec.train import data
-
     target = load_model(target_dir, dtype=cfg.dtype().name)
     if mask_token_id is None:
         tok = target.tokenizer
@@ -170,7 +171,7 @@ def train_dflash(target_dir: str, corpus: str, heldout: str | None, out_dir: str
     drafter = init_dflash(target, block_size=block_size, mask_token_id=mask_token_id, num_layers=num_layers,
                           target_layer_ids=ids, seed=cfg.seed, **shape)
     graphdef, params, rest = nnx.split(drafter, nnx.Param, ...)
-    n_params = param_count(params)
+    n_params = num_parameters(params)
     log(f"DFlash drafter: {n_params:,} parameters, {num_layers} layers, block {block_size}, reads target layers {ids}, "
         f"mask token {mask_token_id}")
     cfg = TrainConfig(**{**cfg.__dict__, "ttt_steps": block_size - 1})  # one accuracy per block position
@@ -188,34 +189,3 @@ def train_dflash(target_dir: str, corpus: str, heldout: str | None, out_dir: str
     paths = save_history(history, out_dir, "dflash", meta=meta)
     log(f"wrote {out_dir} (model.safetensors {size:.2f} MiB, {export_dtype}); history {paths['json']}")
     return {**meta, "paths": paths, "config_json": raw, "drafter": trained}
-
-
-def _cmd(args) -> int:
-    shape = {k: v for k, v in dict(intermediate_size=args.intermediate_size, num_attention_heads=args.num_heads,
-                                   num_key_value_heads=args.num_kv_heads, head_dim=args.head_dim).items()
-             if v is not None}
-    ids = None if args.target_layer_ids is None else [int(i) for i in args.target_layer_ids.split(",")]
-    s = train_dflash(args.target, args.corpus, args.heldout, args.out, config_from_args(args),
-                     block_size=args.block_size, num_layers=args.num_layers, num_blocks=args.num_blocks,
-                     target_layer_ids=ids, export_dtype=args.export_dtype,
-                     log=(lambda m: None) if args.quiet else stderr_log, **shape)
-    print(f"DFlash drafter ({s['num_parameters']:,} parameters, {s['safetensors_mib']:.2f} MiB) -> {args.out}: "
-          f"{summary_line(s)}")
-    return 0
-
-
-def add_parser(tsub) -> None:
-    p = tsub.add_parser("dflash", help="train a DFlash block drafter against a frozen target; export it for DFLASH")
-    add_train_flags(p)
-    p.add_argument("--block-size", type=int, default=8)
-    p.add_argument("--num-layers", type=int, default=2)
-    p.add_argument("--num-blocks", type=int, default=8, help="blocks drawn per training window")
-    p.add_argument("--target-layer-ids", default=None, help="comma-separated target layers read (default: spread)")
-    p.add_argument("--intermediate-size", type=int, default=None)
-    p.add_argument("--num-heads", type=int, default=None)
-    p.add_argument("--num-kv-heads", type=int, default=None)
-    p.add_argument("--head-dim", type=int, default=None)
-    p.add_argument("--out", required=True, help="output directory (DFlash format)")
-    p.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--quiet", action="store_true")
-    p.set_defaults(func=_cmd)

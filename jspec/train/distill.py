@@ -12,12 +12,13 @@ in the `jspec train corpus` format, which the drafter commands read with `--corp
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import numpy as np
 
 from jspec.errors import ConfigError
+from jspec.models.loader import load_tokenizer
+from jspec.train import data
 
 
 def first_turn_prompts(tokens: np.ndarray, *, user_id: int, assistant_id: int, eot_id: int,
@@ -52,9 +53,7 @@ def distill(target_dir: str, corpus: str, out: str, *, time_budget: float, max_n
     """Generate replies until the time budget (seconds, engine start included) would run out.
     chunked_prefill_size: the engine's prefill token budget per step (None: its default); the
     engine compiles one prefill executable per power of two up to it, so a small one starts faster."""
-    from jspec.api import Engine
-    from jspec.models.loader import load_tokenizer
-    from jspec.train import data
+    from jspec.api import Engine  # the serving runtime: loaded only to distill, not for every `jspec train`
 
     t0 = time.perf_counter()
     tok = load_tokenizer(target_dir)
@@ -109,34 +108,3 @@ def distill(target_dir: str, corpus: str, out: str, *, time_budget: float, max_n
     log(f"wrote {out}: {n_done:,} replies, {n_reply:,} reply tokens ({stats['mean_reply_tokens']:.0f} per reply, "
         f"finish {finish}), {stats['tokens_per_second']:,.0f} tok/s")
     return stats
-
-
-def add_parser(tsub) -> None:
-    p = tsub.add_parser("distill", help="the target's own replies to train prompts, as drafter training tokens")
-    p.add_argument("--target", required=True, help="target HF checkpoint directory (with tokenizer.json)")
-    p.add_argument("--corpus", required=True, help="train tokens from `jspec train corpus` (the prompts)")
-    p.add_argument("--out", required=True, help="output token file (.npz)")
-    p.add_argument("--time-budget", type=float, required=True, help="seconds, engine start included")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--max-prompt-tokens", type=int, default=256)
-    p.add_argument("--max-running-requests", type=int, default=256)
-    p.add_argument("--max-prompts", type=int)
-    p.add_argument("--chunked-prefill-size", type=int, help="prefill tokens per engine step (default: the engine's)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy, the regime the drafters are scored in")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="bfloat16")
-    p.set_defaults(func=lambda a: _cmd(a))
-
-
-def _cmd(args) -> int:
-    import json
-
-    stats = distill(args.target, args.corpus, args.out, time_budget=args.time_budget,
-                    max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
-                    max_running_requests=args.max_running_requests, temperature=args.temperature,
-                    max_prompts=args.max_prompts, seed=args.seed, dtype=args.dtype,
-                    chunked_prefill_size=args.chunked_prefill_size,
-                    log=lambda m: print(m, file=sys.stderr, flush=True))
-    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-        json.dump(stats, f, indent=1)
-    return 0

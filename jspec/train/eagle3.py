@@ -1,7 +1,7 @@
 """EAGLE3 drafter training against a frozen target, and export in the published EAGLE3 format.
 
 The drafter is jspec's own `Eagle3Drafter` (the module the engine drafts with); training runs it
-densely, unrolled over `ttt_steps` draft steps as the engine chains them (`drafter_common`).
+densely, unrolled over `ttt_steps` draft steps as the engine chains them (`ttt`).
 Its inputs are the residual streams entering the target's capture layers (SGLang's default
 layers, written to config.json so the engine captures the same ones) and the target's embedding;
 its head predicts over a draft vocabulary: the corpus's most frequent target tokens, mapped back
@@ -17,15 +17,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jspec.models import Model, load_model
 from jspec.models.causal_lm import CausalLM
-from jspec.models.drafters.base import as_dtype
-from jspec.models.drafters.eagle3 import Eagle3Drafter
-from jspec.models.drafters.loader import EAGLE3_ARCHITECTURES, eagle3_capture_layers, random_drafter
-from jspec.models.loader import Model
-from jspec.train.drafter_common import (TrainConfig, add_train_flags, captured_features, merged, config_from_args, file_mib, fit,
-                                        hf_tensors, np_dtype, param_count, run_meta, save_history, stderr_log,
-                                        step_positions, step_tokens, summary_line, target_fn_for, ttt_objective,
-                                        ttt_self_attention, write_drafter)
+from jspec.models.drafters import EAGLE3_ARCHITECTURES, Eagle3Drafter, eagle3_capture_layers, random_drafter
+from jspec.train import data
+from jspec.train.export import file_mib, hf_tensors, np_dtype, write_drafter
+from jspec.train.frozen_target import captured_features, merged, target_fn_for
+from jspec.train.history import run_meta, save_history
+from jspec.train.init import num_parameters
+from jspec.train.loop import TrainConfig, fit, stderr_log
+from jspec.train.ttt import step_positions, step_tokens, ttt_objective, ttt_self_attention
 
 ARCHITECTURE = EAGLE3_ARCHITECTURES[0]  # "LlamaForCausalLMEagle3", as SpecForge and SGLang write it
 
@@ -90,7 +91,7 @@ def eagle3_unrolled(drafter: Eagle3Drafter, target: CausalLM, window, features, 
     kv, outs, h = [], [], None
     for i in range(num_steps):
         emb = drafter._embed(step_tokens(window, i), target)  # [B, T, E]
-        h = drafter.fc(as_dtype(features, emb)) if i == 0 else as_dtype(h, emb)
+        h = drafter.fc(features.astype(emb.dtype)) if i == 0 else h.astype(emb.dtype)
         x = jnp.concatenate([layer.input_layernorm(emb), layer.hidden_norm(h)], axis=-1)  # [B, T, 2E]
         r = h + ttt_self_attention(layer.self_attn, x, step_positions(t, i), cfg.rope, kv)
         s = r + layer.mlp(layer.post_attention_layernorm(r))
@@ -103,7 +104,7 @@ def eagle3_unrolled(drafter: Eagle3Drafter, target: CausalLM, window, features, 
 
 def make_loss(target_graphdef, drafter_graphdef, capture_layers, *, num_steps: int, step_weight: float,
               compute_dtype, target_fn=None):
-    """loss_fn(params, frozen, window) for `drafter_common.make_steps`. frozen: {"target": target
+    """loss_fn(params, frozen, window) for `loop.make_steps`. frozen: {"target": target
     parameters, "rest": the drafter's non-trained state (d2t), "hot_ids": `[Vd]` or None}."""
     target_fn = target_fn_for(TrainConfig()) if target_fn is None else target_fn
     capture_layers = tuple(capture_layers)
@@ -164,16 +165,13 @@ def train_eagle3(target_dir: str, corpus: str, heldout: str | None, out_dir: str
                  export_dtype: str = "bfloat16", compiler_options=None, log=stderr_log, **shape) -> dict:
     """Train an EAGLE3 head for the target at `target_dir` on token files (`jspec train corpus`
     output) and export it to `out_dir`, with `eagle3_history.{json,png}`. Returns a summary."""
-    from jspec.models import load_model
-    from jspec.train import data
-
     target = load_model(target_dir, dtype=cfg.dtype().name)
     tokens = data.load_tokens(corpus)
     hot = draft_vocab_ids(tokens, min(draft_vocab, target.config.vocab_size), target.config.vocab_size)
     drafter = init_eagle3(target, hot, aux_layer_ids=aux_layer_ids, seed=cfg.seed,
                           head_from_target=head_from_target, **shape)
     graphdef, params, rest = nnx.split(drafter, nnx.Param, ...)
-    n_params = param_count(params)
+    n_params = num_parameters(params)
     log(f"EAGLE3 head: {n_params:,} parameters, capture layers {drafter.capture_layers}, draft vocabulary "
         f"{len(hot)} of {target.config.vocab_size} ({_coverage(tokens, hot):.1%} of corpus tokens)")
 
@@ -197,35 +195,3 @@ def _coverage(tokens: np.ndarray, hot: np.ndarray) -> float:
     """Share of a (sample of the) corpus's tokens inside the draft vocabulary."""
     sample = np.asarray(tokens[: 1 << 22])
     return float(np.isin(sample, hot).mean()) if sample.size else 0.0
-
-
-# ----------------------------------------------------------------------------- command line
-def _cmd(args) -> int:
-    shape = {k: v for k, v in dict(intermediate_size=args.intermediate_size, num_attention_heads=args.num_heads,
-                                   num_key_value_heads=args.num_kv_heads, head_dim=args.head_dim).items()
-             if v is not None}
-    aux = None if args.aux_layer_ids is None else [int(i) for i in args.aux_layer_ids.split(",")]
-    s = train_eagle3(args.target, args.corpus, args.heldout, args.out, config_from_args(args),
-                     draft_vocab=args.draft_vocab, aux_layer_ids=aux, head_from_target=not args.random_head,
-                     export_dtype=args.export_dtype, log=(lambda m: None) if args.quiet else stderr_log, **shape)
-    print(f"EAGLE3 head ({s['num_parameters']:,} parameters, {s['safetensors_mib']:.2f} MiB) -> {args.out}: "
-          f"{summary_line(s)}")
-    return 0
-
-
-def add_parser(tsub) -> None:
-    p = tsub.add_parser("eagle3", help="train an EAGLE3 drafter against a frozen target; export it for EAGLE3")
-    add_train_flags(p)
-    p.add_argument("--out", required=True, help="output directory (config.json, model.safetensors, history)")
-    p.add_argument("--draft-vocab", type=int, default=2048,
-                   help="draft vocabulary: the corpus's most frequent tokens (the target's size: all of them)")
-    p.add_argument("--aux-layer-ids", help="target layers read, comma-separated, config.json's convention "
-                                            "(default SGLang's: 1, L/2 - 1, L - 4)")
-    p.add_argument("--intermediate-size", type=int, help="default: the target's")
-    p.add_argument("--num-heads", type=int, help="default: the target's")
-    p.add_argument("--num-kv-heads", type=int, help="default: the target's")
-    p.add_argument("--head-dim", type=int, help="default: the target's")
-    p.add_argument("--random-head", action="store_true", help="do not start lm_head / norm from the target's")
-    p.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--quiet", action="store_true")
-    p.set_defaults(func=_cmd)

@@ -1,10 +1,15 @@
-"""Write a trained model as a Hugging Face checkpoint directory.
+"""Write trained models as Hugging Face checkpoint directories.
 
-config.json + safetensors in HF names and layouts (fused projections split, experts transposed
-back: `checkpoints.hf_mapping.to_hf_tensors`), bf16 by default, in shards of at most
-`max_shard_bytes` each with HF's `model.safetensors.index.json` when there is more than one; plus
-the tokenizer files and a model card. jspec's `load_model` and transformers'
-`AutoModelForCausalLM.from_pretrained` both read the result.
+Tensors go out in HF names and layouts (fused projections split, experts transposed back:
+`checkpoints.hf_mapping.to_hf_tensors`), bf16 by default.
+
+- A target (`export_hf`): config.json + safetensors in shards of at most `max_shard_bytes` each,
+  with HF's `model.safetensors.index.json` when there is more than one; plus the tokenizer files
+  and a model card. jspec's `load_model` and transformers' `AutoModelForCausalLM.from_pretrained`
+  both read the result.
+- A drafter (`write_drafter`): one model.safetensors + config.json in its published format, as
+  jspec's `load_drafter` and SGLang read it; the trainer builds the config and any extra tensors
+  (EAGLE3's d2t / t2d). MTP layers go into their target's checkpoint instead (`mtp.export_mtp`).
 """
 
 from __future__ import annotations
@@ -13,34 +18,80 @@ import json
 import os
 import shutil
 
+import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from safetensors.numpy import save_file
 
 from checkpoints.hf_mapping import to_hf_tensors
 from checkpoints.safetensors_reader import INDEX_FILE
-from jspec.config import parse_hf_config
+from jspec.config import ModelConfig, parse_hf_config
 from jspec.errors import ConfigError
 from jspec.models.loader import state_to_flat
 from jspec.models.presets import fused_split_sizes
 from jspec.train.tokenizer import TOKENIZER_FILES
 
 MAX_SHARD_BYTES = 15 * 1000 * 1000  # files come back from the GPU machine at <= 16 MiB each
-_NP_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
+_NP_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32),
+              "float16": np.dtype(np.float16)}
 _HEADER_BYTES_PER_TENSOR = 160  # generous estimate of one safetensors header entry
+_STACKED_EXPERTS = ("experts.gate_up_proj", "experts.down_proj")
 
 
-def hf_tensors(config_dict: dict, params, dtype: str = "bfloat16") -> dict[str, np.ndarray]:
-    """HF tensor name -> host array for a jspec parameter state (nnx.State)."""
-    if dtype not in _NP_DTYPES:
-        raise ConfigError(f"export dtype must be one of {sorted(_NP_DTYPES)}, got {dtype!r}")
-    config = parse_hf_config(config_dict)
+def np_dtype(name: str) -> np.dtype:
+    """The numpy dtype of an export dtype name ("bfloat16", "float32", "float16")."""
+    if name not in _NP_DTYPES:
+        raise ConfigError(f"export dtype must be one of {sorted(_NP_DTYPES)}, got {name!r}")
+    return _NP_DTYPES[name]
+
+
+def hf_tensors(params, config: ModelConfig, dtype, *, per_expert: bool = False) -> dict[str, np.ndarray]:
+    """HF tensor name -> contiguous host array for a jspec parameter state (nnx.State); floating
+    tensors cast to numpy `dtype`, integer ones kept.
+
+    per_expert: MoE experts as `experts.{j}.{gate,up,down}_proj.weight` `[out, in]`, the layout
+    the published MTP layers ship in; otherwise stacked, as transformers stores a target's."""
     out = {}
     for name, value in state_to_flat(params).items():
-        arr = np.asarray(value, dtype=np.float32).astype(_NP_DTYPES[dtype])
-        out.update(to_hf_tensors(name, arr, fused_split_sizes(config, name)))
+        arr = np.asarray(jax.device_get(value))
+        if jnp.issubdtype(arr.dtype, jnp.floating):  # jnp's test: numpy's does not count bfloat16
+            arr = arr.astype(dtype)
+        if per_expert and name.endswith(_STACKED_EXPERTS):
+            out.update(_per_expert(name, arr))
+        else:
+            out.update(to_hf_tensors(name, arr, fused_split_sizes(config, name)))
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def _per_expert(name: str, arr: np.ndarray) -> dict[str, np.ndarray]:
+    """Stacked jspec experts `[X, in, out]` -> `experts.{j}.{gate,up,down}_proj.weight` `[out, in]`."""
+    layer = name.rsplit(".", 1)[0]
+    out = {}
+    for j in range(arr.shape[0]):
+        w = arr[j].T  # [out, in]
+        if name.endswith("gate_up_proj"):
+            gate, up = np.split(w, 2, axis=0)
+            out[f"{layer}.{j}.gate_proj.weight"], out[f"{layer}.{j}.up_proj.weight"] = gate, up
+        else:
+            out[f"{layer}.{j}.down_proj.weight"] = w
     return out
 
 
+# ----------------------------------------------------------------------------- drafters
+def write_drafter(out_dir: str, tensors: dict[str, np.ndarray], config: dict) -> None:
+    """A drafter checkpoint as the engine and SGLang read it: model.safetensors + config.json."""
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+
+def file_mib(path: str) -> float:
+    return os.path.getsize(path) / 2 ** 20
+
+
+# ----------------------------------------------------------------------------- targets
 def shard(tensors: dict[str, np.ndarray], max_bytes: int) -> list[dict[str, np.ndarray]]:
     """Tensors packed in name order into groups whose file (data + header) stays under max_bytes."""
     shards, cur, size = [], {}, 0
@@ -61,10 +112,9 @@ def shard(tensors: dict[str, np.ndarray], max_bytes: int) -> list[dict[str, np.n
 def export_hf(params, config_dict: dict, out_dir: str, *, tokenizer_dir: str | None = None,
               dtype: str = "bfloat16", max_shard_bytes: int = MAX_SHARD_BYTES, card: str | None = None) -> list[str]:
     """Write the checkpoint; returns the file names written (relative to out_dir)."""
-    from safetensors.numpy import save_file
-
+    dt = np_dtype(dtype)
     os.makedirs(out_dir, exist_ok=True)
-    tensors = hf_tensors(config_dict, params, dtype)
+    tensors = hf_tensors(params, parse_hf_config(config_dict), dt)
     groups = shard(tensors, max_shard_bytes)
     written = []
     for stale in os.listdir(out_dir):  # a previous export with another shard count

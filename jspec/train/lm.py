@@ -226,7 +226,7 @@ def _write_json(path: str, obj) -> None:
 
 def plot_history(history: dict, path: str, title: str | None = None) -> None:
     """Loss curve PNG: training loss (and a smoothed line) and held-out loss against tokens seen."""
-    import matplotlib
+    import matplotlib  # optional (the test and bench extras): `jspec train plot` makes the PNG later
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -2,8 +2,8 @@
 
 The layer is jspec's `MTPDrafter`: at row p it reads the token at p + 1 and the target's final
 normed hidden at p and predicts the token at p + 2; later draft steps feed back its own normed
-output (`spec/eagle_step.py`). Training runs it densely and unrolled like the engine chains it
-(`drafter_common`), against the frozen target's distribution; its embedding and lm_head are the
+output (`jspec.speculative.eagle_step`). Training runs it densely and unrolled like the engine
+chains it (`ttt`), against the frozen target's distribution; its embedding and lm_head are the
 target's and stay frozen.
 
 Export writes the layer as `mtp.*` tensors into the target's checkpoint, as Qwen3-Next ships it:
@@ -22,18 +22,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from safetensors.numpy import save_file
 
-from jspec.errors import ConfigError
+from checkpoints.safetensors_reader import SafetensorsCheckpoint
+from jspec.models import Model, load_model
 from jspec.models.causal_lm import CausalLM
-from jspec.models.drafters.base import as_dtype
-from jspec.models.drafters.loader import load_drafter, random_drafter
-from jspec.models.drafters.mtp import MTPDrafter
-from jspec.models.loader import Model
+from jspec.models.drafters import MTPDrafter, load_drafter, random_drafter
+from jspec.train import data
 from jspec.train.dense import feed_forward
-from jspec.train.drafter_common import (TrainConfig, add_train_flags, merged, config_from_args, fit,
-                                        hf_tensors, param_count, run_meta, save_history, stderr_log,
-                                        step_positions, step_tokens, summary_line, target_fn_for, ttt_objective,
-                                        ttt_self_attention)
+from jspec.train.export import hf_tensors
+from jspec.train.frozen_target import merged, target_fn_for
+from jspec.train.history import run_meta, save_history
+from jspec.train.init import num_parameters
+from jspec.train.loop import TrainConfig, fit, stderr_log
+from jspec.train.ttt import step_positions, step_tokens, ttt_objective, ttt_self_attention
 
 PREFIX = "mtp."
 SHARD = "model-mtp.safetensors"
@@ -54,14 +56,14 @@ def mtp_unrolled(drafter: MTPDrafter, target: CausalLM, window, final_hidden, nu
 
     window `[B, T+1]`; final_hidden `[B, T, E]`: the target's final normed hidden over the first
     T tokens. Step 0 is the engine's catch-up, step i >= 1 its draft step i from every origin
-    (see drafter_common). Matches the paged `MTPDrafter.__call__` step for step."""
+    (see `ttt`). Matches the paged `MTPDrafter.__call__` step for step."""
     cfg, layer = drafter.config, drafter.layers[0]
     t = window.shape[1] - 1
     h = final_hidden
     kv, outs = [], []
     for i in range(num_steps):
         emb = drafter.pre_fc_norm_embedding(target.model.embed_tokens(step_tokens(window, i)))  # [B, T, E]
-        x = drafter.fc(jnp.concatenate([emb, drafter.pre_fc_norm_hidden(as_dtype(h, emb))], axis=-1))
+        x = drafter.fc(jnp.concatenate([emb, drafter.pre_fc_norm_hidden(h.astype(emb.dtype))], axis=-1))
         x = x + ttt_self_attention(layer.self_attn, layer.input_layernorm(x), step_positions(t, i), cfg.rope, kv)
         x = x + feed_forward(layer.mlp, layer.post_attention_layernorm(x))
         s = drafter.norm(x)
@@ -72,7 +74,7 @@ def mtp_unrolled(drafter: MTPDrafter, target: CausalLM, window, final_hidden, nu
 
 def make_loss(target_graphdef, drafter_graphdef, *, num_steps: int, step_weight: float, compute_dtype,
               target_fn=None):
-    """loss_fn(params, frozen, window) for `drafter_common.make_steps`; frozen: {"target",
+    """loss_fn(params, frozen, window) for `loop.make_steps`; frozen: {"target",
     "rest"} (the target's parameters; the layer's non-trained state, empty)."""
     target_fn = target_fn_for(TrainConfig()) if target_fn is None else target_fn
 
@@ -90,10 +92,6 @@ def export_mtp(drafter: MTPDrafter, target_dir: str, out_dir: str | None = None,
     """Write the layer as `mtp.*` into a copy of the target checkpoint at `out_dir` (None: into
     `target_dir` itself). dtype: numpy dtype of the new tensors (default: the target's embedding's).
     Returns the names written."""
-    from safetensors.numpy import save_file
-
-    from checkpoints.safetensors_reader import SafetensorsCheckpoint
-
     dest = target_dir if out_dir is None else out_dir
     if os.path.abspath(dest) != os.path.abspath(target_dir):
         shutil.copytree(target_dir, dest, dirs_exist_ok=True)
@@ -102,7 +100,7 @@ def export_mtp(drafter: MTPDrafter, target_dir: str, out_dir: str | None = None,
     if dtype is None:
         dtype = ckpt.dtype(next(n for n in names if n.endswith("embed_tokens.weight")))
     _, params, _ = nnx.split(drafter, nnx.Param, ...)
-    new = {PREFIX + k: v for k, v in hf_tensors(params, drafter.config, np.dtype(dtype)).items()}
+    new = {PREFIX + k: v for k, v in hf_tensors(params, drafter.config, np.dtype(dtype), per_expert=True).items()}
 
     # Files and their tensors once the old layer is gone; the new one joins a file below.
     by_file: dict[str, list[str]] = {}
@@ -146,8 +144,6 @@ def _update_index(path: str, new: dict, shard: str) -> None:
     with open(path, "w") as f:
         json.dump(index, f, indent=2)
     if "total_size" in index.get("metadata", {}):
-        from checkpoints.safetensors_reader import SafetensorsCheckpoint
-
         ckpt = SafetensorsCheckpoint(os.path.dirname(path))  # reads the index just written
         index["metadata"]["total_size"] = int(sum(ckpt.nbytes(n) for n in wm))
         ckpt.close()
@@ -172,13 +168,10 @@ def train_mtp(target_dir: str, corpus: str, heldout: str | None, out_dir: str | 
     """Train the MTP layer of the Qwen3-Next / Qwen3.5 target at `target_dir` and write it as
     `mtp.*` into `out_dir` (a copy of the target; None: the target directory itself), with
     `mtp_history.{json,png}` in `history_dir` (default: out_dir). Returns a summary."""
-    from jspec.models import load_model
-    from jspec.train import data
-
     target = load_model(target_dir, dtype=cfg.dtype().name)
     drafter = init_mtp(target, seed=cfg.seed, from_checkpoint=from_checkpoint)
     graphdef, params, rest = nnx.split(drafter, nnx.Param, ...)
-    n_params = param_count(params)
+    n_params = num_parameters(params)
     log(f"MTP layer: {n_params:,} parameters ({'MoE' if drafter.config.moe_layers[0] else 'dense'} block)")
 
     loss_fn = make_loss(target.graphdef, graphdef, num_steps=cfg.ttt_steps, step_weight=cfg.step_weight,
@@ -194,26 +187,3 @@ def train_mtp(target_dir: str, corpus: str, heldout: str | None, out_dir: str | 
     paths = save_history(history, history_dir or dest, "mtp", meta=meta)
     log(f"wrote {len(written)} mtp.* tensors into {dest}; history {paths['json']}")
     return {**meta, "paths": paths, "drafter": trained}
-
-
-# ----------------------------------------------------------------------------- command line
-def _cmd(args) -> int:
-    if args.out is None and not args.in_place:
-        raise ConfigError("--out DIR (a copy of the target with the MTP layer) or --in-place")
-    s = train_mtp(args.target, args.corpus, args.heldout, None if args.in_place else args.out, config_from_args(args),
-                  from_checkpoint=args.from_checkpoint, history_dir=args.history_dir,
-                  log=(lambda m: None) if args.quiet else stderr_log)
-    print(f"MTP layer ({s['num_parameters']:,} parameters) -> {args.target if args.in_place else args.out}: "
-          f"{summary_line(s)}")
-    return 0
-
-
-def add_parser(tsub) -> None:
-    p = tsub.add_parser("mtp", help="train the MTP (NEXTN) layer of a Qwen3-Next / Qwen3.5 target; write it as mtp.*")
-    add_train_flags(p)
-    p.add_argument("--out", help="a copy of the target directory, with the trained mtp.* tensors")
-    p.add_argument("--in-place", action="store_true", help="write mtp.* into --target itself")
-    p.add_argument("--history-dir", help="where mtp_history.{json,png} go (default: the output checkpoint)")
-    p.add_argument("--from-checkpoint", action="store_true", help="start from the target's own mtp.* tensors")
-    p.add_argument("--quiet", action="store_true")
-    p.set_defaults(func=_cmd)

@@ -12,7 +12,10 @@ import json
 import os
 from collections.abc import Iterable
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from jspec.errors import ConfigError
+from jspec.models.loader import load_tokenizer as read_tokenizer_json
 from jspec.train.data import ASSISTANT, ENDOFTEXT, MASK, SPECIAL_TOKENS, USER
 
 DEFAULT_VOCAB_SIZE = 8192
@@ -33,8 +36,6 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, 
     """A byte-level BPE `tokenizers.Tokenizer` learnt from `texts` (message texts, no role tokens).
 
     Byte level: any UTF-8 text encodes without an unknown token, and decoding inverts encoding."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     if vocab_size < 256 + len(SPECIAL_TOKENS) or vocab_size > 1 << 16:
         raise ConfigError(f"vocab_size={vocab_size}: must hold the 256 bytes and the special tokens, "
                           "and fit uint16 ids")
@@ -85,9 +86,7 @@ def save_tokenizer(tok, out_dir: str) -> None:
 
 def load_tokenizer(path: str):
     """The `tokenizers.Tokenizer` of a directory written by `save_tokenizer` (or a model directory)."""
-    from jspec.models.loader import load_tokenizer as load
-
-    tok = load(path)
+    tok = read_tokenizer_json(path)
     if tok is None:
         raise ConfigError(f"{path!r} has no tokenizer.json (write one with `jspec train tokenizer`)")
     return tok

