@@ -2,7 +2,7 @@
 and static cache) and assisted generation with a draft model, against jspec without speculation
 and with the same draft model as STANDALONE, all at batch 1, one prompt after another.
 
-Default models: the shipped tiny family (`checkpoints/tiny/qwen3` + `qwen3-draft`) and the first
+Default models: the shipped tiny family (`data/tiny/qwen3` + `qwen3-draft`) and the first
 held-out ShareGPT prompts (from `--heldout-tokens` where the data package is absent). Every run's
 greedy tokens are compared with HF's plain greedy output, so the table is also a cross-check.
 
@@ -21,8 +21,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.engine_decode import commit, log  # noqa: E402
+from jspec.tiny import tiny_dir  # noqa: E402
 
-TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "tiny")
+TINY = tiny_dir()
 
 
 def hf_runs(target, draft, prompts, n_new, dtype, device):

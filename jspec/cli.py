@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="the shipped tiny models, without and with each drafter, on held-out prompts")
-    d.add_argument("--models", help="the tiny model family (default: checkpoints/tiny of this checkout)")
+    d.add_argument("--models", help="the tiny model family (default: data/tiny of this checkout)")
     d.add_argument("--num-prompts", type=int, default=4)
     d.add_argument("--max-new-tokens", type=int, default=64)
     d.add_argument("--max-prompt-tokens", type=int, default=96)

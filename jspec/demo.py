@@ -13,8 +13,9 @@ import os
 import time
 
 from jspec.errors import ConfigError
+from jspec.tiny import tiny_dir
 
-DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "tiny")
+DEFAULT_DIR = tiny_dir()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +162,7 @@ def main(models_dir: str | None = None, num_prompts: int = 4, max_new_tokens: in
          print_fn=print) -> int:
     models_dir = models_dir or DEFAULT_DIR
     if not os.path.isdir(os.path.join(models_dir, "qwen3")):
-        raise ConfigError(f"{models_dir!r} has no qwen3/ folder: pass the checkpoints/tiny directory")
+        raise ConfigError(f"{models_dir!r} has no qwen3/ folder: pass the data/tiny directory")
     runs = [r for r in RUNS if not only or r.name in only or r.target in only]
     from jspec.models.loader import load_tokenizer
 

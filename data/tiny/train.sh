@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Train the tiny model family shipped in checkpoints/tiny/ (issue 8) from ShareGPT token files.
-#   checkpoints/tiny/train.sh DATA OUT STAGE [SECONDS] [--smoke]
+# Train the tiny model family shipped in data/tiny/ from ShareGPT token files.
+#   data/tiny/train.sh DATA OUT STAGE [SECONDS] [--smoke]
 # STAGE, in this order:
 #   targets   the Qwen3 and Qwen3-Next targets (SECONDS each) and the STANDALONE draft model (SECONDS / 3)
 #   distill   the Qwen3 target's greedy replies to train prompts (OUT/qwen3-distill.npz), SECONDS

@@ -1,4 +1,4 @@
-"""The shipped tiny model family (checkpoints/tiny, issue 8).
+"""The shipped tiny model family (data/tiny, issue 8).
 
 - every folder is complete (config, tokenizer, model card) and the family fits in 60 MB;
 - the targets load in jspec and in transformers with the same logits (fp32, held-out prompts);
@@ -18,11 +18,12 @@ import sys
 import numpy as np
 import pytest
 
-TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "checkpoints", "tiny")
+from jspec.tiny import tiny_dir
+
+TINY = tiny_dir()
 FOLDERS = ("qwen3", "qwen3-next", "qwen3-draft", "qwen3-eagle3", "qwen3-dflash")
 FLOORS = {"qwen3 + EAGLE3": 2.0, "qwen3-next + MTP": 2.0, "qwen3 + DFLASH": 2.5}
 
-pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(TINY, "qwen3")), reason="no shipped checkpoints")
 
 
 def test_family_is_complete_and_small():
@@ -33,7 +34,7 @@ def test_family_is_complete_and_small():
             assert need in files, f"{folder}/{need}"
         assert any(f.endswith(".safetensors") for f in files), folder
         total += sum(os.path.getsize(os.path.join(TINY, folder, f)) for f in files)
-    assert total <= 60e6, f"checkpoints/tiny holds {total / 1e6:.1f} MB"
+    assert total <= 60e6, f"data/tiny holds {total / 1e6:.1f} MB"
 
 
 @pytest.fixture(scope="module")
