@@ -25,6 +25,7 @@ import jax  # noqa: E402
 from bench.engine_decode import commit, log  # noqa: E402
 from jspec.bench.step import (bytes_per_step, copy_bandwidth, decode_plan, fill_random_kv, page_table,  # noqa: E402
                               time_step)
+from jspec.cache.pool import PoolLayout  # noqa: E402
 from jspec.config import parse_hf_config  # noqa: E402
 from jspec.models import ops  # noqa: E402
 from jspec.models.loader import random_model  # noqa: E402
@@ -77,8 +78,9 @@ def run_case(preset, batch, backend, context, copy_bps, models):
     ops.set_backend(backend)
     page_size = 16
     pages_per_seq = -(-context // page_size)
-    runner = ModelRunner(model, page_size=page_size, num_pages=batch * pages_per_seq + 1, num_slots=batch + 1,
-                         pages_per_seq=pages_per_seq, decode_batch_sizes=[batch], extend_token_sizes=[],
+    layout = PoolLayout(page_size=page_size, num_pages=batch * pages_per_seq + 1, num_slots=batch + 1,
+                        pages_per_seq=pages_per_seq)
+    runner = ModelRunner(model, layout=layout, decode_batch_sizes=[batch], extend_token_sizes=[],
                          max_extend_requests=1, progress=False)
     fill_random_kv(runner, jax.random.PRNGKey(3))
     bucket = runner.buckets[0]

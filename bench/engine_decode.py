@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from jspec.cache.pool import PoolLayout  # noqa: E402
 from jspec.config import parse_hf_config  # noqa: E402
 from jspec.models.loader import random_model  # noqa: E402
 from jspec.models.presets import preset_config  # noqa: E402
@@ -85,8 +86,9 @@ def bench_model(preset, grid, copy_bps, results, budget_end, cache_dir):
 
     # Warm start: a second runner over the same buckets reads the persistent compilation cache.
     if time.perf_counter() < budget_end:
-        r2 = ModelRunner(model, page_size=page_size, num_pages=need_pages, num_slots=max_b + 1,
-                         pages_per_seq=pages_per_seq, decode_batch_sizes=decode_bs, extend_token_sizes=[],
+        layout = PoolLayout(page_size=page_size, num_pages=need_pages, num_slots=max_b + 1,
+                            pages_per_seq=pages_per_seq)
+        r2 = ModelRunner(model, layout=layout, decode_batch_sizes=decode_bs, extend_token_sizes=[],
                          max_extend_requests=1, progress=False)
         entry["compile_warm_s"] = r2.compile_seconds
         log(f"{preset}: warm compile {r2.compile_seconds:.1f}s")

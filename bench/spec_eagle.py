@@ -19,6 +19,7 @@ Usage: python bench/spec_eagle.py --out spec_eagle.json [--targets qwen3-8b:EAGL
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -33,16 +34,19 @@ import numpy as np  # noqa: E402
 
 from bench.engine_decode import commit, log  # noqa: E402
 from jspec.bench.step import decode_plan, fill_random_kv, page_table  # noqa: E402
+from jspec.cache.pool import PoolLayout  # noqa: E402
 from jspec.config import parse_hf_config  # noqa: E402
+from jspec.models.batch import ForwardMode  # noqa: E402
 from jspec.models.drafters.loader import random_drafter  # noqa: E402
 from jspec.models.loader import random_model  # noqa: E402
 from jspec.models.presets import preset_config  # noqa: E402
 from jspec.runtime.model_runner import ModelRunner  # noqa: E402
 from jspec.runtime.step import make_step  # noqa: E402
 from jspec.runtime.step_inputs import Bucket, pack  # noqa: E402
-from jspec.spec.config import SpecConfig  # noqa: E402
-from jspec.spec.eagle_step import make_eagle_spec_step  # noqa: E402
-from jspec.spec.tree_step import make_tree_spec_step  # noqa: E402
+from jspec.speculative import accept, eagle_step, tree_step  # noqa: E402
+from jspec.speculative.algorithms import make_drafting  # noqa: E402
+from jspec.speculative.config import SpecConfig  # noqa: E402
+from jspec.speculative.step_common import begin, compose  # noqa: E402
 
 PHASES = ("draft", "verify", "accept", None)  # None: the whole step
 
@@ -62,13 +66,35 @@ def timed(fn, params, state, packed, iters=20, reps=5):
     return float(np.median(times)), state
 
 
+# What a step cut after a phase returns besides the state, so XLA keeps that phase's work.
+CUT_OUTPUTS = {
+    "draft": lambda c: (c.drafts if "parents" not in c.scratch
+                        else jnp.concatenate([c.drafts, c.scratch["parents"]], axis=1)),
+    "verify": lambda c: jnp.argmax(c.scratch["logits"], axis=-1),
+    "accept": lambda c: accept.output_rows(c.kept, c.n, c.bonus, c.valid),
+}
+
+
 def spec_fn(model, drafter, spec: SpecConfig, bucket, page_size, stop_after):
-    kw = dict(page_size=page_size, num_steps=spec.num_steps, simulate_accept_length=spec.simulate_accept_length,
-              stop_after=stop_after)
+    """The engine's speculative step of `spec` (stop_after None), or its phases up to `stop_after`
+    composed here: the state those phases wrote and the cut phase's result."""
+    kw = dict(num_steps=spec.num_steps, simulate_accept_length=spec.simulate_accept_length)
     if spec.topk > 1:
-        return make_tree_spec_step(model.graphdef, drafter.graphdef, bucket, topk=spec.topk,
-                                   num_draft_tokens=spec.num_draft_tokens, **kw)
-    return make_eagle_spec_step(model.graphdef, drafter.graphdef, bucket, **kw)
+        phases = tree_step.phases(topk=spec.topk, num_draft_tokens=spec.num_draft_tokens, **kw)
+    else:
+        phases = eagle_step.phases(**kw)
+    start = begin(bucket, model.graphdef, drafter.graphdef, page_size=page_size, num_keys=spec.num_steps + 1)
+    if stop_after is None:
+        return compose(start, phases)
+    upto = [name for name, _ in phases].index(stop_after) + 1
+
+    def step(params, state, packed):
+        c = start(params, state, packed)
+        for _, phase in phases[:upto]:
+            phase(c)
+        return dataclasses.replace(state, caches=c.caches, draft_caches=c.draft_caches), CUT_OUTPUTS[stop_after](c)
+
+    return step
 
 
 def profile(fn, params, state, packed, steps=5):
@@ -104,9 +130,10 @@ def bench_target(preset, algo, batches, ctx, trees, split_batches, res, profile_
     ahead = max(c.kv_ahead for c in configs) + 256
     pages_per_seq = -(-(ctx + ahead) // page_size)
     max_b = max(batches)
-    runner = ModelRunner(model, page_size=page_size, num_pages=max_b * pages_per_seq + 1, num_slots=max_b + 1,
-                         pages_per_seq=pages_per_seq, decode_batch_sizes=[], extend_token_sizes=[],
-                         max_extend_requests=1, progress=False, draft_model=drafter, spec=configs[-1])
+    layout = PoolLayout(page_size=page_size, num_pages=max_b * pages_per_seq + 1, num_slots=max_b + 1,
+                        pages_per_seq=pages_per_seq)
+    runner = ModelRunner(model, layout=layout, decode_batch_sizes=[], extend_token_sizes=[], max_extend_requests=1,
+                         progress=False, drafting=make_drafting(configs[-1], model, drafter))
     fill_random_kv(runner, jax.random.PRNGKey(5))
     key = jax.random.PRNGKey(6)
     runner.state.draft_caches.kv = [
@@ -119,7 +146,7 @@ def bench_target(preset, algo, batches, ctx, trees, split_batches, res, profile_
         state.req_to_page = page_table(b, ctx + ahead, page_size, pages_per_seq, max_b + 1)
         plan = decode_plan(b, ctx)
         point = {"batch": b}
-        dec_bucket = Bucket("decode", b, b, b, sort=False)
+        dec_bucket = Bucket(ForwardMode.DECODE, b, b, b, sort=False)
         packed = jax.device_put(pack(plan, dec_bucket))
         t0 = time.perf_counter()
         fn = jax.jit(make_step(model.graphdef, dec_bucket, page_size=page_size, num_top_logprobs=0),
@@ -132,8 +159,7 @@ def bench_target(preset, algo, batches, ctx, trees, split_batches, res, profile_
             point["decode_profile"], state = profile(fn, model.params, state, packed)
         for sp in configs:
             name = f"s{sp.num_steps}_k{sp.topk}_n{sp.num_draft_tokens}"
-            bucket = Bucket("spec", b, b, b * (-(-sp.kv_ahead // page_size) + 1), sort=False)
-            plan.mode = "spec"
+            bucket = Bucket(ForwardMode.DECODE, b, b, b * (-(-sp.kv_ahead // page_size) + 1), sort=False)
             packed = jax.device_put(pack(plan, bucket))
             rec = {}
             for phase in (PHASES if b in split_batches else (None,)):

@@ -1,8 +1,8 @@
 """Speculative step cost vs a plain decode step (same run, same weights, same KV).
 
-With NGRAM the drafts come from the host, so the compiled speculative step is verify (target
-forward over S + 1 tokens per request) + greedy acceptance: this isolates what verification adds
-over one decode step. Random bf16 weights, random KV, context 1024.
+With NGRAM the drafts are matched on the device without a draft model, so the compiled
+speculative step is n-gram matching, verify (target forward over S + 1 tokens per request) and
+greedy acceptance: this isolates what verification adds over one decode step. Random bf16 weights, random KV, context 1024.
 
 Usage: python bench/spec_step.py --out spec_step.json [--preset qwen3-8b] [--batches 1,8,32] [--steps 3]
 """
@@ -22,12 +22,14 @@ import jax.numpy as jnp  # noqa: E402
 
 from bench.engine_decode import commit, log  # noqa: E402
 from jspec.bench.step import decode_plan, fill_random_kv, page_table, time_step  # noqa: E402
+from jspec.cache.pool import PoolLayout  # noqa: E402
 from jspec.config import parse_hf_config  # noqa: E402
 from jspec.models.loader import random_model  # noqa: E402
 from jspec.models.presets import preset_config  # noqa: E402
 from jspec.runtime.model_runner import ModelRunner  # noqa: E402
 from jspec.runtime.step_inputs import pack  # noqa: E402
-from jspec.spec.config import SpecConfig  # noqa: E402
+from jspec.speculative.algorithms import make_drafting  # noqa: E402
+from jspec.speculative.config import SpecConfig  # noqa: E402
 
 
 def main(argv=None):
@@ -52,9 +54,11 @@ def main(argv=None):
            "command": "python " + " ".join(sys.argv), "preset": args.preset, "context": ctx, "points": []}
     runners = {}
     for name, sp in (("decode", None), ("spec", spec)):
-        runners[name] = ModelRunner(model, page_size=page_size, num_pages=num_pages, num_slots=max(batches) + 1,
-                                    pages_per_seq=pages_per_seq, decode_batch_sizes=batches, extend_token_sizes=[],
-                                    max_extend_requests=1, progress=False, spec=sp)
+        layout = PoolLayout(page_size=page_size, num_pages=num_pages, num_slots=max(batches) + 1,
+                            pages_per_seq=pages_per_seq)
+        runners[name] = ModelRunner(model, layout=layout, decode_batch_sizes=batches, extend_token_sizes=[],
+                                    max_extend_requests=1, progress=False,
+                                    drafting=None if sp is None else make_drafting(sp, model, None))
         fill_random_kv(runners[name], jax.random.PRNGKey(5))
         log(f"{name}: compiled {len(runners[name].buckets)} buckets in {runners[name].compile_seconds:.1f}s")
     for b in batches:
@@ -65,10 +69,6 @@ def main(argv=None):
             if r.state.seq_lens is not None:  # speculative steps read each request's length on the device
                 r.state.seq_lens = jnp.zeros_like(r.state.seq_lens).at[1:b + 1].set(ctx - 1)
             plan = decode_plan(b, ctx)
-            for s in plan.reqs:
-                s.draft = [7] * args.steps
-            if name == "spec":
-                plan.mode = "spec"
             sec = time_step(r, bucket, jax.device_put(pack(plan, bucket)))
             point[f"{name}_ms"] = sec * 1e3
         point["spec_over_decode"] = point["spec_ms"] / point["decode_ms"]

@@ -8,38 +8,27 @@ for it (or streams it). Several threads may call `generate` at once; `abort` wor
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
-import queue
 import threading
 import time
-import uuid
 
 import jax
 import numpy as np
 
-from jspec.cache.page_allocator import PageAllocator
-from jspec.cache.slot_allocator import SlotAllocator
-from jspec.errors import ConfigError, InvalidRequestError, JspecError
-from jspec.models.loader import Model, load_model, resolve_dtype
+from jspec.cache.allocator import PageAllocator, SlotAllocator
+from jspec.config import generation_eos_token_ids
+from jspec.engine_config import EngineConfig, draft_source
+from jspec.errors import InvalidRequestError, JspecError
+from jspec.models.drafters import checkpoint_format, load_drafter
+from jspec.models.loader import Model, load_model
 from jspec.runtime.engine_core import EngineCore
 from jspec.runtime.model_runner import ModelRunner
-from jspec.runtime.request import Request
-from jspec.runtime.sampling_params import SamplingParams
+from jspec.runtime.request import Request, RequestLimits, make_request
 from jspec.runtime.scheduler import Scheduler
+from jspec.speculative.algorithms import make_drafting
 
 logger = logging.getLogger("jspec")
-DEFAULT_CUDA_GRAPH_BS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256]
-_ENGINE_KEYS = {
-    "model_path", "dtype", "page_size", "max_running_requests", "max_total_tokens", "chunked_prefill_size",
-    "cuda_graph_bs", "disable_overlap_schedule", "random_seed", "context_length", "mem_fraction_static",
-    "prefill_token_buckets", "max_top_logprobs_num", "skip_tokenizer_init", "show_progress",
-    "compilation_cache_dir", "enable_mixed_chunk", "transfer_guard", "disable_top_k_top_p",
-    "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
-    "speculative_num_draft_tokens", "speculative_simulate_accept_length",
-    "speculative_ngram_min_match_window_size", "speculative_ngram_max_match_window_size",
-}
 
 
 def _enable_compilation_cache(path: str | None) -> None:
@@ -52,240 +41,70 @@ def _enable_compilation_cache(path: str | None) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
-def _device_free_bytes() -> int | None:
-    try:
-        stats = jax.devices()[0].memory_stats()
-    except Exception:  # noqa: BLE001 - CPU backends have none
-        return None
-    if not stats or "bytes_limit" not in stats:
-        return None
-    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-
-
-def _dflash_block_size(kwargs: dict) -> int | None:
-    """The block size a DFLASH drafter was trained with (the default number of draft tokens):
-    from a drafter object, or from its config.json; None if there is nothing to read it from."""
-    if str(kwargs.get("speculative_algorithm") or "").upper() != "DFLASH":
-        return None
-    path = kwargs.get("speculative_draft_model_path")
-    if path is not None and not isinstance(path, (str, os.PathLike)):
-        return getattr(path, "block_size", None)
-    file = os.path.join(str(path), "config.json") if path else ""
-    if not os.path.isfile(file):
-        return None  # the loader reports the missing directory or config
-    with open(file) as f:
-        try:
-            raw = json.load(f)
-        except json.JSONDecodeError:
-            return None
-    block = (raw.get("dflash_config") or {}).get("block_size", raw.get("block_size"))
-    return block if isinstance(block, int) and not isinstance(block, bool) else None
-
-
-def _draft_kv_per_token(spec, target_cfg) -> int:
-    """K and V elements per token of a drafter's own KV pool (0 without one): its attention layers
-    x KV heads x head dim, from the drafter object or its config.json (EAGLE-family heads and the
-    MTP layer default to one layer shaped like the target's)."""
-    if spec is None or spec.draft_kind == "ngram":
-        return 0
-    path = spec.draft_model_path
-    cfg = getattr(path, "config", None)
-    if cfg is not None:
-        return 2 * len(cfg.attention_layer_ids) * cfg.num_key_value_heads * cfg.head_dim
-    raw = {}
-    file = os.path.join(str(path), "config.json") if isinstance(path, (str, os.PathLike)) else ""
-    if file and os.path.isfile(file):
-        with open(file) as f:
-            try:
-                raw = json.load(f)
-            except json.JSONDecodeError:
-                raw = {}
-    layers = int(raw.get("num_hidden_layers", 1)) if spec.draft_kind in ("model", "dflash") else 1
-    heads = int(raw.get("num_key_value_heads", target_cfg.num_key_value_heads))
-    head_dim = int(raw.get("head_dim") or target_cfg.head_dim)
-    return 2 * layers * heads * head_dim
-
-
 class Engine:
-    def __init__(self, model_path: str, dtype: str = "bfloat16", page_size: int = 16,
-                 max_running_requests: int | None = None, max_total_tokens: int | None = None,
-                 chunked_prefill_size: int | None = None, cuda_graph_bs: list[int] | None = None,
-                 disable_overlap_schedule: bool = False, random_seed: int = 0, **kwargs):
-        unknown = set(kwargs) - _ENGINE_KEYS
-        if unknown:
-            raise ConfigError(f"unknown Engine argument(s): {', '.join(sorted(unknown))}")
-        preloaded = model_path if isinstance(model_path, Model) else None  # benchmarks: random weights
-        if preloaded is None:
-            if not isinstance(model_path, (str, os.PathLike)) or not os.path.isdir(model_path):
-                raise ConfigError(f"model_path={model_path!r} is not a directory")
-            if not os.path.exists(os.path.join(model_path, "config.json")):
-                raise ConfigError(f"model_path={model_path!r} has no config.json")
-            resolve_dtype(dtype)
-        if not isinstance(page_size, int) or page_size < 1:
-            raise ConfigError(f"page_size must be a positive int, got {page_size!r}")
-        on_gpu = jax.default_backend() == "gpu"
-        show = kwargs.get("show_progress", True)
-        _enable_compilation_cache(kwargs.get("compilation_cache_dir"))
-
-        from jspec.config import load_config
-
-        config = preloaded.config if preloaded is not None else load_config(model_path)
-        from jspec.spec.config import check_draft, parse_spec_config
-
-        self.spec = parse_spec_config(kwargs, target_family=config.family, target_is_hybrid=config.is_hybrid,
-                                      draft_block_size=_dflash_block_size(kwargs))
-        if (self.spec is not None and self.spec.algorithm == "STANDALONE"
-                and isinstance(self.spec.draft_model_path, (str, os.PathLike))):
-            if not os.path.isdir(str(self.spec.draft_model_path)):
-                raise ConfigError(f"speculative_draft_model_path={self.spec.draft_model_path!r} is not a directory")
-            check_draft(self.spec, config, load_config(self.spec.draft_model_path))
-        if self.spec is not None:
-            if kwargs.get("enable_mixed_chunk"):
-                raise ConfigError("enable_mixed_chunk with speculative decoding is not implemented yet")
-        context = int(kwargs.get("context_length") or config.max_position_embeddings)
-        if context < 2:
-            raise ConfigError(f"context_length must be >= 2, got {context}")
-        self.context_length = context
-
-        # Batch sizes ("CUDA graph" buckets) and the running-request cap.
-        if max_running_requests is not None and max_running_requests < 1:
-            raise ConfigError(f"max_running_requests must be >= 1, got {max_running_requests}")
-        cap = max_running_requests or (128 if on_gpu else 16)
-        bs = sorted(set(cuda_graph_bs or [b for b in DEFAULT_CUDA_GRAPH_BS if b <= cap] or [cap]))
-        if any((not isinstance(b, int)) or b < 1 for b in bs):
-            raise ConfigError(f"cuda_graph_bs must be positive ints, got {cuda_graph_bs!r}")
-        if bs[-1] < cap:
-            bs.append(cap)
-        max_running = max_running_requests or bs[-1]
-        bs = [b for b in bs if b <= max(max_running, bs[0])]
-        if bs[-1] < max_running:
-            bs.append(max_running)
-
-        chunk = int(chunked_prefill_size or (8192 if on_gpu else 512))
-        if chunk < 1:
-            raise ConfigError(f"chunked_prefill_size must be >= 1, got {chunk}")
-        buckets = kwargs.get("prefill_token_buckets")
-        if buckets is None:
-            buckets, t = [], 16
-            while t < chunk:
-                buckets.append(t)
-                t *= 2
-            buckets.append(chunk)
-        buckets = sorted(set(int(b) for b in buckets if b <= chunk) | {chunk})
-
-        # KV pool size: explicit, or from free device memory, or a CPU default.
-        # A speculative step writes num_draft_tokens positions past the request's current length,
-        # so rows of the page table cover that much beyond the context length.
-        self.spec_extra = 0 if self.spec is None else self.spec.kv_ahead
-        if self.spec is not None and not disable_overlap_schedule:
-            # Spec v2: a step already in flight for a request that has just finished may still
-            # accept up to num_steps + 1 tokens and write ahead of them.
-            self.spec_extra += self.spec.num_steps + 1
-        pages_per_seq = -(-(context + self.spec_extra) // page_size)
-        if max_total_tokens is None:
-            free = _device_free_bytes()
-            if free is None:
-                max_total_tokens = max(4 * context, 8192) if context <= 8192 else context
-            else:
-                frac = kwargs.get("mem_fraction_static") or 0.85
-                per_token = 2 * len(config.attention_layer_ids) * config.num_key_value_heads * config.head_dim
-                # A drafter keeps its own KV pool with as many pages as the target's.
-                per_token += _draft_kv_per_token(self.spec, config)
-                per_token *= np.dtype(resolve_dtype(dtype)).itemsize
-                weights = 0  # parameters are not resident yet; estimated from the checkpoint below
-                if preloaded is None:
-                    for f in os.listdir(model_path):
-                        if f.endswith(".safetensors"):
-                            weights += os.path.getsize(os.path.join(model_path, f))
-                budget = int(free * frac) - weights - (1 << 30)
-                max_total_tokens = max(budget // max(per_token, 1), page_size * 2)
-        if max_total_tokens < 1:
-            raise ConfigError(f"max_total_tokens must be >= 1, got {max_total_tokens}")
-        num_pages = -(-int(max_total_tokens) // page_size) + 1  # + the padding sink page
-        if (num_pages - 1) * page_size < min(context, 2 * page_size) or (num_pages - 1) < 1:
-            raise ConfigError(
-                f"max_total_tokens={max_total_tokens} gives a KV pool too small for one request "
-                f"({(num_pages - 1) * page_size} tokens)"
-            )
-        self.pool_tokens = (num_pages - 1) * page_size
-        num_slots = max_running + 1  # + the padding sink slot
-
-        self.model = preloaded if preloaded is not None else load_model(model_path, dtype=dtype)
+    def __init__(self, model_path, *, compilation_cache_dir: str | None = None, **kwargs):
+        """`model_path`: an HF or orbax checkpoint directory (or a loaded `Model`); keywords: SGLang's
+        engine settings (`jspec.engine_config.EngineConfig.create` lists them)."""
+        _enable_compilation_cache(compilation_cache_dir)
+        cfg = self.engine_config = EngineConfig.create(model_path, **kwargs)
+        self.spec = cfg.spec
+        self.context_length = cfg.context_length
+        self.model = model_path if isinstance(model_path, Model) else load_model(model_path, dtype=cfg.dtype)
         self.config = self.model.config
-        self.tokenizer = None if kwargs.get("skip_tokenizer_init") else self.model.tokenizer
-        self.eos_token_ids = set(self.config.eos_token_ids) | (set() if preloaded is not None else self._generation_eos(model_path))
-        self.max_top_logprobs = int(kwargs.get("max_top_logprobs_num", 20))
-        # Greedy / temperature / min-p only: capture skips every step's sort variant (half the
-        # compilation), and a request asking for top-k or top-p is refused.
-        self.disable_top_k_top_p = bool(kwargs.get("disable_top_k_top_p", False))
-        self.overlap = not disable_overlap_schedule
-        self.random_seed = int(random_seed)
+        self.tokenizer = None if cfg.skip_tokenizer_init else self.model.tokenizer
+        self.eos_token_ids = set(self.config.eos_token_ids)
+        if not isinstance(model_path, Model):
+            self.eos_token_ids |= generation_eos_token_ids(model_path)
+        self.overlap = not cfg.disable_overlap_schedule
         self._seed_counter = itertools.count()
 
-        self.draft_model = None
-        if self.spec is not None and self.spec.draft_kind != "ngram":
-            self.draft_model = self._load_draft(dtype)
+        drafting = None
+        if self.spec is not None:
+            drafting = make_drafting(self.spec, self.model, self._load_draft())
             if self.spec.simulate_accept_length is not None:
                 logger.warning("speculative_simulate_accept_length=%s: acceptance is simulated for benchmarking; "
                                "outputs are NOT the target's", self.spec.simulate_accept_length)
-        self.pages = PageAllocator(num_pages, page_size)
-        self.slots = SlotAllocator(num_slots)
-        self.scheduler = Scheduler(self.pages, self.slots, max_running_requests=max_running,
-                                   chunked_prefill_size=chunk, max_extend_requests=min(max_running, 64),
-                                   max_decode_requests=bs[-1],
-                                   enable_mixed_chunk=bool(kwargs.get("enable_mixed_chunk", False)),
-                                   spec_tokens=0 if self.spec is None else self.spec.kv_ahead,
-                                   spec_max_accept=0 if self.spec is None else self.spec.num_steps + 1,
-                                   prefill_ahead=0 if self.spec is None else self.spec.prefill_ahead)
-        self.runner = ModelRunner(self.model, page_size=page_size, num_pages=num_pages, num_slots=num_slots,
-                                  pages_per_seq=pages_per_seq, decode_batch_sizes=bs,
-                                  extend_token_sizes=buckets, max_extend_requests=min(max_running, 64),
-                                  num_top_logprobs=self.max_top_logprobs, progress=show,
-                                  draft_model=self.draft_model, spec=self.spec,
-                                  top_k_top_p=not self.disable_top_k_top_p)
+        self.draft_model = None if drafting is None else drafting.draft_model
+        layout = cfg.layout
+        self.pages = PageAllocator(layout.num_pages, layout.page_size)
+        self.slots = SlotAllocator(layout.num_slots)
+        self.scheduler = Scheduler(self.pages, self.slots, max_running_requests=cfg.max_running_requests,
+                                   chunked_prefill_size=cfg.chunked_prefill_size,
+                                   max_extend_requests=cfg.max_extend_requests,
+                                   max_decode_requests=cfg.cuda_graph_bs[-1], enable_mixed_chunk=cfg.enable_mixed_chunk,
+                                   spec_tokens=0 if drafting is None else drafting.kv_ahead,
+                                   spec_max_accept=0 if drafting is None else drafting.max_accept,
+                                   prefill_ahead=0 if drafting is None else drafting.prefill_ahead)
+        self.runner = ModelRunner(self.model, layout=layout, decode_batch_sizes=cfg.cuda_graph_bs,
+                                  extend_token_sizes=cfg.prefill_token_buckets,
+                                  max_extend_requests=cfg.max_extend_requests,
+                                  num_top_logprobs=cfg.max_top_logprobs_num, progress=cfg.show_progress,
+                                  drafting=drafting, top_k_top_p=not cfg.disable_top_k_top_p)
         self.core = EngineCore(self.runner, self.scheduler, tokenizer=self.tokenizer,
-                               eos_token_ids=self.eos_token_ids, overlap=self.overlap, spec=self.spec)
-        self.server_args = dict(model_path=self.model.path, dtype=str(self.model.dtype), page_size=page_size,
-                                max_running_requests=max_running, max_total_tokens=self.pool_tokens,
-                                chunked_prefill_size=chunk, cuda_graph_bs=bs, prefill_token_buckets=buckets,
-                                disable_overlap_schedule=disable_overlap_schedule, random_seed=random_seed,
-                                context_length=context, disable_top_k_top_p=self.disable_top_k_top_p,
-                                enable_mixed_chunk=bool(kwargs.get("enable_mixed_chunk", False)))
-        self._transfer_guard = kwargs.get("transfer_guard")
+                               eos_token_ids=self.eos_token_ids, overlap=self.overlap)
+        self.limits = RequestLimits(vocab_size=self.config.vocab_size, context_length=cfg.context_length,
+                                    pool_tokens=cfg.pool_tokens, spec_extra=cfg.spec_extra,
+                                    max_top_logprobs=cfg.max_top_logprobs_num,
+                                    disable_top_k_top_p=cfg.disable_top_k_top_p,
+                                    speculative=self.spec is not None)
         self._wake = threading.Condition()
         self._stopped = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="jspec-engine", daemon=True)
         self._thread.start()
 
-    def _load_draft(self, dtype):
+    def _load_draft(self):
         """The drafter: a loaded object passes through (benchmarks build random ones); a path is
         read in its published format (NEXTN: the target's own `mtp.*` tensors by default)."""
         path = self.spec.draft_model_path
+        if self.spec.draft_kind == "ngram":
+            return None
         if path is not None and not isinstance(path, (str, os.PathLike)):
             return path
         if self.spec.draft_kind == "model":
-            return load_model(path, dtype=dtype)
-        from jspec.models.drafters.loader import checkpoint_format, load_drafter
-
-        kind = self.spec.algorithm
-        if kind == "NAIVE_EAGLE":
-            kind = "NEXTN" if path is None else None
-        path = path or self.model.path
-        if not os.path.isdir(str(path)):
-            raise ConfigError(f"speculative_draft_model_path={path!r} is not a directory")
+            return load_model(path, dtype=self.engine_config.dtype)
+        kind, path = draft_source(self.spec, self.model.path)
         return load_drafter(kind or checkpoint_format(path), str(path), self.model, self.model.dtype)
-
-    @staticmethod
-    def _generation_eos(path: str) -> set[int]:
-        f = os.path.join(path, "generation_config.json")
-        if not os.path.exists(f):
-            return set()
-        with open(f) as fh:
-            eos = json.load(fh).get("eos_token_id")
-        if eos is None:
-            return set()
-        return {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
 
     # ------------------------------------------------------------------------------ the loop
     def _loop(self) -> None:
@@ -296,10 +115,10 @@ class Engine:
                 if self._stopped:
                     return
             try:
-                if self._transfer_guard is None:
+                if self.engine_config.transfer_guard is None:
                     self.core.step()
                 else:  # e.g. "disallow": any implicit host<->device transfer in the loop raises
-                    with jax.transfer_guard(self._transfer_guard):
+                    with jax.transfer_guard(self.engine_config.transfer_guard):
                         self.core.step()
             except Exception as e:  # noqa: BLE001 - keep serving: fail these requests, not the engine
                 self._error = e
@@ -311,62 +130,12 @@ class Engine:
 
     # ------------------------------------------------------------------------------ requests
     def _make_request(self, prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, stream, rid):
-        if input_ids is None:
-            if prompt is None:
-                raise InvalidRequestError("prompt: either prompt or input_ids must be given")
-            if not isinstance(prompt, str):
-                raise InvalidRequestError(f"prompt: must be a string, got {type(prompt).__name__}")
-            if self.tokenizer is None:
-                raise InvalidRequestError("prompt: this model has no tokenizer; pass input_ids instead")
-            input_ids = self.tokenizer.encode(prompt).ids
-        if isinstance(input_ids, np.ndarray):
-            input_ids = input_ids.tolist()
-        if not isinstance(input_ids, (list, tuple)) or not all(
-            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in input_ids
-        ):
-            raise InvalidRequestError("input_ids: must be a list of ints")
-        input_ids = [int(t) for t in input_ids]
-        if not input_ids:
-            raise InvalidRequestError("input_ids: the prompt is empty")
-        vocab = self.config.vocab_size
-        bad = [t for t in input_ids if t < 0 or t >= vocab]
-        if bad:
-            raise InvalidRequestError(f"input_ids: token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        if sampling_params is not None and not isinstance(sampling_params, dict):
-            raise InvalidRequestError("sampling_params: must be a dict")
-        sp = SamplingParams.from_dict(sampling_params, vocab_size=vocab)
-        if self.disable_top_k_top_p and sp.needs_sort(vocab):
-            field = "top_p" if sp.top_p < 1.0 else "top_k"
-            raise InvalidRequestError(f"sampling_params.{field}: this engine was started with "
-                                      "disable_top_k_top_p=True; only greedy, temperature and min_p sampling")
-        total = len(input_ids) + sp.max_new_tokens
-        if total > self.context_length:
-            raise InvalidRequestError(
-                f"max_new_tokens: prompt ({len(input_ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) "
-                f"exceeds the context length {self.context_length}"
-            )
-        if total + self.spec_extra > self.pool_tokens:
-            raise InvalidRequestError(
-                f"max_new_tokens: prompt + max_new_tokens ({total}) exceeds the KV pool ({self.pool_tokens} tokens)"
-            )
-        if not isinstance(return_logprob, bool):
-            raise InvalidRequestError("return_logprob: must be a bool")
-        if not isinstance(top_logprobs_num, int) or isinstance(top_logprobs_num, bool) or not (
-            0 <= top_logprobs_num <= self.max_top_logprobs
-        ):
-            raise InvalidRequestError(f"top_logprobs_num: must be an int in [0, {self.max_top_logprobs}]")
-        if self.spec is not None:
-            # Penalties and logprobs with speculation come with the rest of issue 5.
-            for field, neutral in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0),
-                                   ("presence_penalty", 0.0)):
-                if getattr(sp, field) != neutral:
-                    raise InvalidRequestError(f"sampling_params.{field}: not supported with speculative decoding yet")
-            if return_logprob or top_logprobs_num:
-                raise InvalidRequestError("return_logprob: not supported with speculative decoding yet")
-        seed = sp.seed if sp.seed is not None else (self.random_seed * 1_000_003 + next(self._seed_counter)) % 2**31
-        return Request(rid=rid or uuid.uuid4().hex, input_ids=input_ids, sampling=sp, seed=seed,
-                       return_logprob=return_logprob or top_logprobs_num > 0, top_logprobs_num=top_logprobs_num,
-                       stream=stream, stream_queue=queue.Queue() if stream else None)
+        def next_seed() -> int:  # drawn from the engine's random_seed, one per unseeded request
+            return (self.engine_config.random_seed * 1_000_003 + next(self._seed_counter)) % 2**31
+
+        return make_request(self.limits, self.tokenizer, prompt=prompt, input_ids=input_ids,
+                            sampling_params=sampling_params, return_logprob=return_logprob,
+                            top_logprobs_num=top_logprobs_num, stream=stream, rid=rid, next_seed=next_seed)
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                  top_logprobs_num=0, stream=False, rid=None):
@@ -461,7 +230,7 @@ class Engine:
 
     def get_server_info(self) -> dict:
         return {
-            **self.server_args,
+            **self.engine_config.server_args(),
             "num_total_pages": self.pages.num_usable,
             "num_free_pages": self.pages.num_free,
             "num_total_slots": self.slots.num_slots - 1,

@@ -370,3 +370,15 @@ def load_config(path: str | os.PathLike) -> ModelConfig:
         except json.JSONDecodeError as e:
             raise UnsupportedModelError(f"{file}: not valid JSON ({e})") from None
     return parse_hf_config(cfg)
+
+
+def generation_eos_token_ids(path: str | os.PathLike) -> set[int]:
+    """The end-of-sequence ids a checkpoint's `generation_config.json` adds (empty without one)."""
+    f = os.path.join(path, "generation_config.json")
+    if not os.path.exists(f):
+        return set()
+    with open(f) as fh:
+        eos = json.load(fh).get("eos_token_id")
+    if eos is None:
+        return set()
+    return {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}

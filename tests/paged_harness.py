@@ -7,7 +7,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.models.batch import Caches, ForwardBatch
+from jspec.cache.pool import Caches
+from jspec.models.batch import ForwardBatch, ForwardMode
 from jspec.models.scoring import forward
 
 
@@ -36,7 +37,7 @@ class PagedHarness:
         while len(self.pages[sid]) < need:
             self.pages[sid].append(int(self.free_pages.pop()))
 
-    def step(self, chunks: dict, *, num_tokens: int, batch_size: int, mode: str = "extend"):
+    def step(self, chunks: dict, *, num_tokens: int, batch_size: int, mode: ForwardMode = ForwardMode.EXTEND):
         """chunks: request id -> new token ids. Returns request id -> logits `[n, V]`."""
         ids, pos, slots_map, rows = [], [], [], []
         cu, seq_lens, table, state_slots, has_init = [0], [], [], [], []
@@ -61,11 +62,11 @@ class PagedHarness:
             self.length[sid] = end
         n_real, b_real = len(ids), len(chunks)
         assert n_real <= num_tokens and b_real <= batch_size
-        if mode == "decode":
+        if mode is ForwardMode.DECODE:
             assert num_tokens == batch_size and n_real == b_real
         # Padding requests: no KV (seq_len 0), sink page and slot; in decode each still owns one token.
         for _ in range(batch_size - b_real):
-            if mode == "decode":
+            if mode is ForwardMode.DECODE:
                 ids.append(0), pos.append(0), slots_map.append(-1)
                 cu.append(cu[-1] + 1)
             else:

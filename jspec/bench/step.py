@@ -5,8 +5,8 @@ For each (batch, context) the engine's compiled decode step runs on `batch` requ
 (weights it touches + KV it reads + GDN state it reads and writes) over the device-to-device copy
 bandwidth measured in the same run. `--profile DIR` also writes a jax.profiler trace of a few steps.
 
-The speculative split (draft / verify / accept / extend) is reported as null until the engine
-speculates (issue 5); the record keeps the field so results stay comparable.
+The record keeps a `speculative_split_ms` field (null here) so its rows stay comparable with
+speculative ones; the phases of a speculative step are timed by bench/spec_eagle.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.cache.pool import PoolLayout
 from jspec.errors import ConfigError
+from jspec.models.batch import ForwardMode
 from jspec.runtime.model_runner import ModelRunner
 from jspec.runtime.request import Request
 from jspec.runtime.sampling_params import SamplingParams
@@ -87,7 +89,7 @@ def decode_plan(batch: int, context: int) -> StepPlan:
         r = Request(rid=str(i), input_ids=[1] * (context - 1), sampling=sp, seed=i)
         r.slot = i + 1
         reqs.append(ScheduledReq(r, context - 1, None, True, False, 0))
-    return StepPlan("decode", reqs, [])
+    return StepPlan(ForwardMode.DECODE, reqs, [])
 
 
 def page_table(batch: int, context: int, page_size: int, pages_per_seq: int, num_slots: int):
@@ -161,8 +163,8 @@ def roofline(model, points: list[tuple[int, int]], *, copy_bps: float, page_size
     pages_per_seq = -(-max(c for _, c in points) // page_size)
     need_pages = max(b * -(-c // page_size) for b, c in points) + 1
     check_fits(model, need_pages * page_size, points)
-    runner = ModelRunner(model, page_size=page_size, num_pages=need_pages, num_slots=max_b + 1,
-                         pages_per_seq=pages_per_seq, decode_batch_sizes=sorted({b for b, _ in points}),
+    layout = PoolLayout(page_size=page_size, num_pages=need_pages, num_slots=max_b + 1, pages_per_seq=pages_per_seq)
+    runner = ModelRunner(model, layout=layout, decode_batch_sizes=sorted({b for b, _ in points}),
                          extend_token_sizes=[], max_extend_requests=1, progress=False)
     fill_random_kv(runner, jax.random.PRNGKey(7))
     out = []
@@ -177,7 +179,7 @@ def roofline(model, points: list[tuple[int, int]], *, copy_bps: float, page_size
                "achieved_bytes_per_s": by["total"] / sec, "floor_ms": floor * 1e3,
                "fraction_of_copy_bandwidth": floor / sec, "tokens_per_s": b / sec,
                "compile_s": runner.compile_seconds,
-               "speculative_split_ms": None}  # draft / verify / accept / extend: after issue 5
+               "speculative_split_ms": None}  # a plain decode step has no phases
         if profile_dir:
             with jax.profiler.trace(f"{profile_dir}/b{b}_ctx{c}"):
                 for _ in range(5):
@@ -194,5 +196,4 @@ def step_table(records: list[dict], copy: dict) -> str:
     for r in records:
         lines.append(f"{r['batch']:>6} {r['context']:>8} {r['ms_per_step']:>9.3f} {r['floor_ms']:>9.3f} "
                      f"{r['fraction_of_copy_bandwidth']:>8.2f} {r['bytes']['total'] / 1e9:>9.3f} {r['tokens_per_s']:>10.1f}")
-    lines.append("speculative split (draft / verify / accept / extend): n/a until the engine speculates")
     return "\n".join(lines)

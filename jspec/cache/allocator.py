@@ -1,8 +1,13 @@
-"""Host allocator over the paged KV pool.
+"""Host allocators over the device pools: KV pages and request slots.
 
-Page 0 is never handed out: padding tokens and padding requests point at it, so a stray write from
-a padded row lands somewhere harmless. Pages carry reference counts so a later prefix cache can
-share them; `free` drops one reference and returns the page to the free list at zero.
+Both hand out indices into device arrays and never touch the arrays themselves; the scheduler
+owns the calls. Index 0 of each is never handed out: padding tokens and padding requests point at
+it (the sink), so a stray write from a padded row lands somewhere harmless.
+
+- `PageAllocator`: pages of the paged KV pool. Pages carry reference counts so a prefix cache can
+  share them; `free` drops one reference and returns the page to the free list at zero.
+- `SlotAllocator`: the row a running request owns in every per-request device buffer (page table,
+  last sampled token, penalty counts, GDN state pool, a drafter's carried state).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 
 SINK_PAGE = 0
+SINK_SLOT = 0
 
 
 class OutOfPages(Exception):
@@ -63,3 +69,33 @@ class PageAllocator:
         leaked = [p for p in range(1, self.num_pages) if self._refs[p] != 0]
         if leaked or len(self._free) != self.num_usable:
             raise AssertionError(f"pages still allocated: {leaked[:16]} (free {len(self._free)}/{self.num_usable})")
+
+
+class SlotAllocator:
+    def __init__(self, num_slots: int):
+        if num_slots < 2:
+            raise ValueError(f"num_slots must be >= 2 (slot 0 is the padding sink), got {num_slots}")
+        self.num_slots = num_slots
+        self._free = list(range(num_slots - 1, 0, -1))  # pop() hands out low slots first
+        self._used: set[int] = set()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def alloc(self) -> int | None:
+        if not self._free:
+            return None
+        s = self._free.pop()
+        self._used.add(s)
+        return s
+
+    def free(self, slot: int) -> None:
+        if slot not in self._used:
+            raise ValueError(f"slot {slot} freed but not allocated")
+        self._used.remove(slot)
+        self._free.append(slot)
+
+    def check_all_free(self) -> None:
+        if self._used:
+            raise AssertionError(f"slots still allocated: {sorted(self._used)[:16]}")

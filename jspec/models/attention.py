@@ -8,7 +8,7 @@ from flax import nnx
 
 from jspec.config import ModelConfig
 from jspec.models import ops
-from jspec.models.batch import ForwardBatch
+from jspec.models.batch import ForwardBatch, ForwardMode
 from jspec.models.layers import Linear, RMSNorm
 from jspec.models.rope import apply_rope
 
@@ -66,9 +66,9 @@ class Attention(nnx.Module):
         q, k, v, gate = self.project(x, cos_sin)
         k_pages, v_pages = ops.write_kv(kv[0], kv[1], k, v, batch.slot_mapping)
         scale = self.head_dim ** -0.5
-        if batch.mode == "decode":
+        if batch.mode is ForwardMode.DECODE:
             o = ops.paged_decode(q, k_pages, v_pages, batch.page_table, batch.seq_lens, sm_scale=scale)
-        elif batch.mode == "verify" and batch.tree_mask is not None:
+        elif batch.mode is ForwardMode.VERIFY and batch.tree_mask is not None:
             o = ops.paged_attention(q, k_pages, v_pages, batch.page_table, batch.seq_lens, batch.cu_q_lens,
                                     sm_scale=scale, mask_mode="tree", custom_mask=batch.tree_mask)
         else:  # extend, and chain verify (a chain is the causal case)

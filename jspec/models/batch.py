@@ -1,19 +1,29 @@
-"""Step inputs and caches as typed pytrees.
+"""What a model forward is asked to do: the forward mode and the step's ragged tokens.
 
-`ForwardBatch` carries the small int32 arrays that describe one step's ragged tokens; `Caches`
-carries the paged KV pool (one K and one V array per attention layer) and the Gated-DeltaNet state
-pool (one conv window and one recurrent state array per GDN layer). Both are plain pytrees, so a
-jitted step takes them as arguments and donates the caches.
+`ForwardMode` is the one vocabulary of step kinds, shared by the scheduler (what a step plan
+does), the buckets (what a compiled step does) and the models (which kernels run). `ForwardBatch`
+carries the small int32 arrays that describe one step's ragged tokens; it is a plain pytree, so a
+jitted step builds it from its packed inputs. The pools a forward reads and writes are
+`jspec.cache.pool.Caches`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import jax
-import jax.numpy as jnp
 
-MODES = ("extend", "decode", "verify")
+
+class ForwardMode(enum.Enum):
+    """EXTEND: prompt chunks (and a drafter's catch-up), any number of tokens per request.
+    DECODE: exactly one token per request (T == B); a speculative engine's decode step drafts,
+    verifies and accepts inside it. VERIFY: exactly N draft tokens per request (T == B * N), causal
+    or tree-masked; Gated-DeltaNet layers leave the state pool untouched (see `ForwardBatch`)."""
+
+    EXTEND = "extend"
+    DECODE = "decode"
+    VERIFY = "verify"
 
 
 @jax.tree_util.register_dataclass
@@ -22,9 +32,9 @@ class ForwardBatch:
     """T new tokens ragged over B requests (see pallas_kernels/paged_attention/reference.py).
 
     input_ids, positions, slot_mapping: [T]; seq_lens, state_slots, has_initial_state: [B];
-    cu_q_lens: [B + 1]; page_table: [B, pages_per_seq]. `mode` is static: "extend" (prefill
-    chunks, any q_len), "decode" (exactly one token per request, T == B) or "verify" (exactly N
-    draft tokens per request, T == B * N: attention is causal, or follows `tree_mask` [B, N, N];
+    cu_q_lens: [B + 1]; page_table: [B, pages_per_seq]. `mode` (static, `ForwardMode`): EXTEND
+    (prefill chunks, any q_len), DECODE (exactly one token per request, T == B) or VERIFY (exactly
+    N draft tokens per request, T == B * N: attention is causal, or follows `tree_mask` [B, N, N];
     Gated-DeltaNet layers leave the state pool untouched and return the state after every draft
     token, each continuing from its parent's, `parents` [B, N] with -1 = the committed state).
     In verify mode `positions` are the RoPE positions (a tree node's depth past the prefix) while
@@ -41,7 +51,12 @@ class ForwardBatch:
     has_initial_state: jax.Array
     parents: jax.Array | None = None
     tree_mask: jax.Array | None = None
-    mode: str = dataclasses.field(default="extend", metadata=dict(static=True))
+    mode: ForwardMode = dataclasses.field(default=ForwardMode.EXTEND, metadata=dict(static=True))
+
+    def __post_init__(self):
+        # A string here would compare unequal to every mode and silently run the extend path.
+        if not isinstance(self.mode, ForwardMode):
+            raise TypeError(f"ForwardBatch.mode must be a ForwardMode, got {self.mode!r}")
 
     @property
     def num_tokens(self) -> int:
@@ -50,40 +65,3 @@ class ForwardBatch:
     @property
     def batch_size(self) -> int:
         return self.seq_lens.shape[0]
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class Caches:
-    """kv[i] = (k_pages, v_pages) `[P, L, G, D]` for the i-th attention layer;
-    conv[j] `[S, C, K-1]` and ssm[j] `[S, Hv, dk, dv]` (float32) for the j-th GDN layer."""
-
-    kv: list
-    conv: list
-    ssm: list
-
-
-def empty_caches(config, *, num_pages: int, page_size: int, num_state_slots: int, dtype) -> Caches:
-    """Allocate zeroed pools for a model config."""
-    kv = [
-        (
-            jnp.zeros((num_pages, page_size, config.num_key_value_heads, config.head_dim), dtype),
-            jnp.zeros((num_pages, page_size, config.num_key_value_heads, config.head_dim), dtype),
-        )
-        for _ in config.attention_layer_ids
-    ]
-    conv, ssm = [], []
-    for _ in config.gdn_layer_ids:
-        conv.append(jnp.zeros((num_state_slots, config.gdn_conv_dim, config.linear_conv_kernel_dim - 1), dtype))
-        ssm.append(
-            jnp.zeros(
-                (
-                    num_state_slots,
-                    config.linear_num_value_heads,
-                    config.linear_key_head_dim,
-                    config.linear_value_head_dim,
-                ),
-                jnp.float32,
-            )
-        )
-    return Caches(kv=kv, conv=conv, ssm=ssm)

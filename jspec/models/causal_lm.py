@@ -19,7 +19,8 @@ from flax import nnx
 
 from jspec.config import FULL_ATTENTION, ModelConfig
 from jspec.models.attention import Attention
-from jspec.models.batch import Caches, ForwardBatch
+from jspec.cache.pool import Caches
+from jspec.models.batch import ForwardBatch, ForwardMode
 from jspec.models.gdn import GatedDeltaNet
 from jspec.models.layers import Embedding, Linear, RMSNorm
 from jspec.models.mlp import MLP, SparseMoE
@@ -105,7 +106,7 @@ class CausalLM(nnx.Module):
         cos_sin = rope_cos_sin(cfg.rope, batch.positions)
         kv, conv, ssm = list(caches.kv), list(caches.conv), list(caches.ssm)
         captured = {}
-        scratch = [] if batch.mode == "verify" else None
+        scratch = [] if batch.mode is ForwardMode.VERIFY else None
         attn_i = gdn_i = 0
         for i, layer in enumerate(self.model.layers):
             if i in capture_layers:

@@ -12,7 +12,7 @@ from flax import nnx
 
 from jspec.config import ModelConfig
 from jspec.models import ops
-from jspec.models.batch import ForwardBatch
+from jspec.models.batch import ForwardBatch, ForwardMode
 from jspec.models.layers import GatedRMSNorm, Linear, _param
 
 
@@ -95,7 +95,7 @@ class GatedDeltaNet(nnx.Module):
         tokens' (k, v, g, beta) as the recurrence takes them."""
         mixed, z, b, a = self.project(x)
         weight = self.conv_weight()
-        verify = batch.mode == "verify"
+        verify = batch.mode is ForwardMode.VERIFY
         if verify:
             mixed, conv = ops.causal_conv1d_verify(mixed, weight, conv_pool, batch.state_slots, batch.parents)
         else:
@@ -110,6 +110,6 @@ class GatedDeltaNet(nnx.Module):
         else:
             core, ssm = ops.gated_delta_rule(
                 q, k, v, g, beta, ssm_pool, batch.cu_q_lens, batch.state_slots, batch.has_initial_state,
-                decode=batch.mode == "decode",
+                decode=batch.mode is ForwardMode.DECODE,
             )
         return self.finish(core, z, x.dtype), conv, ssm

@@ -32,7 +32,7 @@ class Experts(nnx.Module):
     """All experts' weights stacked as `[X, in, out]`: gate_up_proj `[X, E, 2I]` (gate columns
     first), down_proj `[X, I, E]`. This is the transpose of HF's fused `[X, out, in]`: XLA's grouped
     GEMM wants the contracted axis second, and would otherwise transpose every expert every step
-    (measured: 24 of 42 ms of a Qwen3-Next decode step at batch 32 on an H200)."""
+    (pallas_kernels/moe/NOTES.md has the measurement)."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, *, dtype):
         self.gate_up_proj = _param((num_experts, hidden, 2 * intermediate), dtype)
@@ -40,13 +40,12 @@ class Experts(nnx.Module):
 
 
 # Token counts up to which SparseMoE runs the expert-tiled gather kernels (`ops.moe_gather`) rather
-# than the grouped GEMM (`ragged_dot`). H100, bf16 (bench/results/kernels_moe_h100.json), tiled
-# against ragged_dot: Qwen3-Next T=1 62 vs 257 us, T=128 1.09 vs 7.29 ms, T=512 1.35 vs 28.5 ms;
-# Qwen3-30B-A3B T=1 67 vs 54 us, T=4 equal, T=128 0.49 vs 1.80 ms, T=512 0.75 vs 7.23 ms. XLA's
-# ragged_dot time grows about linearly with T (it computes far more than the routed rows), the tiled
-# kernels' sublinearly (each expert is read once per tile of 16 of its pairs), so the kernels take
-# every step up to 8192 tokens, a usual largest prefill chunk. Measured only up to T=512: from there
-# to 8192 this extrapolates both trends. A static Python int: each token bucket compiles one path.
+# than the grouped GEMM (`ragged_dot`): XLA's ragged_dot computes far more than the routed rows, so
+# its time grows about linearly with T, while the tiled kernels read each expert once per tile of
+# its pairs and grow sublinearly. Measured from 1 to 512 tokens they win by a growing margin from a
+# few tokens on (at a single token the two are close), and the bound extends that trend to a usual
+# largest prefill chunk (pallas_kernels/moe/NOTES.md). A static Python int: each token bucket
+# compiles one path.
 GATHER_MAX_TOKENS = 8192
 
 

@@ -14,7 +14,8 @@ import numpy as np
 from flax import nnx
 
 from jspec.errors import InvalidRequestError
-from jspec.models.batch import Caches, ForwardBatch, empty_caches
+from jspec.cache.pool import Caches, allocate_caches
+from jspec.models.batch import ForwardBatch, ForwardMode
 
 SCORE_PAGE_SIZE = 16
 
@@ -62,7 +63,7 @@ def single_sequence_batch(token_ids, *, page_size: int, padded_len: int) -> Forw
         slot_mapping=jnp.asarray(slot_mapping),
         state_slots=jnp.zeros((1,), jnp.int32),
         has_initial_state=jnp.zeros((1,), bool),
-        mode="extend",
+        mode=ForwardMode.EXTEND,
     )
 
 
@@ -76,7 +77,7 @@ def score_sequence(model, token_ids) -> np.ndarray:
         raise InvalidRequestError(f"token_ids: id {int(bad[0])} outside the vocabulary [0, {cfg.vocab_size})")
     padded = _bucket(ids.size)
     batch = single_sequence_batch(ids, page_size=SCORE_PAGE_SIZE, padded_len=padded)
-    caches = empty_caches(cfg, num_pages=padded // SCORE_PAGE_SIZE, page_size=SCORE_PAGE_SIZE,
-                          num_state_slots=1, dtype=model.dtype)
+    caches = allocate_caches(cfg, num_pages=padded // SCORE_PAGE_SIZE, page_size=SCORE_PAGE_SIZE,
+                             num_state_slots=1, dtype=model.dtype)
     out, _ = forward(model, caches, batch)
     return np.asarray(out.logits[: ids.size], dtype=np.float32)

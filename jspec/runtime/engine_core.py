@@ -12,6 +12,7 @@ import threading
 import time
 from collections import deque
 
+from jspec.models.batch import ForwardMode
 from jspec.runtime.detokenizer import DetokState, Detokenizer, find_stop
 from jspec.runtime.model_runner import ModelRunner, StepHandle
 from jspec.runtime.request import Request
@@ -20,8 +21,7 @@ from jspec.runtime.step_inputs import unpack_outputs
 
 
 class EngineCore:
-    def __init__(self, runner: ModelRunner, scheduler: Scheduler, *, tokenizer, eos_token_ids, overlap: bool,
-                 spec=None):
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, *, tokenizer, eos_token_ids, overlap: bool):
         self.runner, self.sched = runner, scheduler
         self.detok = Detokenizer(tokenizer)
         self.eos = set(eos_token_ids)
@@ -33,7 +33,6 @@ class EngineCore:
         self.num_steps = {"extend": 0, "decode": 0, "spec": 0}
         self.num_generated = 0
         self.accept_histogram: dict[int, int] = {}  # tokens produced per verify -> how often
-        self.spec = spec
 
     # ------------------------------------------------------------------ called from any thread
     def submit(self, req: Request) -> None:
@@ -72,7 +71,7 @@ class EngineCore:
         handle = None
         if plan is not None:
             handle = self.runner.dispatch(plan)
-            self.num_steps[plan.mode] += 1
+            self.num_steps[self._step_kind(handle)] += 1
         if self.overlap:
             if self.pending is not None:
                 self._process(self.pending)
@@ -93,8 +92,14 @@ class EngineCore:
         self.inbox.clear()
 
     # ------------------------------------------------------------------ results
+    def _step_kind(self, handle: StepHandle) -> str:
+        """"extend", "decode" or "spec" (a speculative engine's decode step)."""
+        if handle.bucket.mode is ForwardMode.DECODE and self.runner.speculative:
+            return "spec"
+        return handle.bucket.mode.value
+
     def _process(self, handle: StepHandle) -> None:
-        if handle.bucket.mode == "spec":
+        if self._step_kind(handle) == "spec":
             return self._process_spec(handle)
         out = self.runner.fetch(handle)
         tokens, logprobs, top_ids, top_lps = unpack_outputs(out, self.runner.num_top)

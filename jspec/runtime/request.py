@@ -1,4 +1,7 @@
-"""One generation request as the host sees it: tokens, resources, progress, results."""
+"""One generation request as the host sees it (tokens, resources, progress, results), and how a
+caller's arguments become one: `make_request` validates them against the engine's `RequestLimits`
+in the caller's thread, so a bad request raises `InvalidRequestError` naming the field there and
+never reaches the engine loop."""
 
 from __future__ import annotations
 
@@ -7,7 +10,11 @@ import enum
 import queue
 import threading
 import time
+import uuid
 
+import numpy as np
+
+from jspec.errors import InvalidRequestError
 from jspec.runtime.detokenizer import DetokState
 from jspec.runtime.sampling_params import SamplingParams
 
@@ -67,3 +74,78 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestLimits:
+    """What an engine can serve: a request beyond these is refused before it is queued. spec_extra:
+    KV indices past a request's length that speculation may write."""
+
+    vocab_size: int
+    context_length: int
+    pool_tokens: int
+    spec_extra: int
+    max_top_logprobs: int
+    disable_top_k_top_p: bool
+    speculative: bool
+
+
+def make_request(limits: RequestLimits, tokenizer, *, prompt, input_ids, sampling_params, return_logprob,
+                 top_logprobs_num, stream, rid, next_seed) -> Request:
+    """A validated `Request` from `Engine.generate`'s arguments (text is tokenized here);
+    next_seed(): the seed of a request that names none."""
+    if input_ids is None:
+        if prompt is None:
+            raise InvalidRequestError("prompt: either prompt or input_ids must be given")
+        if not isinstance(prompt, str):
+            raise InvalidRequestError(f"prompt: must be a string, got {type(prompt).__name__}")
+        if tokenizer is None:
+            raise InvalidRequestError("prompt: this model has no tokenizer; pass input_ids instead")
+        input_ids = tokenizer.encode(prompt).ids
+    if isinstance(input_ids, np.ndarray):
+        input_ids = input_ids.tolist()
+    if not isinstance(input_ids, (list, tuple)) or not all(
+        isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in input_ids
+    ):
+        raise InvalidRequestError("input_ids: must be a list of ints")
+    input_ids = [int(t) for t in input_ids]
+    if not input_ids:
+        raise InvalidRequestError("input_ids: the prompt is empty")
+    vocab = limits.vocab_size
+    bad = [t for t in input_ids if t < 0 or t >= vocab]
+    if bad:
+        raise InvalidRequestError(f"input_ids: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    if sampling_params is not None and not isinstance(sampling_params, dict):
+        raise InvalidRequestError("sampling_params: must be a dict")
+    sp = SamplingParams.from_dict(sampling_params, vocab_size=vocab)
+    if limits.disable_top_k_top_p and sp.needs_sort(vocab):
+        field = "top_p" if sp.top_p < 1.0 else "top_k"
+        raise InvalidRequestError(f"sampling_params.{field}: this engine was started with "
+                                  "disable_top_k_top_p=True; only greedy, temperature and min_p sampling")
+    total = len(input_ids) + sp.max_new_tokens
+    if total > limits.context_length:
+        raise InvalidRequestError(
+            f"max_new_tokens: prompt ({len(input_ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) "
+            f"exceeds the context length {limits.context_length}"
+        )
+    if total + limits.spec_extra > limits.pool_tokens:
+        raise InvalidRequestError(
+            f"max_new_tokens: prompt + max_new_tokens ({total}) exceeds the KV pool ({limits.pool_tokens} tokens)"
+        )
+    if not isinstance(return_logprob, bool):
+        raise InvalidRequestError("return_logprob: must be a bool")
+    if not isinstance(top_logprobs_num, int) or isinstance(top_logprobs_num, bool) or not (
+        0 <= top_logprobs_num <= limits.max_top_logprobs
+    ):
+        raise InvalidRequestError(f"top_logprobs_num: must be an int in [0, {limits.max_top_logprobs}]")
+    if limits.speculative:
+        for field, neutral in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0),
+                               ("presence_penalty", 0.0)):
+            if getattr(sp, field) != neutral:
+                raise InvalidRequestError(f"sampling_params.{field}: not supported with speculative decoding yet")
+        if return_logprob or top_logprobs_num:
+            raise InvalidRequestError("return_logprob: not supported with speculative decoding yet")
+    seed = sp.seed if sp.seed is not None else next_seed()
+    return Request(rid=rid or uuid.uuid4().hex, input_ids=input_ids, sampling=sp, seed=seed,
+                   return_logprob=return_logprob or top_logprobs_num > 0, top_logprobs_num=top_logprobs_num,
+                   stream=stream, stream_queue=queue.Queue() if stream else None)

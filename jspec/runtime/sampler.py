@@ -26,13 +26,11 @@ int32 and `prompt_mask [num_slots, V]` bool; the engine gathers the batch's rows
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jspec.runtime.sampling_params import GREEDY_TEMPERATURE, SamplingParams
+from jspec.runtime.sampling_params import GREEDY_TEMPERATURE
 
 
 @jax.tree_util.register_dataclass
@@ -50,36 +48,6 @@ class SamplingBatch:
     seed: jax.Array  # u32 (or i32)
     step: jax.Array  # i32: index of the token being sampled in the request's output (0 = first)
 
-    @classmethod
-    def from_params(
-        cls, params: Sequence[SamplingParams], steps: Sequence[int], fallback_seeds: Sequence[int]
-    ) -> SamplingBatch:
-        """Host-side numpy arrays for one batch (pad a bucket with `SamplingParams(temperature=0)`).
-
-        `fallback_seeds[r]` is used when request r has no seed: the engine draws one per request at
-        admission, so an unseeded request still keeps one random stream across its steps.
-        """
-        if not len(params) == len(steps) == len(fallback_seeds):
-            raise ValueError(f"one step and one fallback seed per row: {len(params)} rows, "
-                             f"{len(steps)} steps, {len(fallback_seeds)} seeds")
-        params = [p.normalized() for p in params]
-
-        def column(name, dtype):
-            return np.asarray([getattr(p, name) for p in params], dtype)
-
-        seeds = [p.seed if p.seed is not None else s for p, s in zip(params, fallback_seeds)]
-        return cls(
-            temperature=column("temperature", np.float32),
-            top_p=column("top_p", np.float32),
-            top_k=column("top_k", np.int32),
-            min_p=column("min_p", np.float32),
-            repetition_penalty=column("repetition_penalty", np.float32),
-            frequency_penalty=column("frequency_penalty", np.float32),
-            presence_penalty=column("presence_penalty", np.float32),
-            seed=np.asarray(seeds, np.uint32),
-            step=np.asarray(steps, np.int32),
-        )
-
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
@@ -93,7 +61,7 @@ class SampleOutput:
 
 
 def _greedy_rows(batch: SamplingBatch) -> jax.Array:
-    # Same threshold as SamplingParams.is_greedy, in case un-normalised params reach the device.
+    # Same threshold as SamplingParams.is_greedy.
     return batch.temperature < GREEDY_TEMPERATURE
 
 
@@ -184,7 +152,7 @@ def filtered_probs(logits: jax.Array, batch: SamplingBatch, sort: bool | None = 
     return _filter(_processed_logprobs(logits, batch), logits, batch, sort)
 
 
-def _row_key(seed: jax.Array, step: jax.Array) -> jax.Array:
+def row_key(seed: jax.Array, step: jax.Array) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(0), seed), step)
 
 
@@ -202,7 +170,7 @@ def sample(
     logits = apply_penalties(logits.astype(jnp.float32), batch, output_counts, prompt_mask)
     logprobs = _processed_logprobs(logits, batch)
     probs = _filter(logprobs, logits, batch, sort)
-    keys = jax.vmap(_row_key)(batch.seed, batch.step)
+    keys = jax.vmap(row_key)(batch.seed, batch.step)
     # log(0) = -inf: filtered-out tokens can never win the Gumbel-max inside categorical.
     drawn = jax.vmap(jax.random.categorical)(keys, jnp.log(probs))
     greedy_tokens = jnp.argmax(logits, axis=-1)

@@ -2,8 +2,8 @@
 
 A bad value is rejected here with an `InvalidRequestError` whose message starts with the field
 name, so it never reaches the device (where a NaN temperature or top_p = 0 would silently produce
-garbage for that row). `jspec.runtime.sampler.SamplingBatch.from_params` turns validated params
-into device arrays.
+garbage for that row). `jspec.runtime.step_inputs.pack` sends validated params to the device,
+where they become a `jspec.runtime.sampler.SamplingBatch`.
 """
 
 from __future__ import annotations

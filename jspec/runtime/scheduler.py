@@ -21,12 +21,9 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 
-from jspec.cache.page_allocator import PageAllocator
-from jspec.cache.slot_allocator import SlotAllocator
+from jspec.cache.allocator import PageAllocator, SlotAllocator
+from jspec.models.batch import ForwardMode
 from jspec.runtime.request import Request, Status
-
-# Per-token kinds sent to the device (penalty bookkeeping).
-TOKEN_PAD, TOKEN_PROMPT, TOKEN_REFED_OUTPUT, TOKEN_FROM_DEVICE = 0, 1, 2, 3
 
 
 @dataclasses.dataclass
@@ -45,7 +42,7 @@ class ScheduledReq:
 
 @dataclasses.dataclass
 class StepPlan:
-    mode: str  # "extend" | "decode"
+    mode: ForwardMode  # EXTEND (prompt chunks, mixed decodes) or DECODE
     reqs: list[ScheduledReq]
     page_updates: list[tuple[int, int, int]]  # (slot, page index in the request, page id)
 
@@ -81,7 +78,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._admitted = 0
-        self._last_mode = "decode"
+        self._last_mode = ForwardMode.DECODE
         self.num_retractions = 0
 
     # ----------------------------------------------------------------------------- queues
@@ -100,13 +97,13 @@ class Scheduler:
     def schedule(self, *, inflight: bool) -> StepPlan | None:
         prefill_pending = bool(self.waiting) or any(r.in_prefill for r in self.running)
         decodable = self._decodable()
-        if prefill_pending and (self.mixed or not decodable or self._last_mode == "decode"):
+        if prefill_pending and (self.mixed or not decodable or self._last_mode is ForwardMode.DECODE):
             plan = self._plan_extend(decodable)
             if plan is not None:
-                self._last_mode = "extend"
+                self._last_mode = ForwardMode.EXTEND
                 return plan
         if decodable:
-            self._last_mode = "decode"
+            self._last_mode = ForwardMode.DECODE
             return self._plan_decode(decodable, inflight)
         return None
 
@@ -176,7 +173,7 @@ class Scheduler:
                 self.num_mixed_decode_rows += 1
         if not chosen:
             return None
-        return StepPlan("extend", chosen, updates)
+        return StepPlan(ForwardMode.EXTEND, chosen, updates)
 
     def _plan_decode(self, decodable: list[Request], inflight: bool) -> StepPlan | None:
         decodable = sorted(decodable, key=lambda r: r.admit_order)[: self.max_decode_requests]
@@ -201,7 +198,7 @@ class Scheduler:
             else:
                 req.kv_len += 1
                 req.scheduled_outputs += 1
-        return StepPlan("decode", chosen, updates)
+        return StepPlan(ForwardMode.DECODE, chosen, updates)
 
     def _kv_bound(self, req: Request) -> int:
         """KV indices the request's next decode step may write: its known length, plus the most its

@@ -1,30 +1,63 @@
-"""One host->device transfer per step: every small input packed into a single int32 vector.
+"""What every jitted step shares: the device state it carries, the bucket it is compiled for, its
+packed inputs and the arithmetic each step does on them.
 
-A bucket fixes the shapes (T tokens, B requests, U page-table updates); the layout lists the fields
-in order, floats travel bit-cast to int32, and the step unpacks them with static slices. Outputs
-come back the same way: one int32 matrix `[B, 2 + 2 * n_top]` per step.
+- `DeviceState`: per-engine device buffers, indexed by request slot, donated to every step and
+  returned updated. Everything a step needs from earlier steps lives here, so the host can dispatch
+  step N+1 before it has read step N's tokens (overlap).
+- `Bucket`: the static shapes of one compiled step (T tokens, B requests, U page-table updates).
+- `pack` (host) / `Bucket.unpack` (device): one host->device transfer per step, every small input
+  in a single int32 vector; floats travel bit-cast. Outputs come back as one int32 matrix.
+- Device-side helpers every step uses: page-table updates, KV-slot arithmetic, the token -> request
+  map and the `SamplingBatch` of the packed sampling fields.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.cache.page_allocator import SINK_PAGE
-from jspec.cache.slot_allocator import SINK_SLOT
-from jspec.runtime.scheduler import TOKEN_FROM_DEVICE, TOKEN_PROMPT, TOKEN_REFED_OUTPUT, StepPlan
+from jspec.cache.allocator import SINK_SLOT
+from jspec.cache.pool import Caches
+from jspec.models.batch import ForwardMode
+from jspec.runtime.sampler import SamplingBatch
+
+if TYPE_CHECKING:
+    from jspec.runtime.scheduler import StepPlan
+
+# Per-token kinds (penalty bookkeeping): a prompt token, an output token fed again after a
+# retraction, or a decode input that only the device knows (the token it sampled last).
+TOKEN_PAD, TOKEN_PROMPT, TOKEN_REFED_OUTPUT, TOKEN_FROM_DEVICE = 0, 1, 2, 3
 
 INT_FIELDS_T = ("input_ids", "positions", "token_kind")
 INT_FIELDS_B = ("seq_lens", "req_slots", "has_initial", "sample_mask", "reset_mask", "out_index", "seeds", "top_k")
 FLOAT_FIELDS_B = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DeviceState:
+    """Per-engine device buffers; donated to every step and returned updated (`dataclasses.replace`)."""
+
+    caches: Caches
+    req_to_page: jax.Array  # [num_slots, pages_per_seq] int32
+    last_token: jax.Array  # [num_slots] int32: the token each request sampled last (its next input)
+    output_counts: jax.Array  # [num_slots, V] int32: output tokens so far (frequency/presence penalty)
+    prompt_mask: jax.Array  # [num_slots, V] bool: tokens of the prompt (repetition penalty)
+    draft_caches: Caches | None = None  # a drafter's own KV (same page table), when speculating
+    # What a drafter carries from one step to the next, per slot (its algorithm defines the keys).
+    spec_state: dict | None = None
+    # Speculating: each slot's KV length (= the position of its last token), kept on the device so
+    # the host can plan step N+1 before it knows how many tokens step N accepted (spec v2).
+    seq_lens: jax.Array | None = None
+
+
 @dataclasses.dataclass(frozen=True)
 class Bucket:
-    mode: str  # "extend" | "decode" | "spec" (packed like decode: one row per request)
+    mode: ForwardMode  # EXTEND or DECODE (a speculative engine's DECODE bucket runs a speculative step)
     num_tokens: int  # T
     batch_size: int  # B
     num_page_updates: int  # U
@@ -65,7 +98,6 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
     fl = {name: np.zeros((b_cap,), np.float32) for name in FLOAT_FIELDS_B}
     f["req_slots"][:] = SINK_SLOT
     f["top_k"][:] = -1
-    fl["temperature"][:] = 0.0
     fl["top_p"][:] = 1.0
     fl["repetition_penalty"][:] = 1.0
     t = 0
@@ -78,9 +110,8 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
             f["token_kind"][t] = TOKEN_FROM_DEVICE
         else:
             f["input_ids"][t:t + n] = s.token_ids
-            prompt_len = len(req.input_ids)
             idx = np.arange(s.start, s.start + n)
-            f["token_kind"][t:t + n] = np.where(idx < prompt_len, TOKEN_PROMPT, TOKEN_REFED_OUTPUT)
+            f["token_kind"][t:t + n] = np.where(idx < len(req.input_ids), TOKEN_PROMPT, TOKEN_REFED_OUTPUT)
         f["positions"][t:t + n] = np.arange(s.start, s.start + n)
         t += n
         cu[i + 1] = t
@@ -99,14 +130,13 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
         fl["frequency_penalty"][i] = sp.frequency_penalty
         fl["presence_penalty"][i] = sp.presence_penalty
     n_req = len(plan.reqs)
-    if bucket.mode in ("decode", "spec"):
+    assert t <= t_cap and n_req <= b_cap, (t, t_cap, n_req, b_cap)
+    if bucket.mode is ForwardMode.DECODE:
         # Decode kernels assume one token per row: padding rows own one dummy token each.
         for i in range(n_req, b_cap):
             cu[i + 1] = cu[i] + 1
-        f["input_ids"][t:] = 0
     else:
         cu[n_req + 1:] = t
-    assert t <= t_cap and n_req <= b_cap, (t, t_cap, n_req, b_cap)
     if bucket.next_ids:
         # The token after each token (EAGLE-family drafters lag by one); -1 where it is the
         # request's newest token, which only the device has (sampled by this very step).
@@ -114,29 +144,27 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
         nxt[:] = -1
         t = 0
         for s in plan.reqs:
-            n = s.num_tokens
             if s.token_ids is not None:
                 seq = s.req.all_ids
-                for k in range(n):
+                for k in range(s.num_tokens):
                     i = s.start + k + 1
                     nxt[t + k] = seq[i] if i < len(seq) else -1
-            t += n
-    upd = f["page_updates"]
-    upd[:] = -1
+            t += s.num_tokens
     if len(plan.page_updates) > u_cap:
         raise AssertionError(f"{len(plan.page_updates)} page updates exceed the bucket's {u_cap}")
-    for j, (slot, idx, page) in enumerate(plan.page_updates):
-        upd[j] = (slot, idx, page)
-    parts = []
-    for name, shape in bucket.fields():
-        parts.append((fl[name].view(np.int32) if name in FLOAT_FIELDS_B else f[name]).reshape(-1))
+    upd = f["page_updates"]
+    upd[:] = -1
+    for j, update in enumerate(plan.page_updates):
+        upd[j] = update
+    parts = [(fl[name].view(np.int32) if name in FLOAT_FIELDS_B else f[name]).reshape(-1)
+             for name, _ in bucket.fields()]
     out = np.concatenate(parts)
     assert out.size == bucket.size
     return out
 
 
 def unpack_outputs(out: np.ndarray, num_top: int):
-    """`[B, 2 + 2 n]` int32 -> tokens, logprobs, top ids, top logprobs."""
+    """A plain step's `[B, 2 + 2 n]` int32 output -> tokens, logprobs, top ids, top logprobs."""
     tokens = out[:, 0]
     logprobs = out[:, 1].view(np.float32)
     top_ids = out[:, 2:2 + num_top]
@@ -144,4 +172,39 @@ def unpack_outputs(out: np.ndarray, num_top: int):
     return tokens, logprobs, top_ids, top_lps
 
 
-__all__ = ["Bucket", "pack", "unpack_outputs", "SINK_PAGE", "SINK_SLOT"]
+# ----------------------------------------------------------------------------- device-side helpers
+
+
+def apply_page_updates(req_to_page, updates):
+    """Write `[U, 3]` (slot, page index in the request, page id) rows into the page table; rows
+    with a negative slot are padding and dropped."""
+    slot, idx, page = updates[:, 0], updates[:, 1], updates[:, 2]
+    slot = jnp.where(slot < 0, req_to_page.shape[0], slot)
+    return req_to_page.at[slot, idx].set(page, mode="drop")
+
+
+def token_request_index(cu_q_lens, num_tokens: int):
+    """Request index `[T]` of every token; tokens past cu_q_lens[B] get B."""
+    return jnp.searchsorted(cu_q_lens[1:], jnp.arange(num_tokens, dtype=jnp.int32), side="right").astype(jnp.int32)
+
+
+def kv_slots_at(page_table, idx, page_size: int):
+    """Flat KV slots (page * L + offset) of KV indices `idx` `[B, M]` through each request's row."""
+    page = jnp.take_along_axis(page_table, idx // page_size, axis=1)
+    return page * page_size + idx % page_size
+
+
+def kv_slots(page_table, start, n: int, page_size: int, valid):
+    """Flat KV slots `[B, N]` of indices start .. start + N - 1 per request; -1 on padding rows."""
+    idx = start[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]
+    return jnp.where(valid[:, None], kv_slots_at(page_table, idx, page_size), -1)
+
+
+def sampling_batch(x: dict, step=None) -> SamplingBatch:
+    """The unpacked sampling fields as a `SamplingBatch`; `step` (the index of the token being
+    sampled in each request's output) defaults to the packed out_index."""
+    return SamplingBatch(
+        temperature=x["temperature"], top_p=x["top_p"], top_k=x["top_k"], min_p=x["min_p"],
+        repetition_penalty=x["repetition_penalty"], frequency_penalty=x["frequency_penalty"],
+        presence_penalty=x["presence_penalty"], seed=x["seeds"], step=x["out_index"] if step is None else step,
+    )

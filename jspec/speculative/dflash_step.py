@@ -1,11 +1,11 @@
-"""One speculative decode step with a DFlash block drafter: verify the carried block, then draft
-the next one in a single drafter forward.
+"""The speculative decode step of a DFlash block drafter: verify the carried block, then draft the
+next one in a single drafter forward.
 
 What a request carries between steps (`DeviceState.spec_state["tokens"]` `[slots, S]`): the S
 drafts of its next block. The drafter's context (K/V from the target's captured streams) covers
-every token before the request's newest one. One jitted function per batch bucket:
-1. verify [last, d1 .. dS] at KV indices L0 .. L0+S with the target (`spec/verify.py`), capturing
-   the streams the drafter reads; accept (`spec/accept.py`; the drafts are the drafter's argmax,
+every token before the request's newest one. Phases over one `SpecStep` carry (`step_common.py`):
+1. verify [last, d1 .. dS] at KV indices L0 .. L0+S with the target (`verify.py`), capturing
+   the streams the drafter reads; accept (`accept.py`; the drafts are the drafter's argmax,
    so point masses: exact rejection sampling); commit hybrid state;
 2. write the drafter context of all S+1 verified positions: those past L0 + n were rejected, and
    the block below overwrites every one of them before anything reads it;
@@ -17,13 +17,10 @@ Prefill does 2 and 3 over the prompt (`prefill_dflash`), so the first spec step 
 from __future__ import annotations
 
 import jax.numpy as jnp
-from flax import nnx
 
-from jspec.runtime.step import DeviceState
 from jspec.runtime.step_inputs import Bucket
-from jspec.spec import accept, verify
-from jspec.spec.chain_step import next_state, step_common
-from jspec.spec.eagle_step import cut_state
+from jspec.speculative import accept, verify
+from jspec.speculative.step_common import Phase, SpecStep, begin, compose
 
 
 def init_spec_state(num_slots: int, num_drafts: int) -> dict:
@@ -58,42 +55,40 @@ def prefill_dflash(drafter, target, dcaches, batch, target_out, rows_done, seq_l
     return dcaches, store(spec_state, batch.state_slots, rows_done, drafts)
 
 
-def make_dflash_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int,
-                          simulate_accept_length: float | None = None, stop_after: str | None = None):
-    """num_steps: S = block size - 1 drafts per step. stop_after ("verify" | "accept"): benchmarks
-    only, as in `make_eagle_spec_step` (there is no separate draft phase to cut after)."""
-    b_cap, s = bucket.batch_size, num_steps
+def phases(*, num_steps: int, simulate_accept_length: float | None = None) -> list[Phase]:
+    """num_steps: S = block size - 1 drafts per step."""
+    s = num_steps
 
-    def step(params, state: DeviceState, packed):
-        target_params, draft_params = params
-        x, req_to_page, slots, valid, l0, page_table, sb, greedy, key_fn = step_common(bucket, state, packed, s + 1)
-        target = nnx.merge(graphdef, target_params)
-        drafter = nnx.merge(draft_graphdef, draft_params)
-        dcaches, spec = state.draft_caches, state.spec_state
-        last = state.last_token[slots]
-        d = spec["tokens"][slots]  # [B, S]
+    def carried(c: SpecStep) -> None:  # the block drafted at the end of the previous step
+        c.drafts = c.spec_state["tokens"][c.slots]  # [B, S]
 
-        # 1. Verify, accept, commit.
-        vt = jnp.concatenate([last[:, None], d], axis=1)
-        vbatch = verify.verify_batch(vt, l0, valid, page_table, slots, page_size)
-        out, caches = target(vbatch, state.caches, capture_layers=drafter.capture_layers)
-        logits = out.logits.reshape(b_cap, s + 1, -1)
-        if stop_after == "verify":
-            return cut_state(state, caches=caches), jnp.argmax(logits, axis=-1)
+    def verify_(c: SpecStep) -> None:
+        vt = jnp.concatenate([c.last[:, None], c.drafts], axis=1)
+        vbatch = verify.verify_batch(vt, c.l0, c.valid, c.page_table, c.slots, c.page_size)
+        out, c.caches = c.target(vbatch, c.caches, capture_layers=c.drafter.capture_layers)
+        c.scratch.update(out=out, vbatch=vbatch, logits=out.logits.reshape(c.batch_size, s + 1, -1))
+
+    def accept_(c: SpecStep) -> None:
+        logits = c.scratch["logits"]
         if simulate_accept_length is None:
-            n, bonus = accept.chain(logits, d, None, sb, greedy, key_fn, sort=bucket.sort)
+            c.n, c.bonus = accept.chain(logits, c.drafts, None, c.sb, c.greedy, c.key_fn, sort=c.bucket.sort)
         else:
-            n, bonus = accept.simulated(logits, key_fn, simulate_accept_length, s, sb, greedy, sort=bucket.sort)
-        caches = verify.commit(caches, out.gdn_scratch, slots, jnp.where(valid, n, -1))
-        if stop_after == "accept":
-            return cut_state(state, caches=caches), accept.output_rows(d, n, bonus, valid)
+            c.n, c.bonus = accept.simulated(logits, c.key_fn, simulate_accept_length, s, c.sb, c.greedy,
+                                            sort=c.bucket.sort)
+        c.kept = c.drafts
+        c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, c.n, -1))
 
-        # 2. Context of the verified positions; 3. the next block.
-        dcaches = drafter.write_context(vbatch, dcaches, drafter.target_hidden(out))
-        drafts, dcaches = draft_block(drafter, target, dcaches, bonus, l0 + n + 1, valid, page_table, slots,
-                                      page_size, s)
-        new_state = next_state(state, caches=caches, req_to_page=req_to_page, slots=slots, valid=valid, l0=l0,
-                               n=n, bonus=bonus, draft_caches=dcaches, spec_state=store(spec, slots, valid, drafts))
-        return new_state, accept.output_rows(d, n, bonus, valid)
+    def draft_next(c: SpecStep) -> None:  # context of the verified positions, then the next block
+        c.draft_caches = c.drafter.write_context(c.scratch["vbatch"], c.draft_caches,
+                                                 c.drafter.target_hidden(c.scratch["out"]))
+        drafts, c.draft_caches = draft_block(c.drafter, c.target, c.draft_caches, c.bonus, c.l0 + c.n + 1, c.valid,
+                                             c.page_table, c.slots, c.page_size, s)
+        c.spec_state = store(c.spec_state, c.slots, c.valid, drafts)
 
-    return step
+    return [("draft", carried), ("verify", verify_), ("accept", accept_), ("extend", draft_next)]
+
+
+def make_dflash_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int,
+                          simulate_accept_length: float | None = None):
+    start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=num_steps + 1)
+    return compose(start, phases(num_steps=num_steps, simulate_accept_length=simulate_accept_length))

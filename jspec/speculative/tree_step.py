@@ -1,7 +1,7 @@
-"""One speculative decode step for a hidden-state drafter with a draft tree (topk K > 1).
+"""The speculative decode step of a hidden-state drafter with a draft tree (topk K > 1).
 
-Like `eagle_step.py` (read it first), but:
-1. draft: depth 1 is the carried top-K; S - 1 drafter forwards expand it (`spec/tree.py`). The
+Phases like `eagle_step.py` (read it first), but:
+1. draft: depth 1 is the carried top-K; S - 1 drafter forwards expand it (`tree.py`). The
    forward for depth i runs over all kept nodes of depths 1..i (i * K tokens per request, KV
    indices L0 .. L0 + i*K - 1) with their ancestor mask, so every node attends exactly to the
    prompt, its ancestors and itself; its hidden input is its parent's output hidden. Re-running
@@ -20,22 +20,20 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from jspec.models.batch import Caches
-from jspec.runtime.step import DeviceState
-from jspec.runtime.step_inputs import Bucket
-from jspec.spec import accept, tree, verify
-from jspec.spec.chain_step import next_state, step_common
-from jspec.spec.eagle_step import catch_up, cut_state, proposals
+from jspec.cache.pool import Caches
+from jspec.runtime.step_inputs import Bucket, kv_slots_at
+from jspec.speculative import accept, tree, verify
+from jspec.speculative.eagle_draft import catch_up, proposals
+from jspec.speculative.step_common import Phase, SpecStep, begin, compose
 
 
 def move_kv(caches: Caches, page_table, l0, path, n, valid, page_size: int) -> Caches:
     """Copy the KV of accepted nodes path[j] (tree index) to index j, for j = 1..n, every layer."""
     b, s1 = path.shape
     j = jnp.arange(1, s1, dtype=jnp.int32)[None, :]
-    src = verify.kv_slots_at(page_table, l0[:, None] + path[:, 1:], page_size)
-    dst = verify.kv_slots_at(page_table, l0[:, None] + j, page_size)
+    src = kv_slots_at(page_table, l0[:, None] + path[:, 1:], page_size)
+    dst = kv_slots_at(page_table, l0[:, None] + j, page_size)
     keep = valid[:, None] & (j <= n[:, None]) & (path[:, 1:] != j)
     src, dst = src.reshape(-1), jnp.where(keep, dst, -1).reshape(-1)
     kv = []
@@ -51,26 +49,19 @@ def move_kv(caches: Caches, page_table, l0, path, n, valid, page_size: int) -> C
     return Caches(kv=kv, conv=caches.conv, ssm=caches.ssm)
 
 
-def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int, topk: int,
-                        num_draft_tokens: int, simulate_accept_length: float | None = None,
-                        stop_after: str | None = None):
-    b_cap, s, k, n_nodes = bucket.batch_size, num_steps, topk, num_draft_tokens
+def phases(*, num_steps: int, topk: int, num_draft_tokens: int,
+           simulate_accept_length: float | None = None) -> list[Phase]:
+    s, k, n_nodes = num_steps, topk, num_draft_tokens
     pool_depth = np.concatenate([np.ones(k, np.int32)] + [np.full(k * k, d, np.int32) for d in range(2, s + 1)])
 
-    def step(params, state: DeviceState, packed):
-        target_params, draft_params = params
-        x, req_to_page, slots, valid, l0, page_table, sb, greedy, key_fn = step_common(bucket, state, packed, s + 1)
-        target = nnx.merge(graphdef, target_params)
-        drafter = nnx.merge(draft_graphdef, draft_params)
-        dcaches, spec = state.draft_caches, state.spec_state
-        last = state.last_token[slots]
-
-        # 1. Draft tree. Kept nodes per depth: tokens [B, K], scores, pool index, parent (kept index
-        #    among all kept nodes so far, -1 = root), hidden input [B, K, E].
-        kept_tok, kept_score = spec["tokens"][slots], spec["logp"][slots]
+    def draft(c: SpecStep) -> None:
+        # Kept nodes per depth: tokens [B, K], scores, pool index, parent (kept index among all
+        # kept nodes so far, -1 = root), hidden input [B, K, E].
+        b_cap, spec = c.batch_size, c.spec_state
+        kept_tok, kept_score = spec["tokens"][c.slots], spec["logp"][c.slots]
         kept_pool = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b_cap, k))
         kept_parent = jnp.full((b_cap, k), -1, jnp.int32)
-        root_hidden = spec["hidden"][slots]
+        root_hidden = spec["hidden"][c.slots]
         kept_hidden = jnp.broadcast_to(root_hidden[:, None], (b_cap, k, root_hidden.shape[-1]))
         pool_tok, pool_score = [kept_tok], [kept_score]
         pool_parent = [jnp.full((b_cap, k), -1, jnp.int32)]
@@ -85,12 +76,12 @@ def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: 
             h_all = jnp.concatenate(hiddens, axis=1)
             m = t_all.shape[1]
             dep = jnp.broadcast_to(jnp.repeat(jnp.arange(depth, dtype=jnp.int32), k), (b_cap, m))
-            batch = verify.verify_batch(t_all, l0, valid, page_table, slots, page_size, depth=dep,
+            batch = verify.verify_batch(t_all, c.l0, c.valid, c.page_table, c.slots, c.page_size, depth=dep,
                                         parents=par_all, tree_mask=tree.ancestor_mask(par_all))
             rows_new = (jnp.arange(b_cap)[:, None] * m + (m - k) + jnp.arange(k)[None, :]).reshape(-1)
-            out, dcaches = drafter(batch, dcaches, h_all.reshape(b_cap * m, -1), target=target,
-                                   logits_indices=rows_new)
-            c_tok, c_lp = proposals(drafter, out, k)  # [B*K, K]
+            out, c.draft_caches = c.drafter(batch, c.draft_caches, h_all.reshape(b_cap * m, -1), target=c.target,
+                                            logits_indices=rows_new)
+            c_tok, c_lp = proposals(c.drafter, out, k)  # [B*K, K]
             c_tok, c_lp = c_tok.reshape(b_cap, k * k), c_lp.reshape(b_cap, k, k)
             c_score = (kept_score[:, :, None] + c_lp).reshape(b_cap, k * k)
             c_from = jnp.repeat(jnp.arange(k), k)[None, :]  # which kept node each child expands
@@ -106,45 +97,51 @@ def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: 
             kept_pool = pool_base + best
             kept_hidden = jnp.take_along_axis(out.hidden.reshape(b_cap, k, -1), from_kept[:, :, None], axis=1)
             pool_base += k * k
-        d, depth, parents_t = tree.select(jnp.concatenate(pool_tok, axis=1), jnp.concatenate(pool_score, axis=1),
-                                          jnp.concatenate(pool_parent, axis=1), pool_depth, n_nodes)
-        if stop_after == "draft":
-            return cut_state(state, dcaches=dcaches), jnp.concatenate([d, parents_t], axis=1)
+        c.drafts, c.scratch["depth"], c.scratch["parents"] = tree.select(
+            jnp.concatenate(pool_tok, axis=1), jnp.concatenate(pool_score, axis=1),
+            jnp.concatenate(pool_parent, axis=1), pool_depth, n_nodes)
 
-        # 2. Verify the tree.
-        vt = jnp.concatenate([last[:, None], d], axis=1)  # [B, N]
-        vbatch = verify.verify_batch(vt, l0, valid, page_table, slots, page_size, depth=depth, parents=parents_t,
-                                     tree_mask=tree.ancestor_mask(parents_t))
-        out, caches = target(vbatch, state.caches, capture_layers=drafter.capture_layers)
-        logits = out.logits.reshape(b_cap, n_nodes, -1)
-        if stop_after == "verify":
-            return cut_state(state, caches=caches, dcaches=dcaches), jnp.argmax(logits, axis=-1)
+    def verify_(c: SpecStep) -> None:
+        parents = c.scratch["parents"]
+        vt = jnp.concatenate([c.last[:, None], c.drafts], axis=1)  # [B, N]
+        vbatch = verify.verify_batch(vt, c.l0, c.valid, c.page_table, c.slots, c.page_size, depth=c.scratch["depth"],
+                                     parents=parents, tree_mask=tree.ancestor_mask(parents))
+        out, c.caches = c.target(vbatch, c.caches, capture_layers=c.drafter.capture_layers)
+        c.scratch.update(out=out, vt=vt, logits=out.logits.reshape(c.batch_size, n_nodes, -1))
 
-        # 3. Accept, move the accepted KV into place, commit hybrid state.
+    def accept_(c: SpecStep) -> None:
+        parents, logits, vt = c.scratch["parents"], c.scratch["logits"], c.scratch["vt"]
         if simulate_accept_length is None:
-            path, n, bonus = tree.walk(logits, vt, parents_t, sb, greedy, key_fn, s, sort=bucket.sort)
+            path, c.n, c.bonus = tree.walk(logits, vt, parents, c.sb, c.greedy, c.key_fn, s, sort=c.bucket.sort)
         else:  # benchmark only: a forced number kept along the first-child path
-            path = first_child_path(parents_t, s)
-            n, bonus = accept.simulated(jnp.take_along_axis(logits, path[:, :, None], axis=1), key_fn,
-                                        simulate_accept_length, s, sb, greedy, sort=bucket.sort,
-                                        limit=path_len(path))
-        caches = move_kv(caches, page_table, l0, path, n, valid, page_size)
-        last_node = jnp.take_along_axis(path, n[:, None], axis=1)[:, 0]
-        caches = verify.commit(caches, out.gdn_scratch, slots, jnp.where(valid, last_node, -1), parents_t)
-        kept = jnp.take_along_axis(vt, path, axis=1)[:, 1:]  # [B, S] accepted draft tokens (valid up to n)
-        if stop_after == "accept":
-            return cut_state(state, caches=caches, dcaches=dcaches), accept.output_rows(kept, n, bonus, valid)
+            path = first_child_path(parents, s)
+            c.n, c.bonus = accept.simulated(jnp.take_along_axis(logits, path[:, :, None], axis=1), c.key_fn,
+                                            simulate_accept_length, s, c.sb, c.greedy, sort=c.bucket.sort,
+                                            limit=path_len(path))
+        # Move the accepted KV into place, commit the GDN state of the last accepted node.
+        c.caches = move_kv(c.caches, c.page_table, c.l0, path, c.n, c.valid, c.page_size)
+        last_node = jnp.take_along_axis(path, c.n[:, None], axis=1)[:, 0]
+        c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, last_node, -1),
+                                 parents)
+        c.kept = jnp.take_along_axis(vt, path, axis=1)[:, 1:]  # [B, S] accepted draft tokens (valid up to n)
+        c.scratch["path"] = path
 
-        # 4. Drafter catch-up over the accepted path (the target's hidden gathered along it).
-        hidden = drafter.target_hidden(out).reshape(b_cap, n_nodes, -1)
-        hidden = jnp.take_along_axis(hidden, path[:, :, None], axis=1).reshape(b_cap * (s + 1), -1)
-        dcaches, spec = catch_up(drafter, target, dcaches, spec, kept, n, bonus, hidden, l0, valid, page_table,
-                                 slots, page_size)
-        new_state = next_state(state, caches=caches, req_to_page=req_to_page, slots=slots, valid=valid, l0=l0,
-                               n=n, bonus=bonus, draft_caches=dcaches, spec_state=spec)
-        return new_state, accept.output_rows(kept, n, bonus, valid)
+    def extend(c: SpecStep) -> None:
+        # The target's hidden gathered along the accepted path.
+        b_cap = c.batch_size
+        hidden = c.drafter.target_hidden(c.scratch["out"]).reshape(b_cap, n_nodes, -1)
+        hidden = jnp.take_along_axis(hidden, c.scratch["path"][:, :, None], axis=1).reshape(b_cap * (s + 1), -1)
+        c.draft_caches, c.spec_state = catch_up(c.drafter, c.target, c.draft_caches, c.spec_state, c.kept, c.n,
+                                                c.bonus, hidden, c.l0, c.valid, c.page_table, c.slots, c.page_size)
 
-    return step
+    return [("draft", draft), ("verify", verify_), ("accept", accept_), ("extend", extend)]
+
+
+def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int, topk: int,
+                        num_draft_tokens: int, simulate_accept_length: float | None = None):
+    start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=num_steps + 1)
+    return compose(start, phases(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
+                                 simulate_accept_length=simulate_accept_length))
 
 
 def first_child_path(parents, max_depth: int):

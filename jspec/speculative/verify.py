@@ -13,26 +13,16 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jspec.cache.pool import Caches
 from jspec.models import ops
-from jspec.models.batch import Caches, ForwardBatch
+from jspec.models.batch import ForwardBatch, ForwardMode
+from jspec.runtime.step_inputs import kv_slots
 from pallas_kernels.gdn import reference as gdn_ref
 
 
 def chain_parents(batch_size: int, n: int):
     """`[B, N]`: node j's parent is j - 1; the root continues from the committed state (-1)."""
     return jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32) - 1, (batch_size, n))
-
-
-def kv_slots_at(page_table, idx, page_size: int):
-    """Flat KV slots of KV indices `idx` `[B, M]` through each request's page-table row."""
-    page = jnp.take_along_axis(page_table, idx // page_size, axis=1)
-    return page * page_size + idx % page_size
-
-
-def kv_slots(page_table, start, n: int, page_size: int, valid):
-    """Flat KV slots `[B, N]` of indices start .. start + N - 1 per request; -1 on padding rows."""
-    idx = start[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]
-    return jnp.where(valid[:, None], kv_slots_at(page_table, idx, page_size), -1)
 
 
 def verify_batch(tokens, l0, valid, page_table, slots, page_size: int, *, depth=None, parents=None,
@@ -45,7 +35,7 @@ def verify_batch(tokens, l0, valid, page_table, slots, page_size: int, *, depth=
         seq_lens=jnp.where(valid, l0 + n, 0), cu_q_lens=jnp.arange(b + 1, dtype=jnp.int32) * n,
         page_table=page_table, slot_mapping=kv_slots(page_table, l0, n, page_size, valid).reshape(-1),
         state_slots=slots, has_initial_state=valid,
-        parents=chain_parents(b, n) if parents is None else parents, tree_mask=tree_mask, mode="verify",
+        parents=chain_parents(b, n) if parents is None else parents, tree_mask=tree_mask, mode=ForwardMode.VERIFY,
     )
 
 
@@ -57,7 +47,7 @@ def extend_batch(tokens, l0, valid, page_table, slots, page_size: int) -> Forwar
         input_ids=tokens.reshape(-1), positions=pos.reshape(-1), seq_lens=jnp.where(valid, l0 + n, 0),
         cu_q_lens=jnp.arange(b + 1, dtype=jnp.int32) * n, page_table=page_table,
         slot_mapping=kv_slots(page_table, l0, n, page_size, valid).reshape(-1), state_slots=slots,
-        has_initial_state=valid, mode="extend",
+        has_initial_state=valid, mode=ForwardMode.EXTEND,
     )
 
 
@@ -67,7 +57,7 @@ def decode_batch(tokens, pos, valid, page_table, slots, page_size: int) -> Forwa
         input_ids=tokens, positions=pos, seq_lens=jnp.where(valid, pos + 1, 0),
         cu_q_lens=jnp.arange(tokens.shape[0] + 1, dtype=jnp.int32), page_table=page_table,
         slot_mapping=kv_slots(page_table, pos, 1, page_size, valid)[:, 0], state_slots=slots,
-        has_initial_state=valid, mode="decode",
+        has_initial_state=valid, mode=ForwardMode.DECODE,
     )
 
 

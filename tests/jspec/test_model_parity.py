@@ -14,6 +14,7 @@ import tiny_models as tm  # noqa: E402
 from paged_harness import PagedHarness  # noqa: E402
 
 from jspec.models import load_model  # noqa: E402
+from jspec.models.batch import ForwardMode  # noqa: E402
 
 TOL = 1e-4
 ARCHS = list(tm.SPECS)
@@ -66,7 +67,7 @@ def test_chunked_prefill_and_decode(pair):
             if done[sid] < len(seqs[sid]):
                 chunks[sid] = [seqs[sid][done[sid]]]
                 done[sid] += 1
-        for sid, lg in h.step(chunks, num_tokens=4, batch_size=4, mode="decode").items():
+        for sid, lg in h.step(chunks, num_tokens=4, batch_size=4, mode=ForwardMode.DECODE).items():
             got[sid].append(lg)
 
     for sid in seqs:

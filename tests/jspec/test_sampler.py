@@ -24,7 +24,11 @@ from jspec.runtime.sampler import (
     sample,
     update_counts,
 )
+from jspec.models.batch import ForwardMode
+from jspec.runtime.request import Request
 from jspec.runtime.sampling_params import SamplingParams
+from jspec.runtime.scheduler import ScheduledReq, StepPlan
+from jspec.runtime.step_inputs import Bucket, pack, sampling_batch
 
 B, V, K = 8, 64, 4
 DEFAULTS = dict(temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, repetition_penalty=1.0,
@@ -308,18 +312,27 @@ def test_no_sort_fast_path_matches_the_sort_path():
     check_against_reference(args[0], plain[:-1] + [needs_sort], *args[1:])
 
 
-def test_from_params_normalises_and_fills_seeds():
-    params = [SamplingParams(top_k=1, temperature=0.8, seed=7), SamplingParams(top_p=0.5),
-              SamplingParams(temperature=0)]
-    b = SamplingBatch.from_params(params, steps=[0, 3, 9], fallback_seeds=[100, 200, 300])
-    np.testing.assert_array_equal(b.temperature, [0.0, 1.0, 0.0])
-    np.testing.assert_array_equal(b.top_k, [1, -1, 1])
-    np.testing.assert_array_equal(b.top_p, [1.0, 0.5, 1.0])
-    np.testing.assert_array_equal(b.seed, [7, 200, 300])
-    np.testing.assert_array_equal(b.step, [0, 3, 9])
-    assert b.seed.dtype == np.uint32 and b.top_k.dtype == np.int32 and b.top_p.dtype == np.float32
-    with pytest.raises(ValueError):
-        SamplingBatch.from_params(params, steps=[0, 0, 0], fallback_seeds=[1])
+def test_packed_sampling_fields_reach_the_device_as_sent():
+    """The engine's only way to the device: a plan packed on the host, unpacked and turned into a
+    SamplingBatch in the step. Greedy rows go as temperature 0, unseeded requests as their drawn seed."""
+    params = [SamplingParams(top_k=5, temperature=0.8, seed=7, min_p=0.1, repetition_penalty=1.3),
+              SamplingParams(top_p=0.5, frequency_penalty=0.25, presence_penalty=-0.5), SamplingParams(temperature=0)]
+    reqs = []
+    for i, sp in enumerate(params):
+        r = Request(rid=str(i), input_ids=[3, 4], sampling=sp, seed=sp.seed if sp.seed is not None else 100 + i)
+        r.slot = i + 1
+        reqs.append(ScheduledReq(r, 2, None, True, False, 3 * i))
+    bucket = Bucket(ForwardMode.DECODE, 4, 4, 4)
+    b = sampling_batch(bucket.unpack(jnp.asarray(pack(StepPlan(ForwardMode.DECODE, reqs, []), bucket))))
+    np.testing.assert_allclose(np.asarray(b.temperature), [0.8, 1.0, 0.0, 0.0])
+    np.testing.assert_array_equal(np.asarray(b.top_k), [5, -1, -1, -1])
+    np.testing.assert_allclose(np.asarray(b.top_p), [1.0, 0.5, 1.0, 1.0])
+    np.testing.assert_allclose(np.asarray(b.min_p), [0.1, 0.0, 0.0, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(b.repetition_penalty), [1.3, 1.0, 1.0, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(b.frequency_penalty), [0.0, 0.25, 0.0, 0.0])
+    np.testing.assert_allclose(np.asarray(b.presence_penalty), [0.0, -0.5, 0.0, 0.0])
+    np.testing.assert_array_equal(np.asarray(b.seed), [7, 101, 102, 0])
+    np.testing.assert_array_equal(np.asarray(b.step), [0, 3, 6, 0])
 
 
 def test_update_counts_one_and_many_tokens_per_row():

@@ -26,9 +26,10 @@ from test_drafters import read_tensors, rms, swiglu  # noqa: E402
 from jspec import Engine  # noqa: E402
 from jspec.errors import ConfigError  # noqa: E402
 from jspec.models import load_model  # noqa: E402
-from jspec.models.batch import ForwardBatch, empty_caches  # noqa: E402
+from jspec.cache.pool import allocate_caches  # noqa: E402
+from jspec.models.batch import ForwardBatch, ForwardMode  # noqa: E402
 from jspec.models.drafters import load_drafter  # noqa: E402
-from jspec.spec.dflash_step import draft_block  # noqa: E402
+from jspec.speculative.dflash_step import draft_block  # noqa: E402
 
 PAGE = 4
 C = 9  # context tokens; the block starts at position C
@@ -113,8 +114,8 @@ def _logits_of_block(dm, target, hidden, first):
         input_ids=jnp.zeros((C,), jnp.int32), positions=jnp.asarray(pos, jnp.int32),
         seq_lens=jnp.asarray([C], jnp.int32), cu_q_lens=jnp.asarray([0, C], jnp.int32),
         page_table=jnp.asarray([pages], jnp.int32), slot_mapping=jnp.asarray(slots, jnp.int32),
-        state_slots=jnp.zeros((1,), jnp.int32), has_initial_state=jnp.zeros((1,), bool), mode="extend")
-    caches = empty_caches(dm.config, num_pages=6, page_size=PAGE, num_state_slots=1, dtype=dm.dtype)
+        state_slots=jnp.zeros((1,), jnp.int32), has_initial_state=jnp.zeros((1,), bool), mode=ForwardMode.EXTEND)
+    caches = allocate_caches(dm.config, num_pages=6, page_size=PAGE, num_state_slots=1, dtype=dm.dtype)
     caches = jax.tree_util.tree_map(lambda x: jnp.full_like(x, jnp.nan), caches)
     return _context_and_block(dm.graphdef, dm.params, target.graphdef, target.params, cbatch, caches,
                               jnp.asarray(hidden, jnp.float32), jnp.asarray([first], jnp.int32),
@@ -174,7 +175,7 @@ def test_dflash_logits_match_reference(models):
     ref = dflash_reference(t, cfg, embed, head, streams, block)
 
     drafter, tgt = nnx.merge(dm.graphdef, dm.params), nnx.merge(target.graphdef, target.params)
-    caches = empty_caches(dm.config, num_pages=4, page_size=PAGE, num_state_slots=1, dtype=dm.dtype)
+    caches = allocate_caches(dm.config, num_pages=4, page_size=PAGE, num_state_slots=1, dtype=dm.dtype)
     n = C + BLOCK
     pos = jnp.arange(n, dtype=jnp.int32)
     table = jnp.arange(4, dtype=jnp.int32)[None]
@@ -185,8 +186,8 @@ def test_dflash_logits_match_reference(models):
                             state_slots=jnp.zeros((1,), jnp.int32), has_initial_state=jnp.zeros((1,), bool),
                             tree_mask=tree, mode=mode)
 
-    caches = drafter.write_context(batch([0] * C, pos[:C], "extend"), caches, jnp.asarray(streams, jnp.float32))
-    out, _ = drafter(batch(block, pos[C:], "verify", jnp.ones((1, BLOCK, BLOCK), bool)), caches, target=tgt)
+    caches = drafter.write_context(batch([0] * C, pos[:C], ForwardMode.EXTEND), caches, jnp.asarray(streams, jnp.float32))
+    out, _ = drafter(batch(block, pos[C:], ForwardMode.VERIFY, jnp.ones((1, BLOCK, BLOCK), bool)), caches, target=tgt)
     got = np.asarray(out.logits, np.float64)
     assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 1e-4
 

@@ -18,6 +18,7 @@ from spec_checks import DRAWS, leak_free, ngram_reference, second_token_follows_
 
 from jspec import Engine  # noqa: E402
 from jspec.errors import ConfigError  # noqa: E402
+from jspec.models.batch import ForwardMode  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def standalone_draws(dirs):
     target, draft = dirs
     eng = Engine(target, page_size=4, speculative_algorithm="STANDALONE", speculative_num_steps=2,
                  speculative_draft_model_path=draft, **{**BASE, **DRAWS, "disable_top_k_top_p": False})
-    assert sorted(b.sort for b in eng.runner.buckets if b.mode == "spec") == [False, True]
+    assert sorted(b.sort for b in eng.runner.buckets if b.mode is ForwardMode.DECODE) == [False, True]
     yield eng
     eng.shutdown()
 
@@ -85,7 +86,7 @@ def test_device_ngram_matches_reference(min_w, max_w, steps):
     import jax.numpy as jnp
     import numpy as np
 
-    from jspec.spec import ngram
+    from jspec.speculative import ngram
 
     rng = np.random.default_rng(min_w * 100 + max_w)
     h, rows, lasts, want = 40, [], [], []

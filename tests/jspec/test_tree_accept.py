@@ -1,4 +1,4 @@
-"""Tree acceptance (`jspec.spec.tree.walk`) in isolation: many independent rows of one call, each
+"""Tree acceptance (`jspec.speculative.tree.walk`) in isolation: many independent rows of one call, each
 with its own random key, so the law of the emitted tokens can be checked precisely.
 
 With point-mass drafts the first emitted token (the accepted child, or else the bonus) must follow
@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 from jspec.runtime.sampler import SamplingBatch
-from jspec.spec import tree
+from jspec.speculative import tree
 
 ROWS = 20000
 

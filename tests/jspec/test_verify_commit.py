@@ -20,10 +20,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import tiny_models as tm  # noqa: E402
 from paged_harness import PagedHarness  # noqa: E402
 
+from jspec.models.batch import ForwardMode  # noqa: E402
 from jspec.models.loader import load_model  # noqa: E402
 from jspec.models.scoring import forward  # noqa: E402
-from jspec.spec import tree, verify  # noqa: E402
-from jspec.spec.tree_step import move_kv  # noqa: E402
+from jspec.speculative import tree, verify  # noqa: E402
+from jspec.speculative.tree_step import move_kv  # noqa: E402
 
 PAGE = 4
 PROMPTS = {"a": tm.random_ids(9, seed=3), "b": tm.random_ids(6, seed=4)}
@@ -93,7 +94,7 @@ def test_verify_then_commit_matches_plain_scoring(model):
     for i, k in enumerate(order[:2]):
         h.length[k] += int(acc_n[i]) + 1
     nxt = {k: [int(t)] for k, t in zip(PROMPTS, rng.integers(0, tm.VOCAB, 2))}
-    got = h.step(nxt, num_tokens=2, batch_size=2, mode="decode")
+    got = h.step(nxt, num_tokens=2, batch_size=2, mode=ForwardMode.DECODE)
     for i, k in enumerate(order[:2]):
         seq = PROMPTS[k][:-1] + [drafts[k][m] for m in _path(PARENTS[k], ACCEPT[k])] + nxt[k]
         np.testing.assert_allclose(got[k][0], model.score(seq)[-1], rtol=2e-4, atol=2e-4, err_msg=k)

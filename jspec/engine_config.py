@@ -1,0 +1,214 @@
+"""Every engine setting (SGLang's names), validated once, with what follows from them: the buckets
+to compile, the pool sizes, the speculative settings.
+
+`EngineConfig.create` reads the target's (and a drafter's) config.json, never their weights, so a
+bad setting fails before anything is loaded; each error is a `ConfigError` naming the setting.
+`Engine` only assembles the parts this describes and serves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+
+from jspec.cache.pool import PoolLayout, checkpoint_bytes, dtype_bytes, kv_elements_per_token, size_pools
+from jspec.config import ModelConfig, load_config
+from jspec.errors import ConfigError
+from jspec.models.drafters import dflash_block_size, drafter_config
+from jspec.models.loader import Model, resolve_dtype
+from jspec.speculative.config import SpecConfig, check_draft, parse_spec_config
+
+DEFAULT_CUDA_GRAPH_BS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256]
+MAX_EXTEND_REQUESTS = 64  # requests one prompt-chunk step can carry
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Resolved settings. model: the target's directory, or a loaded `Model` (benchmarks build
+    random weights); model_config: its config."""
+
+    model: str | Model
+    model_config: ModelConfig
+    dtype: str
+    page_size: int
+    max_running_requests: int
+    cuda_graph_bs: list[int]  # decode buckets (batch sizes)
+    chunked_prefill_size: int
+    prefill_token_buckets: list[int]  # prompt-chunk buckets (token counts)
+    context_length: int
+    layout: PoolLayout
+    disable_overlap_schedule: bool = False
+    random_seed: int = 0
+    enable_mixed_chunk: bool = False
+    disable_top_k_top_p: bool = False  # greedy / temperature / min-p only: no sort variant is compiled
+    max_top_logprobs_num: int = 20
+    skip_tokenizer_init: bool = False
+    show_progress: bool = True
+    transfer_guard: str | None = None  # jax.transfer_guard level around the loop ("disallow" in tests)
+    spec: SpecConfig | None = None
+    # KV indices past a request's length that speculation may write: page-table rows and the pool
+    # check of every request include them.
+    spec_extra: int = 0
+
+    @property
+    def max_extend_requests(self) -> int:
+        return min(self.max_running_requests, MAX_EXTEND_REQUESTS)
+
+    @property
+    def pool_tokens(self) -> int:
+        return self.layout.pool_tokens
+
+    def server_args(self) -> dict:
+        """The settings as `Engine.get_server_info` reports them."""
+        return dict(model_path=self.model if isinstance(self.model, str) else self.model.path,
+                    dtype=str(resolve_dtype(self.dtype)), page_size=self.page_size,
+                    max_running_requests=self.max_running_requests, max_total_tokens=self.pool_tokens,
+                    chunked_prefill_size=self.chunked_prefill_size, cuda_graph_bs=list(self.cuda_graph_bs),
+                    prefill_token_buckets=list(self.prefill_token_buckets),
+                    disable_overlap_schedule=self.disable_overlap_schedule, random_seed=self.random_seed,
+                    context_length=self.context_length, disable_top_k_top_p=self.disable_top_k_top_p,
+                    enable_mixed_chunk=self.enable_mixed_chunk)
+
+    @classmethod
+    def create(cls, model_path, *, dtype: str = "bfloat16", page_size: int = 16,
+               max_running_requests: int | None = None, max_total_tokens: int | None = None,
+               chunked_prefill_size: int | None = None, cuda_graph_bs: list[int] | None = None,
+               disable_overlap_schedule: bool = False, random_seed: int = 0, context_length: int | None = None,
+               mem_fraction_static: float | None = None, prefill_token_buckets: list[int] | None = None,
+               max_top_logprobs_num: int = 20, skip_tokenizer_init: bool = False, show_progress: bool = True,
+               enable_mixed_chunk: bool = False, transfer_guard: str | None = None,
+               disable_top_k_top_p: bool = False, **speculative) -> EngineConfig:
+        """Validate SGLang-style keyword settings; `speculative` holds the speculative_* keys."""
+        unknown = sorted(k for k in speculative if not k.startswith("speculative_") or k not in SPEC_KEYS)
+        if unknown:
+            raise ConfigError(f"unknown Engine argument(s): {', '.join(unknown)}")
+        config = _target_config(model_path, dtype)
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
+            raise ConfigError(f"page_size must be a positive int, got {page_size!r}")
+        on_gpu = jax.default_backend() == "gpu"
+
+        spec = parse_spec_config(speculative, target_family=config.family, target_is_hybrid=config.is_hybrid,
+                                 draft_block_size=_dflash_block(speculative))
+        draft_config = None
+        if spec is not None:
+            if enable_mixed_chunk:
+                raise ConfigError("enable_mixed_chunk with speculative decoding is not implemented yet")
+            draft_config = _draft_config(spec, config, model_path)
+        context = int(context_length or config.max_position_embeddings)
+        if context < 2:
+            raise ConfigError(f"context_length must be >= 2, got {context}")
+
+        bs, max_running = _decode_buckets(cuda_graph_bs, max_running_requests, on_gpu)
+        chunk = int(chunked_prefill_size or (8192 if on_gpu else 512))
+        if chunk < 1:
+            raise ConfigError(f"chunked_prefill_size must be >= 1, got {chunk}")
+        buckets = _prefill_buckets(prefill_token_buckets, chunk)
+
+        # A speculative step writes num_draft_tokens positions past the request's current length;
+        # with overlap (spec v2) a step already in flight for a request that has just finished may
+        # still accept up to num_steps + 1 tokens and write ahead of them.
+        spec_extra = 0
+        if spec is not None:
+            spec_extra = spec.kv_ahead + (0 if disable_overlap_schedule else spec.num_steps + 1)
+        per_token = kv_elements_per_token(config) + (0 if draft_config is None else kv_elements_per_token(draft_config))
+        layout = size_pools(page_size=page_size, context_length=context, kv_ahead=spec_extra,
+                            max_running_requests=max_running, max_total_tokens=max_total_tokens,
+                            kv_bytes_per_token=per_token * dtype_bytes(resolve_dtype(dtype)),
+                            weight_bytes=checkpoint_bytes(model_path), mem_fraction_static=mem_fraction_static)
+        return cls(model=model_path, model_config=config, dtype=dtype, page_size=page_size,
+                   max_running_requests=max_running, cuda_graph_bs=bs, chunked_prefill_size=chunk,
+                   prefill_token_buckets=buckets, context_length=context, layout=layout,
+                   disable_overlap_schedule=bool(disable_overlap_schedule), random_seed=int(random_seed),
+                   enable_mixed_chunk=bool(enable_mixed_chunk), disable_top_k_top_p=bool(disable_top_k_top_p),
+                   max_top_logprobs_num=int(max_top_logprobs_num), skip_tokenizer_init=bool(skip_tokenizer_init),
+                   show_progress=bool(show_progress), transfer_guard=transfer_guard, spec=spec, spec_extra=spec_extra)
+
+
+SPEC_KEYS = {
+    "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
+    "speculative_num_draft_tokens", "speculative_simulate_accept_length",
+    "speculative_ngram_min_match_window_size", "speculative_ngram_max_match_window_size",
+}
+
+
+def _target_config(model_path, dtype) -> ModelConfig:
+    if isinstance(model_path, Model):
+        return model_path.config
+    if not isinstance(model_path, (str, os.PathLike)) or not os.path.isdir(model_path):
+        raise ConfigError(f"model_path={model_path!r} is not a directory")
+    if not os.path.exists(os.path.join(model_path, "config.json")):
+        raise ConfigError(f"model_path={model_path!r} has no config.json")
+    resolve_dtype(dtype)
+    return load_config(model_path)
+
+
+def _dflash_block(speculative: dict) -> int | None:
+    """DFLASH's trained block size (the default number of draft tokens), from a drafter object or
+    its config.json; None for other algorithms or when there is nothing to read it from."""
+    if str(speculative.get("speculative_algorithm") or "").upper() != "DFLASH":
+        return None
+    path = speculative.get("speculative_draft_model_path")
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        return getattr(path, "block_size", None)
+    return None if not path else dflash_block_size(path)
+
+
+def draft_source(spec: SpecConfig, model_path) -> tuple[str | None, object]:
+    """(checkpoint format, path) of the drafter: NEXTN, and NAIVE_EAGLE without a draft path, read
+    the target's own `mtp.*` layer; a format of None is detected from the draft's config.json."""
+    kind = spec.algorithm
+    if kind == "NAIVE_EAGLE":
+        kind = "NEXTN" if spec.draft_model_path is None else None
+    path = spec.draft_model_path
+    if path is None:
+        path = model_path.path if isinstance(model_path, Model) else model_path
+    return kind, path
+
+
+def _draft_config(spec: SpecConfig, target: ModelConfig, model_path) -> ModelConfig | None:
+    """The drafter's config (for its KV pool), read before any weight; None for NGRAM. A drafter
+    object (benchmarks) brings its own."""
+    if spec.draft_kind == "ngram":
+        return None
+    path = spec.draft_model_path
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        return path.config
+    if spec.draft_kind == "model":  # STANDALONE: a whole model of the same vocabulary
+        if not os.path.isdir(str(path)):
+            raise ConfigError(f"speculative_draft_model_path={path!r} is not a directory")
+        draft = load_config(path)
+        check_draft(spec, target, draft)
+        return draft
+    kind, path = draft_source(spec, model_path)
+    if not os.path.isdir(str(path)):
+        raise ConfigError(f"speculative_draft_model_path={path!r} is not a directory")
+    return drafter_config(kind, str(path), target)
+
+
+def _decode_buckets(cuda_graph_bs, max_running_requests, on_gpu: bool) -> tuple[list[int], int]:
+    """Decode batch sizes ("CUDA graph" buckets) and the running-request cap."""
+    if max_running_requests is not None and max_running_requests < 1:
+        raise ConfigError(f"max_running_requests must be >= 1, got {max_running_requests}")
+    cap = max_running_requests or (128 if on_gpu else 16)
+    bs = sorted(set(cuda_graph_bs or [b for b in DEFAULT_CUDA_GRAPH_BS if b <= cap] or [cap]))
+    if any((not isinstance(b, int)) or b < 1 for b in bs):
+        raise ConfigError(f"cuda_graph_bs must be positive ints, got {cuda_graph_bs!r}")
+    if bs[-1] < cap:
+        bs.append(cap)
+    max_running = max_running_requests or bs[-1]
+    bs = [b for b in bs if b <= max(max_running, bs[0])]
+    if bs[-1] < max_running:
+        bs.append(max_running)
+    return bs, max_running
+
+
+def _prefill_buckets(buckets, chunk: int) -> list[int]:
+    """Prompt-chunk token counts: powers of two from 16 below the chunk size, and the chunk size."""
+    if buckets is None:
+        buckets, t = [], 16
+        while t < chunk:
+            buckets.append(t)
+            t *= 2
+    return sorted(set(int(b) for b in buckets if b <= chunk) | {chunk})

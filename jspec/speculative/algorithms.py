@@ -1,0 +1,144 @@
+"""Each speculative algorithm as the runtime sees it: a `jspec.runtime.step.Drafting`.
+
+The runtime knows nothing of speculation beyond that interface: the engine picks the algorithm here
+(`make_drafting`) and hands it to the model runner, which asks it for the per-slot state a drafter
+carries, the drafter's part of every prompt chunk and the speculative decode step of each bucket.
+
+- EAGLE, EAGLE3, NEXTN, NAIVE_EAGLE: hidden-state drafters (`eagle_draft.py`), chain
+  (`eagle_step.py`) or tree (`tree_step.py`);
+- DFLASH: a block drafter (`dflash_step.py`);
+- STANDALONE: a smaller model of the same vocabulary, chain (`chain_step.py`);
+- NGRAM: drafts matched in the request's own tokens, no weights (`chain_step.py`, `ngram.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from jspec.runtime.step import ExtendContext
+from jspec.runtime.step_inputs import Bucket
+from jspec.speculative import dflash_step, eagle_draft
+from jspec.speculative.chain_step import make_chain_spec_step
+from jspec.speculative.config import SpecConfig
+from jspec.speculative.eagle_step import make_eagle_spec_step
+from jspec.speculative.tree_step import make_tree_spec_step
+
+
+@dataclasses.dataclass
+class _Drafting:
+    spec: SpecConfig
+    target: object  # the loaded target Model
+    draft_model: object | None  # a loaded Model (STANDALONE) or DraftModel; None for NGRAM
+
+    @property
+    def kv_ahead(self) -> int:
+        return self.spec.kv_ahead
+
+    @property
+    def prefill_ahead(self) -> int:
+        return self.spec.prefill_ahead
+
+    @property
+    def max_accept(self) -> int:
+        return self.spec.num_steps + 1
+
+    extend_next_ids = False
+
+    def _draft_graphdef(self):
+        return None if self.draft_model is None else self.draft_model.graphdef
+
+    def _step_kw(self, page_size: int) -> dict:
+        return dict(page_size=page_size, num_steps=self.spec.num_steps,
+                    simulate_accept_length=self.spec.simulate_accept_length)
+
+    def target_outputs(self) -> tuple[tuple[int, ...], bool]:
+        return (), False
+
+    def init_state(self, num_slots: int, max_kv_len: int) -> dict | None:
+        return None
+
+
+class EagleDrafting(_Drafting):
+    """Hidden-state drafters: the drafter extends over every prompt chunk with the tokens shifted
+    by one (so extend buckets carry the next token of each token), chains or trees."""
+
+    extend_next_ids = True
+
+    def target_outputs(self):
+        return self.draft_model.capture_layers, True
+
+    def init_state(self, num_slots: int, max_kv_len: int) -> dict:
+        cfg = self.target.config
+        return eagle_draft.init_spec_state(num_slots, cfg.hidden_size, self.target.dtype, topk=self.spec.topk)
+
+    def after_extend(self, draft, ctx: ExtendContext, draft_caches, spec_state):
+        # -1: the request's newest token, which this step just sampled (or an earlier one did).
+        next_ids = ctx.x["next_ids"]
+        next_ids = jnp.where(next_ids >= 0, next_ids, ctx.last_token[ctx.tok_slot])
+        next_ids = jnp.where(ctx.valid, next_ids, 0)
+        return eagle_draft.prefill_draft(draft, ctx.target, draft_caches, ctx.batch, ctx.out, next_ids, ctx.sampled,
+                                         ctx.last_idx, spec_state, self.spec.topk)
+
+    def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int):
+        if self.spec.topk > 1:
+            return make_tree_spec_step(graphdef, self._draft_graphdef(), bucket, topk=self.spec.topk,
+                                       num_draft_tokens=self.spec.num_draft_tokens, **self._step_kw(page_size))
+        return make_eagle_spec_step(graphdef, self._draft_graphdef(), bucket, **self._step_kw(page_size))
+
+
+class DFlashDrafting(_Drafting):
+    """A block drafter: every prompt chunk writes its context; a finished prompt drafts its first block."""
+
+    def target_outputs(self):
+        return self.draft_model.capture_layers, True
+
+    def init_state(self, num_slots: int, max_kv_len: int) -> dict:
+        return dflash_step.init_spec_state(num_slots, self.spec.num_steps)
+
+    def after_extend(self, draft, ctx: ExtendContext, draft_caches, spec_state):
+        return dflash_step.prefill_dflash(draft, ctx.target, draft_caches, ctx.batch, ctx.out, ctx.sampled,
+                                          ctx.x["seq_lens"], ctx.tokens, ctx.batch.page_table, spec_state,
+                                          ctx.page_size)
+
+    def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int):
+        return dflash_step.make_dflash_spec_step(graphdef, self._draft_graphdef(), bucket, **self._step_kw(page_size))
+
+
+class StandaloneDrafting(_Drafting):
+    """A draft model runs over the same tokens, pages and positions as the target, so its KV cache
+    tracks the target's."""
+
+    def after_extend(self, draft, ctx: ExtendContext, draft_caches, spec_state):
+        _, draft_caches = draft(ctx.batch, draft_caches, logits_indices=ctx.last_idx, compute_logits=False)
+        return draft_caches, spec_state
+
+    def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int):
+        return make_chain_spec_step(graphdef, self._draft_graphdef(), bucket, **self._step_kw(page_size))
+
+
+class NgramDrafting(_Drafting):
+    """No weights: each slot keeps the token at every KV position it can reach, on the device."""
+
+    def init_state(self, num_slots: int, max_kv_len: int) -> dict:
+        return {"history": jnp.zeros((num_slots, max_kv_len), jnp.int32)}
+
+    def after_extend(self, draft, ctx: ExtendContext, draft_caches, spec_state):
+        # Every token fed here, at its position, into its slot's history.
+        history = spec_state["history"]
+        at = jnp.where(ctx.valid, ctx.tok_slot, history.shape[0])
+        return draft_caches, {"history": history.at[at, ctx.batch.positions].set(ctx.batch.input_ids, mode="drop")}
+
+    def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int):
+        return make_chain_spec_step(graphdef, None, bucket, ngram_windows=(self.spec.ngram_min_window,
+                                                                           self.spec.ngram_max_window),
+                                    **self._step_kw(page_size))
+
+
+_BY_KIND = {"eagle": EagleDrafting, "dflash": DFlashDrafting, "model": StandaloneDrafting, "ngram": NgramDrafting}
+
+
+def make_drafting(spec: SpecConfig, target, draft_model) -> _Drafting:
+    """The runtime's view of `spec` for a loaded target and drafter (None for NGRAM)."""
+    return _BY_KIND[spec.draft_kind](spec=spec, target=target, draft_model=draft_model)

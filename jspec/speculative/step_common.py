@@ -1,0 +1,121 @@
+"""What every speculative decode step shares: its carry, how it starts, how it ends, how phases compose.
+
+A speculative step is one jitted function per batch bucket, written as a list of named phases
+(draft -> verify -> accept -> drafter catch-up) over one `SpecStep` carry that each phase fills in
+while the step is traced. `compose` runs them all: that is the engine's step. A benchmark composes
+a prefix of them itself to time the phases (bench/spec_eagle.py); the steps know nothing of that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jspec.runtime import sampler as sampling
+from jspec.runtime.step_inputs import Bucket, DeviceState, apply_page_updates, sampling_batch
+from jspec.speculative import accept
+
+
+@dataclasses.dataclass
+class SpecStep:
+    """The carry of one speculative step (traced arrays; B = the bucket's batch size).
+
+    Set by `begin`: x (unpacked inputs), req_to_page (page updates applied), slots / valid / l0 `[B]`
+    (each request's slot, whether the row is real, the KV index of its last token, which is not
+    in the KV yet), page_table `[B, pages_per_seq]`, sb (its SamplingBatch), greedy `[B]`, key_fn,
+    last `[B]` (the last token, the root of what is verified), target / drafter (merged modules;
+    drafter None without draft weights), and caches / draft_caches / spec_state, which phases update.
+    Set by the phases: drafts `[B, S]`, kept `[B, S]` (accepted drafts, valid up to n), n `[B]`
+    (kept drafts), bonus `[B]`, and what a phase hands the next (`scratch`)."""
+
+    bucket: Bucket
+    page_size: int
+    state: DeviceState
+    x: dict
+    req_to_page: jax.Array
+    slots: jax.Array
+    valid: jax.Array
+    l0: jax.Array
+    page_table: jax.Array
+    sb: sampling.SamplingBatch
+    greedy: jax.Array
+    key_fn: Callable
+    last: jax.Array
+    target: nnx.Module
+    drafter: nnx.Module | None
+    caches: object
+    draft_caches: object
+    spec_state: dict | None
+    drafts: jax.Array | None = None
+    kept: jax.Array | None = None
+    n: jax.Array | None = None
+    bonus: jax.Array | None = None
+    scratch: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return self.bucket.batch_size
+
+
+Phase = tuple[str, Callable[[SpecStep], None]]
+
+
+def begin(bucket: Bucket, graphdef, draft_graphdef, *, page_size: int, num_keys: int):
+    """(params, state, packed) -> SpecStep. num_keys: random uses per request per step (key_fn(k),
+    k < num_keys). With draft weights params is (target params, draft params)."""
+
+    def start(params, state: DeviceState, packed) -> SpecStep:
+        target_params, draft_params = params if draft_graphdef is not None else (params, None)
+        x = bucket.unpack(packed)
+        req_to_page = apply_page_updates(state.req_to_page, x["page_updates"])
+        slots = x["req_slots"]
+        valid = x["seq_lens"] > 0  # padding rows carry seq_len 0
+        # KV index of each request's last token, from the device: with overlap the host plans this
+        # step before it knows what the previous one accepted. Its output index moves with it, so it
+        # is the host's (output index - position) plus the device's position.
+        l0 = jnp.where(valid, state.seq_lens[slots], 0)
+        out_index = l0 + x["out_index"] - x["positions"][:bucket.batch_size]
+
+        def key_fn(k: int):
+            # One stream per request, indexed by (index of the step's first output, use k): the same
+            # tokens whatever else is in the batch.
+            return jax.vmap(lambda sd, st: sampling.row_key(sd, st * num_keys + k))(x["seeds"], out_index)
+
+        return SpecStep(
+            bucket=bucket, page_size=page_size, state=state, x=x, req_to_page=req_to_page, slots=slots, valid=valid,
+            l0=l0, page_table=req_to_page[slots], sb=sampling_batch(x, step=out_index),
+            greedy=x["temperature"] < sampling.GREEDY_TEMPERATURE, key_fn=key_fn, last=state.last_token[slots],
+            target=nnx.merge(graphdef, target_params),
+            drafter=None if draft_graphdef is None else nnx.merge(draft_graphdef, draft_params),
+            caches=state.caches, draft_caches=state.draft_caches, spec_state=state.spec_state,
+        )
+
+    return start
+
+
+def finish(c: SpecStep) -> tuple[DeviceState, jax.Array]:
+    """The state after the step (the bonus is each request's next input; its KV length moves past
+    its last token and the n kept drafts) and the output rows `[B, S + 2]` (`accept.output_rows`)."""
+    at = jnp.where(c.valid, c.slots, c.state.last_token.shape[0])
+    new = dataclasses.replace(
+        c.state, caches=c.caches, req_to_page=c.req_to_page, draft_caches=c.draft_caches, spec_state=c.spec_state,
+        last_token=c.state.last_token.at[at].set(c.bonus, mode="drop"),
+        seq_lens=c.state.seq_lens.at[at].set(c.l0 + c.n + 1, mode="drop"),
+    )
+    return new, accept.output_rows(c.kept, c.n, c.bonus, c.valid)
+
+
+def compose(start, phases: list[Phase]):
+    """The engine's step: start, every phase in order, finish."""
+
+    def step(params, state: DeviceState, packed):
+        c = start(params, state, packed)
+        for _, phase in phases:
+            phase(c)
+        return finish(c)
+
+    return step

@@ -1,0 +1,179 @@
+"""The scheduler on its own (host only, no device): FCFS admission, chunked prefill, alternation and
+mixed chunks, page planning (plain and speculative), retraction, and the page / slot accounting
+invariants over random request sequences."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jspec.cache.allocator import PageAllocator, SlotAllocator
+from jspec.models.batch import ForwardMode
+from jspec.runtime.request import Request, Status
+from jspec.runtime.sampling_params import SamplingParams
+from jspec.runtime.scheduler import NeedSync, Scheduler
+
+PAGE = 4
+
+
+def make(num_pages=32, num_slots=5, chunk=8, **kw) -> Scheduler:
+    kw = {"max_running_requests": num_slots - 1, "chunked_prefill_size": chunk, "max_extend_requests": 4,
+          "max_decode_requests": num_slots - 1, **kw}
+    return Scheduler(PageAllocator(num_pages, PAGE), SlotAllocator(num_slots), **kw)
+
+
+def request(rid: str, prompt_len: int, max_new: int = 4) -> Request:
+    return Request(rid=rid, input_ids=list(range(1, prompt_len + 1)), sampling=SamplingParams(max_new_tokens=max_new),
+                   seed=0)
+
+
+def apply(sched: Scheduler, plan) -> None:
+    """What the engine does with a plain step's results: each sampling row gets a token; a request
+    with all its tokens finishes (its pages and slot go back)."""
+    for s in plan.reqs:
+        if s.sample:
+            s.req.output_ids.append(7)
+            if len(s.req.output_ids) >= s.req.sampling.max_new_tokens:
+                sched.finish(s.req, {"type": "length"})
+
+
+def check_accounting(sched: Scheduler) -> None:
+    owned = [p for r in sched.running for p in r.pages]
+    assert len(owned) == len(set(owned)), "a page owned twice"
+    assert 0 not in owned, "the sink page handed out"
+    assert sched.pages.num_free + len(owned) == sched.pages.num_usable
+    slots = [r.slot for r in sched.running]
+    assert None not in slots and len(slots) == len(set(slots)) and 0 not in slots
+    assert sched.slots.num_free + len(slots) == sched.slots.num_slots - 1
+    for r in sched.waiting:
+        assert r.slot is None and not r.pages and r.kv_len == 0
+    for r in sched.running:  # pages cover what the dispatched steps write
+        assert len(r.pages) >= sched.pages.pages_for(r.kv_len)
+
+
+def test_fcfs_chunked_prefill_continues_before_admitting():
+    sched = make(chunk=8)
+    a, b = request("a", 20), request("b", 3)
+    sched.add(a)
+    sched.add(b)
+    plans = []
+    for _ in range(3):
+        plan = sched.schedule(inflight=False)
+        plans.append([(s.req.rid, s.num_tokens, s.sample) for s in plan.reqs])
+        assert plan.mode is ForwardMode.EXTEND
+        check_accounting(sched)
+        apply(sched, plan)
+    # a's 20 tokens in chunks of 8, 8, 4; b waits (FCFS, budget spent) and rides the third step.
+    assert plans == [[("a", 8, False)], [("a", 8, False)], [("a", 4, True), ("b", 3, True)]]
+    assert a.slot == 1 and b.slot == 2 and a.kv_len == 20 and len(a.pages) == 5
+    # The page updates of every plan rebuild each request's page list.
+    assert b.status is Status.RUNNING and len(b.pages) == 1
+
+
+def test_a_prompt_that_does_not_fit_blocks_later_ones():
+    sched = make(num_pages=4, chunk=64)  # 3 usable pages = 12 tokens
+    big, small = request("big", 16), request("small", 2)
+    sched.add(big)
+    sched.add(small)
+    assert sched.schedule(inflight=False) is None  # big cannot start; small must not jump the queue
+    assert list(sched.waiting) == [big, small] and sched.pages.num_free == 3
+
+
+def test_prefill_and_decode_alternate_and_mixed_chunks_ride_along():
+    extend, decode = ForwardMode.EXTEND, ForwardMode.DECODE
+    expected = {
+        # a decodes between b's chunks, so neither starves the other
+        False: [(decode, ["a"]), (extend, ["b"]), (decode, ["a"]), (extend, ["b"]), (decode, ["a", "b"])],
+        # a rides along as a one-token row in an extend step whose chunk budget has room for it
+        True: [(extend, ["b"]), (extend, ["a", "b"]), (decode, ["a", "b"]), (decode, ["a", "b"]),
+               (decode, ["a", "b"])],
+    }
+    for mixed, want in expected.items():
+        sched = make(chunk=8, enable_mixed_chunk=mixed)
+        a = request("a", 3, max_new=10)
+        sched.add(a)
+        apply(sched, sched.schedule(inflight=False))  # a's prompt; a samples its first token
+        sched.add(request("b", 10, max_new=10))
+        modes = []
+        for _ in range(5):
+            plan = sched.schedule(inflight=False)
+            modes.append((plan.mode, sorted(s.req.rid for s in plan.reqs)))
+            check_accounting(sched)
+            apply(sched, plan)
+        assert modes == want
+        assert sched.num_mixed_decode_rows == (1 if mixed else 0)
+
+
+def test_decode_allocates_pages_as_tokens_cross_them():
+    sched = make()
+    a = request("a", 4, max_new=6)
+    sched.add(a)
+    apply(sched, sched.schedule(inflight=False))
+    assert len(a.pages) == 1  # 4 prompt tokens fill one page
+    plan = sched.schedule(inflight=False)  # writes KV index 4: a second page
+    assert plan.mode is ForwardMode.DECODE and len(plan.page_updates) == 1
+    slot, idx, page = plan.page_updates[0]
+    assert (slot, idx, page) == (a.slot, 1, a.pages[1])
+    apply(sched, plan)
+    assert sched.schedule(inflight=False).page_updates == []  # index 5: same page
+
+
+def test_out_of_pages_retracts_the_newest_request_or_asks_for_a_sync():
+    sched = make(num_pages=5, chunk=64)  # 4 usable pages
+    a, b = request("a", 7, max_new=8), request("b", 4, max_new=8)
+    sched.add(a)
+    sched.add(b)
+    apply(sched, sched.schedule(inflight=False))  # a: 2 pages, b: 1 page, 1 free
+    apply(sched, sched.schedule(inflight=False))  # decode: a writes index 7, b index 4 on the last page
+    assert sched.pages.num_free == 0 and len(b.output_ids) == 2
+    with pytest.raises(NeedSync):  # in overlap mode the loop must read in-flight results first
+        sched.schedule(inflight=True)
+    assert b in sched.running
+    plan = sched.schedule(inflight=False)  # a needs a page for index 8: b (admitted last) is retracted
+    assert [s.req.rid for s in plan.reqs] == ["a"]
+    assert sched.num_retractions == 1 and b.num_retractions == 1
+    assert list(sched.waiting) == [b] and b.slot is None and not b.pages
+    assert b.prefill_target == len(b.all_ids) == 6 and b.scheduled_outputs == 2  # prompt + outputs refed
+    check_accounting(sched)
+
+
+def test_speculative_decode_plans_pages_for_the_longest_acceptance():
+    sched = make(num_pages=32, chunk=64, spec_tokens=4, spec_max_accept=4)
+    a = request("a", 4, max_new=30)
+    sched.add(a)
+    apply(sched, sched.schedule(inflight=False))
+    plan = sched.schedule(inflight=True)  # writes indices 4..7: pages for 8 tokens
+    assert len(a.pages) == 2 and a.spec_inflight == 1 and a.kv_len == 4
+    plan = sched.schedule(inflight=True)  # one step in flight may accept 4: indices up to 4 + 4 + 4
+    assert len(a.pages) == 3 and a.spec_inflight == 2 and len(plan.page_updates) == 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "step", "step", "step", "abort"]), st.integers(1, 30),
+                              st.integers(1, 12)), max_size=60))
+def test_random_request_sequences_never_leak_or_double_own(ops):
+    sched = make(num_pages=12, num_slots=4, chunk=8)
+    n = 0
+    for op, length, max_new in ops:
+        if op == "add":
+            sched.add(request(str(n), length, max_new))
+            n += 1
+        elif op == "abort" and (sched.running or sched.waiting):
+            victims = list(sched.running) + list(sched.waiting)
+            sched.finish(victims[length % len(victims)], {"type": "abort"})
+        else:
+            plan = sched.schedule(inflight=False)
+            if plan is not None:
+                check_accounting(sched)
+                apply(sched, plan)
+        check_accounting(sched)
+    for _ in range(2000):  # everything left finishes
+        plan = sched.schedule(inflight=False)
+        if plan is None:
+            break
+        apply(sched, plan)
+    assert not sched.running and not any(r.kv_len for r in sched.waiting)
+    if not sched.waiting:
+        sched.pages.check_all_free()
+        sched.slots.check_all_free()
