@@ -17,9 +17,10 @@ import jax
 import numpy as np
 
 from jspec.cache.allocator import PageAllocator, SlotAllocator
+from jspec.cache import memory
 from jspec.config import generation_eos_token_ids
 from jspec.engine_config import EngineConfig, draft_source
-from jspec.errors import InvalidRequestError, JspecError
+from jspec.errors import EngineShutdownError, InvalidRequestError
 from jspec.models.drafters import checkpoint_format, load_drafter
 from jspec.models.loader import Model, load_model
 from jspec.runtime.engine_core import EngineCore
@@ -65,6 +66,21 @@ class Engine:
                 logger.warning("speculative_simulate_accept_length=%s: acceptance is simulated for benchmarking; "
                                "outputs are NOT the target's", self.spec.simulate_accept_length)
         self.draft_model = None if drafting is None else drafting.draft_model
+        # Weights the engine frees at shutdown: those it loaded itself. A model or drafter passed in
+        # belongs to the caller, who may build the next engine from it.
+        draft_given = self.spec is not None and not isinstance(self.spec.draft_model_path,
+                                                               (str, os.PathLike, type(None)))
+        self._given = [m for m, given in ((self.model, isinstance(model_path, Model)),
+                                          (self.draft_model, draft_given)) if m is not None and given]
+        self._owned = [m for m in (self.model, self.draft_model) if m is not None and m not in self._given]
+        self.runner = ModelRunner(self.model, layout=cfg.layout, decode_batch_sizes=cfg.cuda_graph_bs,
+                                  extend_token_sizes=cfg.prefill_token_buckets,
+                                  max_extend_requests=cfg.max_extend_requests,
+                                  num_top_logprobs=cfg.max_top_logprobs_num, progress=cfg.show_progress,
+                                  drafting=drafting, top_k_top_p=not cfg.disable_top_k_top_p, compile=False)
+        if cfg.layout.num_pages is None:
+            cfg = self.engine_config = cfg.with_memory_plan(self._plan_memory())
+        self.runner.capture(cfg.layout)
         layout = cfg.layout
         self.pages = PageAllocator(layout.num_pages, layout.page_size)
         self.slots = SlotAllocator(layout.num_slots)
@@ -75,11 +91,6 @@ class Engine:
                                    spec_tokens=0 if drafting is None else drafting.kv_ahead,
                                    spec_max_accept=0 if drafting is None else drafting.max_accept,
                                    prefill_ahead=0 if drafting is None else drafting.prefill_ahead)
-        self.runner = ModelRunner(self.model, layout=layout, decode_batch_sizes=cfg.cuda_graph_bs,
-                                  extend_token_sizes=cfg.prefill_token_buckets,
-                                  max_extend_requests=cfg.max_extend_requests,
-                                  num_top_logprobs=cfg.max_top_logprobs_num, progress=cfg.show_progress,
-                                  drafting=drafting, top_k_top_p=not cfg.disable_top_k_top_p)
         self.core = EngineCore(self.runner, self.scheduler, tokenizer=self.tokenizer,
                                eos_token_ids=self.eos_token_ids, overlap=self.overlap)
         self.limits = RequestLimits(vocab_size=self.config.vocab_size, context_length=cfg.context_length,
@@ -92,6 +103,16 @@ class Engine:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="jspec-engine", daemon=True)
         self._thread.start()
+
+    def _plan_memory(self) -> memory.MemoryPlan:
+        """Size the KV pool from the device's memory, now that the weights are resident: the
+        allocator's bytes in use, the runner's measured workspace and its per-page and fixed bytes."""
+        runner, layout = self.runner, self.engine_config.layout
+        fixed = runner.state_bytes(0)
+        return memory.plan_pages(memory.device_memory(), mem_fraction_static=self.engine_config.mem_fraction_static,
+                          page_bytes=runner.state_bytes(1) - fixed, fixed_bytes=fixed,
+                          workspace_bytes=runner.workspace_bytes(), min_pages=layout.min_pages,
+                          page_size=layout.page_size)
 
     def _load_draft(self):
         """The drafter: a loaded object passes through (benchmarks build random ones); a path is
@@ -144,7 +165,7 @@ class Engine:
         With stream=True (single prompt only) returns an iterator of incremental dicts.
         """
         if self._stopped:
-            raise JspecError("engine is shut down")
+            raise EngineShutdownError("generate: this engine was shut down; build a new Engine")
         batch = isinstance(prompt, (list, tuple)) or (
             input_ids is not None and len(input_ids) > 0 and isinstance(input_ids[0], (list, tuple, np.ndarray))
         )
@@ -242,10 +263,29 @@ class Engine:
             "num_generated_tokens": self.core.num_generated,
             "compile_seconds": self.runner.compile_seconds,
             **self._spec_info(),
+            "memory": self._memory_info(),
             "last_error": None if self._error is None else repr(self._error),
             "jax_version": jax.__version__,
             "device": str(jax.devices()[0].device_kind),
         }
+
+    def _memory_info(self) -> dict:
+        """Bytes behind the pool size: weights, pools, and (when sized from the device's memory)
+        the plan's inputs (`jspec.cache.memory.MemoryPlan`)."""
+        def nbytes(tree) -> int:
+            return sum(x.nbytes for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) and not x.is_deleted())
+
+        state = self.runner.state
+        kv = 0 if state is None else nbytes([state.caches.kv, None if state.draft_caches is None
+                                             else state.draft_caches.kv])
+        info = dict(weights_bytes=nbytes(self.model.params),
+                    draft_weights_bytes=0 if self.draft_model is None else nbytes(self.draft_model.params),
+                    kv_pool_bytes=kv, state_pool_bytes=nbytes(state) - kv)
+        plan = self.engine_config.memory_plan
+        if plan is not None:
+            info.update(bytes_limit=plan.bytes_limit, mem_fraction_static=plan.mem_fraction_static,
+                        resident_bytes=plan.resident_bytes, workspace_bytes=plan.workspace_bytes)
+        return info
 
     def _spec_info(self) -> dict:
         if self.spec is None:
@@ -272,6 +312,9 @@ class Engine:
         return False
 
     def shutdown(self) -> None:
+        """Abort what is running, stop the loop and free every device buffer the engine owns (KV and
+        state pools, sampler buffers, in-flight outputs, the weights it loaded), so the next engine
+        in this process sizes its pool from the whole device. Later calls raise `EngineShutdownError`."""
         if self._stopped:
             return
         for rid in list(self.core.requests):
@@ -282,6 +325,14 @@ class Engine:
             self._stopped = True
             self._wake.notify_all()
         self._thread.join(timeout=30.0)
+        self.core.release()
+        self.runner.release()
+        keep = {id(x) for m in self._given for x in jax.tree.leaves(m.params)}
+        for m in self._owned:
+            for leaf in jax.tree.leaves(m.params):
+                if isinstance(leaf, jax.Array) and id(leaf) not in keep and not leaf.is_deleted():
+                    leaf.delete()
+        self._owned, self._given = [], []
 
     def __enter__(self):
         return self

@@ -13,7 +13,9 @@ import os
 
 import jax
 
-from jspec.cache.pool import PoolLayout, checkpoint_bytes, dtype_bytes, kv_elements_per_token, size_pools
+from jspec.cache import memory
+from jspec.cache.memory import MemoryPlan
+from jspec.cache.pool import PoolLayout, size_pools
 from jspec.config import ModelConfig, load_config
 from jspec.errors import ConfigError
 from jspec.models.drafters import dflash_block_size, drafter_config
@@ -51,6 +53,8 @@ class EngineConfig:
     # KV indices past a request's length that speculation may write: page-table rows and the pool
     # check of every request include them.
     spec_extra: int = 0
+    mem_fraction_static: float | None = None
+    memory_plan: MemoryPlan | None = None  # set when the pool was sized from the device's memory
 
     @property
     def max_extend_requests(self) -> int:
@@ -69,7 +73,7 @@ class EngineConfig:
                     prefill_token_buckets=list(self.prefill_token_buckets),
                     disable_overlap_schedule=self.disable_overlap_schedule, random_seed=self.random_seed,
                     context_length=self.context_length, disable_top_k_top_p=self.disable_top_k_top_p,
-                    enable_mixed_chunk=self.enable_mixed_chunk)
+                    enable_mixed_chunk=self.enable_mixed_chunk, mem_fraction_static=self.mem_fraction_static)
 
     @classmethod
     def create(cls, model_path, *, dtype: str = "bfloat16", page_size: int = 16,
@@ -112,18 +116,24 @@ class EngineConfig:
         spec_extra = 0
         if spec is not None:
             spec_extra = spec.kv_ahead + (0 if disable_overlap_schedule else spec.num_steps + 1)
-        per_token = kv_elements_per_token(config) + (0 if draft_config is None else kv_elements_per_token(draft_config))
+        if mem_fraction_static is not None and not 0.0 < float(mem_fraction_static) <= 1.0:
+            raise ConfigError(f"mem_fraction_static must be in (0, 1], got {mem_fraction_static!r}")
         layout = size_pools(page_size=page_size, context_length=context, kv_ahead=spec_extra,
                             max_running_requests=max_running, max_total_tokens=max_total_tokens,
-                            kv_bytes_per_token=per_token * dtype_bytes(resolve_dtype(dtype)),
-                            weight_bytes=checkpoint_bytes(model_path), mem_fraction_static=mem_fraction_static)
+                            from_device_memory=memory.device_memory() is not None)
         return cls(model=model_path, model_config=config, dtype=dtype, page_size=page_size,
                    max_running_requests=max_running, cuda_graph_bs=bs, chunked_prefill_size=chunk,
                    prefill_token_buckets=buckets, context_length=context, layout=layout,
                    disable_overlap_schedule=bool(disable_overlap_schedule), random_seed=int(random_seed),
                    enable_mixed_chunk=bool(enable_mixed_chunk), disable_top_k_top_p=bool(disable_top_k_top_p),
                    max_top_logprobs_num=int(max_top_logprobs_num), skip_tokenizer_init=bool(skip_tokenizer_init),
-                   show_progress=bool(show_progress), transfer_guard=transfer_guard, spec=spec, spec_extra=spec_extra)
+                   show_progress=bool(show_progress), transfer_guard=transfer_guard, spec=spec, spec_extra=spec_extra,
+                   mem_fraction_static=mem_fraction_static)
+
+    def with_memory_plan(self, plan: MemoryPlan) -> EngineConfig:
+        """This config with the pool sized by `plan` (see `Engine`, which measures it)."""
+        return dataclasses.replace(self, layout=dataclasses.replace(self.layout, num_pages=plan.num_pages),
+                                   memory_plan=plan)
 
 
 SPEC_KEYS = {
@@ -156,15 +166,21 @@ def _dflash_block(speculative: dict) -> int | None:
 
 
 def draft_source(spec: SpecConfig, model_path) -> tuple[str | None, object]:
-    """(checkpoint format, path) of the drafter: NEXTN, and NAIVE_EAGLE without a draft path, read
-    the target's own `mtp.*` layer; a format of None is detected from the draft's config.json."""
-    kind = spec.algorithm
+    """(checkpoint format, path) of the drafter: NEXTN, and NAIVE_EAGLE without a draft path or
+    pointed at the target's own directory, read the target's `mtp.*` layer; a format of None is
+    detected from the draft's config.json."""
+    target_dir = model_path.path if isinstance(model_path, Model) else model_path
+    kind, path = spec.algorithm, spec.draft_model_path
     if kind == "NAIVE_EAGLE":
-        kind = "NEXTN" if spec.draft_model_path is None else None
-    path = spec.draft_model_path
-    if path is None:
-        path = model_path.path if isinstance(model_path, Model) else model_path
-    return kind, path
+        kind = "NEXTN" if path is None or _same_dir(path, target_dir) else None
+    return kind, target_dir if path is None else path
+
+
+def _same_dir(a, b) -> bool:
+    try:
+        return b is not None and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _draft_config(spec: SpecConfig, target: ModelConfig, model_path) -> ModelConfig | None:

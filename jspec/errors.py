@@ -19,7 +19,12 @@ class InvalidRequestError(JspecError, ValueError):
     """A request (prompt, sampling parameters) is invalid; other requests are unaffected."""
 
 
+class EngineShutdownError(JspecError, RuntimeError):
+    """An engine was used after `shutdown()`: its device buffers are gone."""
+
+
 __all__ = [
+    "EngineShutdownError",
     "JspecError",
     "ConfigError",
     "UnsupportedModelError",

@@ -77,7 +77,7 @@ def measure(engine, args, engine_args: dict, env: dict, command: str, kind: str 
         tok = load_tokenizer(args.model_path)  # the engine skips it; ShareGPT still needs it
     requests, tokenizer = build_workload(args, engine.config.vocab_size, tok)
     _warmup(engine, requests, args)
-    generated_before = engine.get_server_info()["num_generated_tokens"]
+    before = engine.get_server_info()
     results, duration = run_requests(engine, requests, sampling_params(args), args.request_rate,
                                      args.max_concurrency, args.seed)
     engine.wait_idle(timeout=120.0)
@@ -91,7 +91,11 @@ def measure(engine, args, engine_args: dict, env: dict, command: str, kind: str 
         speculative={k: engine_args.get(k) for k in SPEC_KEYS},
         metrics=summarize(results, duration),
         # What the engine itself counted during the timed run: must equal total_output_tokens.
-        engine_generated_tokens=info["num_generated_tokens"] - generated_before,
+        engine_generated_tokens=info["num_generated_tokens"] - before["num_generated_tokens"],
+        # Requests pushed back to the queue for lack of pages during the timed run (0 when the pool
+        # holds the workload), and the pool they competed for.
+        num_retractions=info["num_retractions"] - before["num_retractions"],
+        num_total_pages=info["num_total_pages"],
         server_avg_spec_accept_length=info.get("avg_spec_accept_length"),
         accept_lengths=[round(accept_length(r), 4) for r in results if r.success],
         errors=errors[:5],

@@ -9,6 +9,7 @@ not implemented yet, a bad combination) gives error records and the sweep goes o
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 
 from jspec.bench.record import fmt, append_jsonl, environment, make_record
@@ -99,14 +100,18 @@ def run_sweep(args, command: str, engine_factory=None) -> list[dict]:
             append_jsonl(args.output_file, [rec])
             print(sweep_line(rec), flush=True)
         if engine is not None:
+            # The next engine sizes its pool from the device's memory: this one gives it all back
+            # first (shutdown frees its buffers; dropping it frees a random drafter built for it).
             engine.shutdown()
+            engine = None
+            gc.collect()
     print(sweep_table(records))
     print(f"{len(records)} records appended to {args.output_file}")
     return records
 
 
 _COLS = ("algorithm", "steps", "topk", "draft", "sim_acc", "overlap", "conc", "accept_len", "out_tok/s",
-         "speedup", "status")
+         "speedup", "pages", "retract", "status")
 
 
 def _cells(r: dict) -> list[str]:
@@ -119,7 +124,8 @@ def _cells(r: dict) -> list[str]:
             fmt(sp.get("speculative_simulate_accept_length")),
             "off" if r["engine_args"].get("disable_overlap_schedule") else "on",
             fmt(r["settings"].get("max_concurrency")), fmt(m.get("accept_length")),
-            fmt(m.get("output_throughput"), ".1f"), fmt(r.get("speedup"), ".3f"), status[:120]]
+            fmt(m.get("output_throughput"), ".1f"), fmt(r.get("speedup"), ".3f"), fmt(r.get("num_total_pages")),
+            fmt(r.get("num_retractions")), status[:120]]
 
 
 def sweep_line(r: dict) -> str:

@@ -91,6 +91,12 @@ class EngineCore:
             self._finish(req, {"type": "abort", "message": message})
         self.inbox.clear()
 
+    def release(self) -> None:
+        """Free the output buffer of a step still in flight (after the loop has stopped)."""
+        if self.pending is not None and not self.pending.out.is_deleted():
+            self.pending.out.delete()
+        self.pending = None
+
     # ------------------------------------------------------------------ results
     def _step_kind(self, handle: StepHandle) -> str:
         """"extend", "decode" or "spec" (a speculative engine's decode step)."""

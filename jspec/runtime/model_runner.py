@@ -39,7 +39,7 @@ def _pages(tokens: int, page_size: int) -> int:
 class ModelRunner:
     def __init__(self, model, *, layout: PoolLayout, decode_batch_sizes: list[int], extend_token_sizes: list[int],
                  max_extend_requests: int, num_top_logprobs: int = 20, progress: bool = True,
-                 drafting: Drafting | None = None, top_k_top_p: bool = True):
+                 drafting: Drafting | None = None, top_k_top_p: bool = True, compile: bool = True):
         self.model = model
         self.drafting = drafting
         self.page_size = page_size = layout.page_size
@@ -59,11 +59,32 @@ class ModelRunner:
             b = min(t, max_extend_requests)
             self.buckets.append(Bucket(ForwardMode.EXTEND, t, b, t // page_size + b * (1 + ahead_pages) + 1,
                                        next_ids=drafting is not None and drafting.extend_next_ids))
-        cfg = model.config
+        self.layout = layout
         draft_model = None if drafting is None else drafting.draft_model
-        pools = dict(num_pages=layout.num_pages, page_size=page_size, num_state_slots=layout.num_slots)
+        self.params = model.params if draft_model is None else (model.params, draft_model.params)
+        self.compiled: dict[Bucket, object] = {}
+        self.compile_seconds = 0.0
+        self.state: DeviceState | None = None
+        self._progress = progress
+        if compile:
+            self.capture(layout)
+
+    def capture(self, layout: PoolLayout) -> None:
+        """Allocate the device state for `layout` and compile every bucket ("graph capture").
+        An engine whose pool is sized from the device's memory builds the runner with
+        compile=False, measures (`state_bytes`, `workspace_bytes`), then captures."""
+        self.layout = layout
+        self.state = self.allocate_state(layout)
+        self._compile_all(self._progress)
+
+    def allocate_state(self, layout: PoolLayout) -> DeviceState:
+        """Zeroed device state for a pool layout: the KV and GDN pools of the target (and the
+        drafter), the page table, the sampler's per-slot buffers and the drafter's state."""
+        cfg, model = self.model.config, self.model
+        draft_model = None if self.drafting is None else self.drafting.draft_model
+        pools = dict(num_pages=layout.num_pages, page_size=layout.page_size, num_state_slots=layout.num_slots)
         num_slots = layout.num_slots
-        self.state = DeviceState(
+        return DeviceState(
             caches=allocate_caches(cfg, dtype=model.dtype, **pools),
             req_to_page=jnp.zeros((num_slots, layout.pages_per_seq), jnp.int32),
             last_token=jnp.zeros((num_slots,), jnp.int32),
@@ -71,13 +92,45 @@ class ModelRunner:
             prompt_mask=jnp.zeros((num_slots, cfg.vocab_size), bool),
             draft_caches=None if draft_model is None else allocate_caches(draft_model.config, dtype=draft_model.dtype,
                                                                           **pools),
-            spec_state=None if drafting is None else drafting.init_state(num_slots, layout.pages_per_seq * page_size),
-            seq_lens=None if drafting is None else jnp.zeros((num_slots,), jnp.int32),
+            spec_state=None if self.drafting is None else self.drafting.init_state(
+                num_slots, layout.pages_per_seq * layout.page_size),
+            seq_lens=None if self.drafting is None else jnp.zeros((num_slots,), jnp.int32),
         )
-        self.params = model.params if draft_model is None else (model.params, draft_model.params)
-        self.compiled: dict[Bucket, object] = {}
-        self.compile_seconds = 0.0
-        self._compile_all(progress)
+
+    def state_bytes(self, num_pages: int) -> int:
+        """Device bytes of the state with num_pages pages (computed from shapes, nothing allocated)."""
+        shapes = jax.eval_shape(lambda: self.allocate_state(dataclasses.replace(self.layout, num_pages=num_pages)))
+        return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+
+    def workspace_bytes(self) -> int:
+        """The largest temporary buffer set of the compiled steps, measured by compiling the largest
+        prompt and decode buckets against a pool of `layout.min_pages` (the workspace does not grow
+        with the pool: the pools are donated arguments, updated in place)."""
+        layout = dataclasses.replace(self.layout, num_pages=self.layout.min_pages)
+        state = jax.eval_shape(lambda: self.allocate_state(layout))
+        largest = {}
+        for b in self.buckets:
+            if b.mode not in largest or (b.num_tokens, b.sort) > (largest[b.mode].num_tokens, largest[b.mode].sort):
+                largest[b.mode] = b
+        temp = 0
+        for bucket in largest.values():
+            packed = jax.ShapeDtypeStruct((bucket.size,), jnp.int32)
+            exe = jax.jit(self.step_fn(bucket), donate_argnums=(1,)).lower(self.params, state, packed).compile()
+            stats = exe.memory_analysis()
+            temp = max(temp, 0 if stats is None else int(stats.temp_size_in_bytes))
+        return temp
+
+    def release(self) -> None:
+        """Free the device state now (not when the last reference goes): the pools, the page table,
+        the sampler buffers and the drafter's state. Parameters belong to the models."""
+        if self.state is not None:
+            for leaf in jax.tree.leaves(self.state):
+                if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+                    leaf.delete()
+        self.state = None
+        self.params = None
+        self.compiled.clear()
+        self.drafting = None
 
     @property
     def speculative(self) -> bool:

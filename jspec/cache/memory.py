@@ -1,0 +1,83 @@
+"""How many KV pages an engine gets from the device's memory: SGLang's `mem_fraction_static`.
+
+The static share of the device, `mem_fraction_static` x the allocator's limit, holds everything
+that lives as long as the engine: what is already resident when the pools are sized (the weights
+and the drafter, measured as the allocator's bytes in use, so another engine's leftovers count
+too), the compiled steps' workspace (measured from the largest prompt and decode buckets), the
+fixed-size per-slot buffers and the KV pages. The pages get what is left; the rest of the device
+(1 - mem_fraction_static) absorbs what is not measured (allocator fragmentation, transfers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from jspec.errors import ConfigError
+
+DEFAULT_MEM_FRACTION_STATIC = 0.88
+GiB = float(1 << 30)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceMemory:
+    """bytes_limit: what XLA's allocator may hand out on the device; bytes_in_use: held now."""
+
+    bytes_limit: int
+    bytes_in_use: int
+
+
+def device_memory(device=None) -> DeviceMemory | None:
+    """The allocator's view of a device (default: the first), or None where the backend reports
+    no limit (the CPU), in which case pools are sized from the engine's limits alone."""
+    try:
+        stats = (device or jax.devices()[0]).memory_stats()
+    except Exception:  # noqa: BLE001 - backends without memory statistics
+        return None
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return DeviceMemory(int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0)))
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """The bytes behind a pool size (`Engine.get_server_info()["memory"]` reports them).
+
+    resident_bytes: in use when the pools were sized (weights, drafter, anything else on the
+    device); workspace_bytes: the largest compiled step's temporary buffers; fixed_bytes: the
+    per-slot buffers (GDN state, sampler counts, page table); page_bytes: one page of KV in every
+    attention layer of the target and the drafter.
+    """
+
+    bytes_limit: int
+    mem_fraction_static: float
+    resident_bytes: int
+    workspace_bytes: int
+    fixed_bytes: int
+    page_bytes: int
+    num_pages: int
+
+
+def plan_pages(memory: DeviceMemory, *, mem_fraction_static: float | None, page_bytes: int, fixed_bytes: int,
+               workspace_bytes: int, min_pages: int, page_size: int) -> MemoryPlan:
+    """Pages (the sink page included) that fit the static share; ConfigError when fewer than
+    min_pages do, saying how much is missing and which setting changes it."""
+    frac = DEFAULT_MEM_FRACTION_STATIC if mem_fraction_static is None else float(mem_fraction_static)
+    if not 0.0 < frac <= 1.0:
+        raise ConfigError(f"mem_fraction_static must be in (0, 1], got {mem_fraction_static!r}")
+    static = int(frac * memory.bytes_limit)
+    left = static - memory.bytes_in_use - workspace_bytes - fixed_bytes
+    num_pages = max(left, 0) // max(page_bytes, 1)
+    if num_pages < min_pages:
+        need = memory.bytes_in_use + workspace_bytes + fixed_bytes + min_pages * page_bytes
+        raise ConfigError(
+            f"mem_fraction_static={frac} gives {static / GiB:.2f} GiB of the device's {memory.bytes_limit / GiB:.2f} "
+            f"GiB for static memory, but {memory.bytes_in_use / GiB:.2f} GiB is already resident (weights, drafter, "
+            f"other engines), the compiled steps need {workspace_bytes / GiB:.2f} GiB of workspace and the per-slot "
+            f"buffers {fixed_bytes / GiB:.2f} GiB, which leaves room for {num_pages} KV pages of {page_size} tokens; "
+            f"at least {min_pages} are needed ({need / GiB:.2f} GiB in all). Raise mem_fraction_static, lower "
+            f"max_running_requests or context_length, or shut down other engines on this device")
+    return MemoryPlan(bytes_limit=memory.bytes_limit, mem_fraction_static=frac, resident_bytes=memory.bytes_in_use,
+                      workspace_bytes=workspace_bytes, fixed_bytes=fixed_bytes, page_bytes=page_bytes,
+                      num_pages=int(num_pages))

@@ -1,0 +1,77 @@
+"""Pool sizing from the device's memory (SGLang's mem_fraction_static), on the CPU with the
+device's memory statistics stood in: the arithmetic, the error, and an engine sized by it."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+from jspec import Engine
+from jspec.cache import memory
+from jspec.cache.memory import DeviceMemory, plan_pages
+from jspec.errors import ConfigError
+from jspec.models.loader import load_model
+from jspec.tiny import tiny_dir
+
+GiB = 1 << 30
+
+
+def test_pages_take_what_the_static_share_leaves():
+    plan = plan_pages(DeviceMemory(bytes_limit=80 * GiB, bytes_in_use=16 * GiB), mem_fraction_static=0.9,
+                      page_bytes=2 << 20, fixed_bytes=GiB, workspace_bytes=3 * GiB, min_pages=3, page_size=16)
+    assert plan.num_pages == (int(0.9 * 80 * GiB) - 16 * GiB - 3 * GiB - GiB) // (2 << 20)
+    assert plan.resident_bytes == 16 * GiB and plan.workspace_bytes == 3 * GiB
+
+
+def test_too_little_memory_names_the_knob():
+    with pytest.raises(ConfigError, match=r"mem_fraction_static=0\.5 .*room for 0 KV pages.*Raise mem_fraction_static"):
+        plan_pages(DeviceMemory(bytes_limit=80 * GiB, bytes_in_use=39 * GiB), mem_fraction_static=0.5,
+                   page_bytes=2 << 20, fixed_bytes=GiB, workspace_bytes=GiB, min_pages=3, page_size=16)
+    with pytest.raises(ConfigError, match="mem_fraction_static must be in"):
+        plan_pages(DeviceMemory(GiB, 0), mem_fraction_static=1.5, page_bytes=1, fixed_bytes=0, workspace_bytes=0,
+                   min_pages=1, page_size=16)
+
+
+SETTINGS = dict(dtype="float32", cuda_graph_bs=[1, 2], max_running_requests=2, chunked_prefill_size=32,
+                context_length=96, show_progress=False, compilation_cache_dir="none")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(tiny_dir("qwen3"), dtype="float32")
+
+
+def _fake_device(monkeypatch, limit: int, in_use: int) -> None:
+    monkeypatch.setattr(memory, "device_memory", lambda device=None: DeviceMemory(limit, in_use))
+
+
+def test_engine_pool_is_sized_from_device_memory(monkeypatch, model):
+    weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
+    _fake_device(monkeypatch, limit=256 << 20, in_use=weights)
+    with Engine(model, mem_fraction_static=0.5, **SETTINGS) as eng:
+        info = eng.get_server_info()
+        mem, plan = info["memory"], eng.engine_config.memory_plan
+        assert mem["workspace_bytes"] > 0  # measured by compiling the largest buckets
+        assert mem["resident_bytes"] == weights and mem["weights_bytes"] == weights
+        # The plan's per-page and fixed bytes are the real pools' bytes, to the byte.
+        assert mem["kv_pool_bytes"] + mem["state_pool_bytes"] == plan.fixed_bytes + plan.page_bytes * plan.num_pages
+        static = weights + mem["workspace_bytes"] + mem["kv_pool_bytes"] + mem["state_pool_bytes"]
+        assert static <= 0.5 * (256 << 20) < static + plan.page_bytes
+        assert info["num_total_pages"] == plan.num_pages - 1
+        assert info["max_total_tokens"] == (plan.num_pages - 1) * 16
+        out = eng.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 3, "temperature": 0})
+        assert len(out["output_ids"]) == 3
+
+
+def test_engine_that_does_not_fit_says_how_much_it_needs(monkeypatch, model):
+    weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
+    _fake_device(monkeypatch, limit=weights, in_use=weights)
+    with pytest.raises(ConfigError, match="mem_fraction_static=0.88 .* GiB in all"):
+        Engine(model, **SETTINGS)
+
+
+def test_max_total_tokens_overrides_device_memory(monkeypatch, model):
+    _fake_device(monkeypatch, limit=1, in_use=1)
+    with Engine(model, max_total_tokens=320, **SETTINGS) as eng:
+        assert eng.get_server_info()["num_total_pages"] == 20
+        assert eng.engine_config.memory_plan is None

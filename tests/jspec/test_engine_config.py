@@ -1,0 +1,33 @@
+"""EngineConfig: what follows from the settings before anything is loaded."""
+
+from __future__ import annotations
+
+from jspec import Engine
+from jspec.engine_config import EngineConfig, draft_source
+from jspec.tiny import tiny_dir
+
+NEXT = tiny_dir("qwen3-next")
+SMALL = dict(dtype="float32", cuda_graph_bs=[1], max_running_requests=1, chunked_prefill_size=32, context_length=96,
+             show_progress=False, compilation_cache_dir="none")
+
+
+def test_naive_eagle_at_the_targets_own_directory_is_its_mtp_layer():
+    """As for NEXTN: a hybrid target's directory named as the draft means its `mtp.*` layer."""
+    for path in (None, NEXT, NEXT + "/"):
+        cfg = EngineConfig.create(NEXT, speculative_algorithm="NAIVE_EAGLE", speculative_draft_model_path=path)
+        assert draft_source(cfg.spec, NEXT) == ("NEXTN", path or NEXT)
+        assert cfg.spec_extra > 0
+    eagle3 = tiny_dir("qwen3-eagle3")
+    cfg = EngineConfig.create(tiny_dir("qwen3"), speculative_algorithm="NAIVE_EAGLE",
+                              speculative_draft_model_path=eagle3)
+    assert draft_source(cfg.spec, tiny_dir("qwen3")) == (None, eagle3)  # the head's format, from its config.json
+
+
+def test_naive_eagle_with_mtp_serves_the_targets_greedy_output():
+    ids, sp = [3, 17, 29, 8, 41], {"max_new_tokens": 12, "temperature": 0}
+    with Engine(NEXT, **SMALL) as eng:
+        want = eng.generate(input_ids=ids, sampling_params=sp)["output_ids"]
+    with Engine(NEXT, speculative_algorithm="NAIVE_EAGLE", speculative_draft_model_path=NEXT, **SMALL) as eng:
+        got = eng.generate(input_ids=ids, sampling_params=sp)
+    assert got["output_ids"] == want
+    assert got["meta_info"]["spec_accept_length"] > 1.0  # the trained MTP layer does get accepted
