@@ -1,4 +1,4 @@
-"""Engine decode benchmark (issue 4): ms per decode step vs the weight + KV bytes / copy-bandwidth floor.
+"""Engine decode benchmark: ms per decode step vs the weight + KV bytes / copy-bandwidth floor.
 
 For each model shape (random bf16 weights) and each (batch, context):
 - the compiled decode step of the engine's ModelRunner is called repeatedly on a batch whose

@@ -1,4 +1,4 @@
-"""HF transformers as a peer on the same weights and prompts (issue 7): greedy `generate` (dynamic
+"""HF transformers as a peer on the same weights and prompts: greedy `generate` (dynamic
 and static cache) and assisted generation with a draft model, against jspec without speculation
 and with the same draft model as STANDALONE, all at batch 1, one prompt after another.
 

@@ -31,8 +31,7 @@ In order of priority (the time budget skips the tail, and the JSON lists what it
    what any path must read; `tile_bytes` = tiles used x the same slab, what the tiled kernels ask of
    memory (repeats within ~the same moment hit L2); `pair_bytes` = pairs x slab. A path's
    `frac_of_copy` is (ideal_bytes / its time) over the (read + written) rate of a copy of
-   `copy_bytes` (ideal_bytes rounded to MiB), as in earlier runs (which counted pair bytes: the
-   same at T=1); `speedup_tiled_vs_*` are ratios of times;
+   `copy_bytes` (ideal_bytes rounded to MiB); `speedup_tiled_vs_*` are ratios of times;
 4. with --refine: launch-shape neighbours of `gather_gemv.DEFAULTS` for the whole op at Qwen3-Next
    T=1 and T=128.
 

@@ -268,9 +268,9 @@ def decode_case(bn, *, B, ctx, H, G, D, L=16, dtype_name="bfloat16", tuned=None,
     import jax.numpy as jnp
 
     from pallas_kernels.paged_attention import reference as ref
-    from pallas_kernels.paged_attention import paged_decode, tuning
+    from pallas_kernels.paged_attention import paged_decode
     from pallas_kernels.paged_attention.attention import paged_decode_tuned
-    from pallas_kernels.paged_attention.kernel import attention_blocks
+    from pallas_kernels.paged_attention.kernel import attention_blocks, choose
 
     dtype = jnp.dtype(dtype_name)
     pps = ctx // L
@@ -285,8 +285,8 @@ def decode_case(bn, *, B, ctx, H, G, D, L=16, dtype_name="bfloat16", tuned=None,
     copy = bn.res.get("copy_tb_per_s")
     res = {"B": B, "ctx": ctx, "H": H, "G": G, "D": D, "L": L, "kv_bytes": kv_bytes, "rotations": R, "impl": impl}
     tuned = tuned or {}
-    cfg = tuning.choose(num_blocks=B, block_q=1, group=H // G, num_kv_heads=G, head_dim=D, page_size=L,
-                        pages_per_seq=pps, **tuned)
+    cfg = choose(num_blocks=B, block_q=1, group=H // G, num_kv_heads=G, head_dim=D, page_size=L,
+                 pages_per_seq=pps, **tuned)
     res["config"] = cfg.__dict__  # what paged_decode_tuned picks (paged_decode when tuned is empty)
 
     def kernel_only(q, kk, vv, pt, sl):
@@ -456,7 +456,7 @@ def section_write_kv(bn, P=4096, sizes=(32, 256, 4096)):
     import jax.numpy as jnp
 
     from pallas_kernels.paged_attention import reference as ref
-    from pallas_kernels.paged_attention.write_kv import write_kv_pallas
+    from pallas_kernels.paged_attention.write_kv import write_kv
 
     L, G, D = 16, 8, 128
     rows = []
@@ -464,7 +464,7 @@ def section_write_kv(bn, P=4096, sizes=(32, 256, 4096)):
         if bn.time_left() < bn.reserve + 5:
             break
         r = {"T": T, "pool": [P, L, G, D]}
-        for name, impl in (("pallas", write_kv_pallas), ("xla", ref.write_kv)):
+        for name, impl in (("pallas", write_kv), ("xla", ref.write_kv)):
             R = 8
             rng = np.random.default_rng(T)
             kn = [jax.random.normal(jax.random.key(i), (T, G, D), jnp.float32).astype(jnp.bfloat16) for i in range(R)]
@@ -516,7 +516,7 @@ def section_decode_grid(bn, impls=("public",), contexts=(512, 4096, 32768), key=
 
 SECTIONS = ["correctness", "decode_target", "verify", "prefill", "write_kv", "decode_grid", "verify_more",
             "prefill_next"]
-# Rough seconds each section needs on an H200 (compiles included), so that an early section
+# Rough seconds each section needs on the GPU (compiles included), so that an early section
 # stops in time for the later ones instead of starving them.
 SECTION_COST = {"correctness": 100, "decode_target": 15, "verify": 15, "prefill": 15, "write_kv": 5,
                 "decode_grid": 30, "verify_more": 30, "prefill_next": 5}

@@ -1,4 +1,4 @@
-"""Why does paged decode stream at about half the copy rate? Probe kernels that isolate one cause each.
+"""What keeps paged decode below the copy rate? Probe kernels that isolate one cause each.
 
 Run on the GPU machine from the repository root:
 
@@ -43,13 +43,13 @@ def probe_call(q, k_pages, v_pages, page_table, seq_lens, *, source, math_mode, 
     from jax import lax
     from jax.experimental import pallas as pl
 
-    from pallas_kernels.paged_attention import tuning
+    from pallas_kernels.paged_attention.kernel import next_pow2
 
     batch, num_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_pages.shape
     pages_per_seq = page_table.shape[1]
     group = num_heads // num_kv_heads
-    rows = tuning.next_pow2(max(16, group)) if math_mode == "dot" else tuning.next_pow2(group)
+    rows = next_pow2(max(16, group)) if math_mode == "dot" else next_pow2(group)
     pages_per_split = -(-pages_per_seq // splits)
     step_pages = max(1, block_kv // page_size)
     pages_per_split = -(-pages_per_split // step_pages) * step_pages

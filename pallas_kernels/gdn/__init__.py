@@ -12,6 +12,8 @@ kernels on the CPU. `gated_delta_rule_decode` is the recurrent kernel for one to
 | gated_delta_rule_decode   | recurrent.py                        |
 | gated_delta_rule_verify   | verify.py                           |
 | commit                    | commit.py                           |
+
+The measurements behind the kernels' choices: NOTES.md.
 """
 
 from pallas_kernels.gdn.chunk import gated_delta_rule

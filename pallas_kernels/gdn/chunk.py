@@ -12,14 +12,9 @@ Two forms of the terms (ChunkConfig.stacked; the default picks by the static bat
 - stacked ([w; Aqk w - qs q], [u; Aqk u]): Aqk folded into the terms by the parallel kernel (two
   more dots there, 1.6x the bytes), 2 dots per chunk in the state pass; for few requests, where
   the state pass is one sequential chain per (head, dv block) and its length is the time.
-
-Measured (H200, jax 0.11.2, bench/results/kernels_gdn_h200.json, `--only-prefill`, 3 input sets in
-rotation, medians), Qwen3-Next heads, initial state from the pool, final state written back;
-flash-linear-attention's chunk_gated_delta_rule on the same inputs in the same run:
-    1x8192 tokens: 0.520 ms (stacked, dv blocks of 32), fla 0.547 ms; per-chunk form 0.533 ms
-    8x2048 tokens: 0.922 ms (per-chunk, dv blocks of 64), fla 1.079 ms; stacked form 0.995 ms
-Before the slot layout and the stacked form (token-major terms with masked loads, one form):
-1x8192 0.547 ms (fla 0.544), 8x2048 0.909 ms (fla 1.076), another run.
+At one 8192-token prompt the stacked form wins, at 8 x 2048 the per-chunk form; with the right form
+the whole prefill is as fast as flash-linear-attention's chunk kernel or faster (bench/kernels/gdn.py;
+figures in NOTES.md).
 """
 
 from __future__ import annotations
@@ -33,25 +28,23 @@ from pallas_kernels.gdn.chunk_state import chunk_state
 from pallas_kernels.gdn.common import CHUNK, block_for, matmul_dtype
 
 
-# Multiprocessors of an H100 / H200: below this many state-pass programs the GPU is not full.
+# Multiprocessors of the Hopper GPUs the kernels are tuned for: below this many state-pass programs
+# the GPU is not full.
 NUM_SMS = 132
 
 
 @dataclasses.dataclass(frozen=True)
 class ChunkConfig:
-    """Launch parameters; the defaults are the ones measured best in bench/kernels/gdn.py.
+    """Launch parameters; the defaults are the ones measured best in bench/kernels/gdn.py (NOTES.md).
 
     `stacked` (None: from the static batch size) picks the form of the chunk terms, `block_v` (0:
     likewise) the state pass's dv block. Few requests (B * Hv * dv / 64 state programs would leave
     multiprocessors idle, e.g. one long prompt): the state pass is a latency chain, so the stacked
     form (2 dots per chunk) and dv blocks of 32. Many: the per-chunk WY form, which moves fewer
-    bytes and costs the parallel kernel two dots less, and dv blocks of 64.
-
-    Measured (H200, state pass alone, ms): 1x8192 stacked dv block 32 / 64: 0.185 / 0.237, per-chunk
-    0.246 / 0.266; 8x2048 per-chunk 64 / 32: 0.327 / 0.580. Pipeline stages 3 (1x8192 stacked, block
-    32: 2 stages 0.301, 4 stages 0.193); 8 warps were slower everywhere (e.g. 0.243 vs 0.184). The
-    switch point (programs < multiprocessors) sits between the two measured shapes; batches 2 to 7
-    were not timed.
+    bytes and costs the parallel kernel two dots less, and dv blocks of 64. The state pass takes 3
+    pipeline stages (2 were much slower, 4 a little) and 4 warps (8 were slower everywhere).
+    The switch point (programs < multiprocessors) sits between the two measured shapes (1 x 8192 and
+    8 x 2048 tokens); batches 2 to 7 were not timed.
     """
 
     block_v: int = 0

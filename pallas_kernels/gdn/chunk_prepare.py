@@ -25,10 +25,7 @@ chunk's end are zero (their beta, q and k load as zero), so the state pass reads
 The raw (un-normalised) q and k are what the dots consume: normalisation is a per-row scale, and it
 is cheaper to scale the 64x64 results (or the small vectors) than the 64 x dk operands.
 
-Measured (H200, jax 0.11.2, bench/results/kernels_gdn_h200.json, this kernel alone): 1x8192 tokens
-0.350 ms stacked (0.337 ms per-chunk in the sweep), 8x2048 0.599 ms per-chunk (0.710 ms stacked in
-the sweep); 4 warps (stacked, 8 warps: 0.663 ms at 1x8192). The first version (token-major terms,
-Aqk stored before the inverse) took 0.311 ms at 1x8192, 0.20 ms of it without the inverse.
+Launched with 4 warps (8 were much slower). Figures for this kernel alone: NOTES.md.
 
 Lowering: Triton. Mosaic GPU kernels cannot run in CPU interpret mode, and this kernel is a handful
 of 64x64 tensor-core dots plus masked loads over ragged chunks, which Triton expresses directly. No
@@ -59,9 +56,9 @@ def unit_lower_inverse(a):
 
     Why this form: it stays at ~1e-3 relative error with tf32 dots even for strongly correlated keys
     (on the CPU: float32 exact), like row-by-row substitution (which costs one dependent dot per row
-    block: 18 dots here in a first version, measured 0.41 ms for the prepare kernel at 8192 tokens on
-    an H200), while the single-level product (I - a)(I + a^2)(I + a^4)... loses all precision when
-    keys are correlated (powers of a blow up; relative error 1e11 seen with emulated tf32).
+    block, a chain of 18 dots here; NOTES.md has the first version's time), while the single-level
+    product (I - a)(I + a^2)(I + a^4)... loses all precision when keys are correlated (powers of a
+    blow up; relative error 1e11 seen with emulated tf32).
     """
     n = a.shape[0]
     i = jnp.arange(n)[:, None]
@@ -125,9 +122,9 @@ def _prepare_kernel(
         t = unit_lower_inverse(a)
 
         # Only the inverse's own operands are live across it: v, k, q are read (again, from L2) and
-        # Aqk formed after it, in this order (keeping them, or another order, spilled 150-230 bytes
-        # of registers to the stack; this one spills 16). Column scales of (I + A)^{-1} instead of
-        # row scales of k / v: 64x64 instead of 64 x d.
+        # Aqk formed after it, in this order (keeping them, or another order, spilled far more
+        # registers to the stack; NOTES.md). Column scales of (I + A)^{-1} instead of row
+        # scales of k / v: 64x64 instead of 64 x d.
         v = plt.load(v_ref.at[rows, h, :], mask=row_mask(live, dv), other=0.0).astype(cd)
         u = dot((t * beta[None, :]).astype(cd), v).astype(cd)
         uo_ref[h, c, top, :] = u

@@ -21,10 +21,7 @@ flash-linear-attention) with float32 accumulation; the carried state stays float
 
 An extra row of programs (request index B) writes zeros to the padding tokens past cu_seqlens[B].
 
-Measured (H200, jax 0.11.2, bench/results/kernels_gdn_h200.json, this kernel alone, 4 warps, 3
-pipeline stages): 1x8192 tokens 0.185 ms (stacked, BV = 32; 1.4 us per chunk), 8x2048 0.327 ms
-(per-chunk, BV = 64). The previous per-chunk-only version took 0.244 ms at 1x8192 (BV = 64, 1.9 us
-per chunk). The sweeps behind BV, warps and stages are in `chunk.ChunkConfig`'s docstring.
+BV, warps and stages are chosen by `chunk.ChunkConfig`; the figures behind them: NOTES.md.
 
 Lowering: Triton. A sequential loop of small dots over ragged, slot-indirected data with masked tails
 is what Triton's pointer model expresses directly, and the same kernel runs in CPU interpret mode. No

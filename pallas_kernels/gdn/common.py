@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-CHUNK = 64  # tokens per chunk of the chunked prefill (issue 3)
+CHUNK = 64  # tokens per chunk of the chunked prefill
 L2_EPS = 1e-6  # as reference.l2_normalize
 
 # Every operand is a whole array in global memory; the kernels index it themselves, because ragged

@@ -12,9 +12,8 @@ of a request) and the program that writes its new window (the request's end) cou
 Values follow the reference's rounding: the stored window is cast to x's dtype before use, the
 products and sum are float32, y is cast back to x's dtype.
 
-Measured (H200, jax 0.11.2, bench/results/kernels_gdn_h200.json), C = 8192 channels, bf16: 1x8192 tokens 0.23 ms (the
-reference's XLA version 0.41 ms), 8x2048 0.43 ms (XLA 0.97 ms). About 1.2 TB/s: the four shifted
-gathers per tap are the cost; 32 tokens x 128 channels per program was the best of five block shapes.
+The shifted gathers per tap are the cost; 32 tokens x 128 channels per program was the best of five
+block shapes timed. Figures, against the reference's XLA version: NOTES.md.
 
 Lowering: Triton. The kernel is a memory-bound gather-and-multiply; Triton's pointer gathers with
 masks express the per-token window routing directly and run in CPU interpret mode.

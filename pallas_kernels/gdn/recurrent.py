@@ -10,17 +10,14 @@ Requests may hold any number of tokens (the ragged layout of `reference.gated_de
 kernel is correct for any input; it is fast when each holds one or a few. Padding tokens past
 cu_seqlens[B] get zeros, spread over the programs of all requests.
 
-Measured (H200, jax 0.11.2, bench/results/kernels_gdn_h200.json), 32 requests x 32 heads: 0.053 ms = 2.5 TB/s of state
-traffic (a device copy reaches 4.2 TB/s there); a vectorised XLA step 0.25 ms; flash-linear-
-attention's fused_recurrent 0.053-0.057 ms. BV = 64, 4 warps (BV = 16 is 1.7x slower).
+As fast as flash-linear-attention's fused_recurrent at decode shapes and several times faster than
+a vectorised XLA step. BV = 64 and 4 warps (BV = 16 is much slower). Figures in NOTES.md.
 
 Lowering: Triton, by measurement. The work is a memory-bound stream over the state blocks with
-slot indirection. Probe kernels that only move this state (no math; bench/kernels/gdn_state_probe.py,
-bench/results/gdn_state_probe_h200.json, 32 requests x 32 heads) stream it equally through either
-lowering: Triton pointer loads and stores 0.71-0.78 of the copy rate, Mosaic GPU TMA copies through
-shared memory 0.72-0.79, at BV = 32, 64 and 128 alike. This kernel with its math sits at 0.55 of
-copy in that run (0.057 ms against 0.041-0.044 ms for the bare stream). Triton keeps the same kernel
-runnable in CPU interpret mode, so the tested kernel is the shipped one.
+slot indirection. Probe kernels that only move this state (no math; bench/kernels/gdn_state_probe.py)
+stream it equally fast through either lowering, Triton pointer loads and stores or Mosaic GPU TMA
+copies through shared memory, at every BV tried, so a TMA kernel would not move the state faster.
+Triton keeps the same kernel runnable in CPU interpret mode, so the tested kernel is the shipped one.
 """
 
 from __future__ import annotations

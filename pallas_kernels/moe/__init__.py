@@ -3,7 +3,8 @@
 `moe_gather`: the routed experts of decode / verify batches, same arguments and result as
 `reference.moe_gather`, plus `interpret=True` to run the kernels on the CPU. Kernels in
 `gather_gemv.py`, their tile plans in `tiles.py`; shapes they do not tile (hidden or intermediate
-size not a multiple of 16, mixed dtypes) take the reference.
+size not a multiple of 16, mixed dtypes) take the reference. The measurements behind the kernels'
+choices: NOTES.md.
 """
 
 from __future__ import annotations

@@ -21,29 +21,26 @@ the K experts of each token.
 With one pair per tile (`tiles.pair_tiles`: one token, or too few pairs per expert for repeats to
 matter, see `sorts`) this runs the schedule of the per-pair kernel it replaced: one program per
 (pair, split, column tile), the pair's input loaded as one vector into row 0 of a 16-row operand,
-the same weight reads. (The generic masked 16-row gather, `single_row=False`, took 59 us against
-31 us at Qwen3-Next T=1 on the H200.) With sorted tiles an expert shared by n pairs is read
-ceil(n / M) times instead of n times.
+the same weight reads (the generic masked 16-row gather, `single_row=False`, is about twice as slow
+at one token). With sorted tiles an expert shared by n pairs is read ceil(n / M) times instead of n
+times.
 
 Rounding follows `reference.moe_gather`: the gate_up product, silu(gate) * up and the down product
 are rounded to the activation dtype, as the XLA path rounds them. Rows of a tile never mix (a row of
 a matrix product depends only on its own row of the operand), so each pair's result is rounded
-exactly as when it was alone. On the H200 (bf16) the per-pair kernel was 0.007 (relative L2) from
-XLA's result and 0.004 from a float32 oracle, against XLA's own 0.006.
+exactly as when it was alone; against a float32 oracle the kernels err no more than XLA does.
 
-Measured (jax 0.11.2, bf16, bench/kernels/moe.py, rotated random routing, weights far above L2;
-bench/results/kernels_moe_h100.json, kernels_moe_h200_pairs_*.json): Qwen3-Next shapes (X=512,
-K=10, E=2048, I=512) on the H200: T=1 30.8 us (0.59 of the rate of a copy of the same bytes), T=8
-126 us, T=64 677 us; on the H100 against XLA's ragged_dot: T=128 1.09 vs 7.29 ms (0.91 of copy),
-T=512 1.35 vs 28.5 ms. Qwen3-30B-A3B shapes (X=128, K=8, I=768): H200 T=1 34.7 us; H100 T=128 0.49
-vs 1.80 ms.
+Against XLA's grouped GEMM (`ragged_dot`) the tiled kernels win at every measured size but the
+smallest Qwen3-30B-A3B ones, by a margin that grows with T, because `ragged_dot` computes far more
+than the routed rows (bench/kernels/moe.py; figures in NOTES.md).
 
 Lowering: Triton (compiler params select it on jax >= 0.11), so the same kernel runs in interpret
-mode on the CPU. No Mosaic GPU variant was written: where the expert weights dominate (T = 128 on
-the H100) this kernel already streams them at 0.91 of the copy rate, which leaves a TMA kernel
-little to win. At T = 1 (0.59 of copy) the likely cost is each program's short dependent chain (tile
--> expert -> rows); that was not compared against a Mosaic GPU variant. Every operand is a whole array in global memory and indexed by the kernel,
-because the expert of a program is data (`tile_expert[tile]`), not a block index.
+mode on the CPU. No Mosaic GPU variant was written: where the expert weights dominate (large T) this
+kernel already streams them close to the copy rate, which leaves a TMA kernel little to win. At
+T = 1 (further from it) the likely cost is each program's short dependent chain (tile -> expert ->
+rows); that was not compared against a Mosaic GPU variant. Every operand is a whole array in global
+memory and indexed by the kernel, because the expert of a program is data (`tile_expert[tile]`), not
+a block index. Measured figures behind all of this: NOTES.md.
 """
 
 from __future__ import annotations
@@ -63,10 +60,8 @@ ANY = pl.BlockSpec(memory_space=pl.ANY)
 MMA_ROWS = 16  # the smallest tensor-core tile height: a tile of 16 pairs costs what one pair did
 # Pairs per expert (T*K / X) from which tiles are planned by sorting pairs by expert. Below it the
 # plan is one pair per tile, which needs no device work and loads each pair's input as one vector.
-# H200 (bench/results/kernels_moe_h200_pairs_t1-8.json, _t16-64.json), one pair per tile against
-# sorted tiles: Qwen3-Next T=8 (load 0.16) 126 vs 170 us, T=16 (0.31) 239 vs 302 us, T=64 (1.25)
-# 767 vs 677 us; Qwen3-30B-A3B T=8 (0.5) 143 vs 177 us, T=16 (1.0) 239 vs 269 us, T=32 (2.0) 407 vs
-# 357 us. The sort (about 26 us of small XLA kernels) pays from above one pair per expert.
+# Timed against each other, the sort (its own small XLA kernels included) pays from above one pair
+# per expert (figures in NOTES.md).
 SORT_MIN_LOAD = 1.25
 
 
@@ -97,13 +92,12 @@ def block_for(dim: int, want: int) -> int:
     return b
 
 
-# Launch-shape defaults per kernel, from H200 runs of bench/kernels/moe.py on the per-pair kernel
-# (each kernel timed alone at Qwen3-Next T=1 and T=4, then the whole op over both shapes and T in
+# Launch-shape defaults per kernel, from bench/kernels/moe.py runs on the per-pair kernel (each
+# kernel timed alone at Qwen3-Next T=1 and T=4, then the whole op over both shapes and T in
 # {1, 4, 8, 16}); not yet re-tuned for tiles of several pairs. The padded tensor-core dot beat
-# float32 multiply-adds in both kernels (down 12.4 vs 16.0 us at T=1; up within a few percent), so
-# the multiply-add variant was dropped when tiles made the operand M rows tall. 2-8 programs per
-# SM, block_k 32-64 and 2-8 warps timed within ~15% of each other; a single split (one program per
-# output tile) was 30-50% slower at T=1.
+# float32 multiply-adds in both kernels, so the multiply-add variant was dropped when tiles made the
+# operand M rows tall. Programs per SM, block_k and warps are not sensitive choices; a single split
+# (one program per output tile) is clearly slower at T=1. Figures in NOTES.md.
 DEFAULTS = {
     "up": dict(block_n=256, block_k=64, programs_per_sm=2, num_warps=4, num_stages=3),
     "down": dict(block_n=128, block_k=64, programs_per_sm=2, num_warps=4, num_stages=3),

@@ -2,7 +2,7 @@
 
 Same contract as `reference.py` (read it for the meaning of every argument), plus `interpret`.
 Each function is a thin shell around `kernel.py`: plan the query blocks (`query_blocks.py`), pick
-static launch shapes (`tuning.py`), run the kernel, merge KV splits (`combine.py`) and put rows
+static launch shapes (`kernel.choose`), run the kernel, merge KV splits (`combine.py`) and put rows
 back in token order.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.paged_attention import query_blocks, tuning
+from pallas_kernels.paged_attention import query_blocks
 from pallas_kernels.paged_attention.combine import combine_splits
-from pallas_kernels.paged_attention.kernel import attention_blocks
+from pallas_kernels.paged_attention.kernel import attention_blocks, choose, next_pow2
 from pallas_kernels.paged_attention.reference import MASK_MODES
 
 
@@ -70,9 +70,9 @@ def paged_attention_tuned(
         block_q = block_q or min(custom_mask.shape[-1], widest)
     else:
         tree_words = jnp.zeros((1, 1, 1), jnp.int32)
-        block_q = block_q or min(tuning.next_pow2(-(-num_tokens // batch)), tuning.next_pow2(widest))
+        block_q = block_q or min(next_pow2(-(-num_tokens // batch)), next_pow2(widest))
     nb = query_blocks.max_blocks(num_tokens, batch, block_q)
-    cfg = tuning.choose(
+    cfg = choose(
         num_blocks=nb, block_q=block_q, group=group, num_kv_heads=num_kv_heads, head_dim=head_dim,
         page_size=page_size, pages_per_seq=pages_per_seq, block_kv=block_kv, splits=splits, num_warps=num_warps,
         num_stages=num_stages,
@@ -125,7 +125,7 @@ def paged_decode_tuned(
     batch, num_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_pages.shape
     group = num_heads // num_kv_heads
-    cfg = tuning.choose(
+    cfg = choose(
         num_blocks=batch, block_q=1, group=group, num_kv_heads=num_kv_heads, head_dim=head_dim,
         page_size=page_size, pages_per_seq=page_table.shape[1], block_kv=block_kv, splits=splits,
         num_warps=num_warps, num_stages=num_stages,

@@ -19,30 +19,22 @@ Lowering: Triton (`pallas.triton.CompilerParams`), chosen because
   Triton lowering turns into plain vectorised loads that its software pipeliner overlaps
   (`num_stages`);
 - Mosaic GPU was measured and would gain little: a Mosaic GPU kernel that only TMA-copies the same
-  paged bytes (one `[L, D]` box per page and head, or whole `[L, G, D]` pages; a 2- to 8-deep SMEM
-  pipeline) and computes nothing streams at 0.79-0.83 of the copy rate on the H200
-  (bench/kernels/paged_decode_probe.py, bench/results/paged_decode_probe_mgpu_h200.json), against
-  0.70-0.73 for this kernel with its softmax and products. At most that 10-15% is left to a TMA
-  kernel, and it would give up the CPU-tested kernel.
+  paged bytes and computes nothing (bench/kernels/paged_decode_probe.py) streams only slightly
+  faster than this kernel with its softmax and products, and a TMA kernel would give up the
+  CPU-tested kernel. Probes that drop the page table, or every product, are no faster either: what
+  limits decode is how the Triton lowering streams a program's strided rows, not paging.
 
-Where it stands (H200, bf16, bench/results/kernels_paged_attention_h200.json, 2026-11-22): decode
-B=32 ctx=4096 Qwen3-8B 0.18 ms = 0.70-0.73 of the copy rate in repeated runs (JAX's Triton
-paged_attention 0.31 ms, XLA 2.0 ms); verify N=4 1.10x decode, N=8 1.32-1.38x; causal prefill 8k
-343 TFLOP/s (cuDNN 470). Launch shapes barely move it: splits 1/2/4 timed 0.189/0.181/0.186 ms
-(medians of five interleaved rounds), 3 or 4 stages, 32 to 128 KV tokens per step, request- or
-head-major launch order, scattered or back-to-back pages all stayed within the 10% run-to-run spread
-(bench/results/paged_decode_probe_h200.json, paged_decode_probe_splits_h200.json). Triton probes
-that drop the page table altogether, or every product (K and V rows only summed), are no faster
-(0.64-0.75): what remains is how the Triton lowering streams a program's strided rows, not paging.
+Launch shapes (`Config`, `choose`) are static: T, B, Pmax, H, G, D and the page size L are fixed
+per bucket, lengths are not, so a choice may only depend on the former and is made at trace time.
+In the decode probes splits, stages, KV step and launch order all stayed within the run-to-run
+spread: the defaults are reasoned, and not fragile.
 
-Tried and dropped: one program per request holding all H query heads and reading whole
-`[G, D]` token records (contiguous page memory, G-times larger masked products). On the H200 it
-was slower at every measured decode shape (B=32, ctx=4096, D=128: 0.38-0.51 ms against 0.22 ms
-here; B=256: 2.3 ms against 1.08 ms), so the strided 256-byte rows are not what limits this kernel.
+The figures behind every choice here, and the designs tried and dropped: NOTES.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -51,14 +43,94 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.paged_attention.tuning import Config
-
 try:  # the Triton lowering's parameters (deprecated but present on jax 0.11)
     from jax.experimental.pallas import triton as _pltriton
 
     _TritonParams = _pltriton.CompilerParams
 except ImportError:  # pragma: no cover - only on a jax without the Triton backend
     _TritonParams = None
+
+
+# ----------------------------------------------------------------------------- launch shapes
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """block_q: new tokens of one request per program (BQ); rows: BQ x H/G padded to a power of two
+    (the MMA M dimension); block_kv: KV tokens per loop step; splits: programs along the KV axis
+    (flash-decoding); pages_per_split: page-table entries each split covers."""
+
+    block_q: int
+    rows: int
+    block_kv: int
+    splits: int
+    pages_per_split: int
+    num_warps: int
+    num_stages: int
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, x))))
+
+
+def num_sms() -> int:
+    """Streaming multiprocessors of the default device; off the GPU, the 132 of the Hopper parts the
+    kernel targets, so a CPU trace picks the launch shapes a GPU would."""
+    dev = jax.devices()[0]
+    if dev.platform != "gpu":
+        return 132
+    return int(getattr(dev, "core_count", 132) or 132)
+
+
+def choose(
+    *,
+    num_blocks: int,
+    block_q: int,
+    group: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    pages_per_seq: int,
+    block_kv: int | None = None,
+    splits: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> Config:
+    """The launch shapes of one call, from static shapes only; whatever the caller set is kept.
+
+    num_blocks: query blocks NB of the grid (`query_blocks.max_blocks`, B for decode); block_q: new
+    tokens per block; group: H / G; pages_per_seq: Pmax, the page table's width.
+    The KV step is 64 tokens (32 for D=256): a K and a V tile of 16 KiB each per pipeline stage.
+    Decode is indifferent to steps of 32 to 256 tokens; prefill loses much of its rate at 128.
+    Splits: enough programs to give every SM a few (memory-bound decode needs many loads in
+    flight), but never a split shorter than two KV steps; decode is not sensitive to the count.
+    """
+    rows = next_pow2(max(16, block_q * group))
+    if block_kv is None:
+        block_kv = 32 if head_dim >= 256 else 64
+    kv_tokens = pages_per_seq * page_size
+    if splits is None:
+        programs = max(1, num_blocks * num_kv_heads)
+        want = max(1, math.ceil(4 * num_sms() / programs))
+        most = max(1, kv_tokens // (2 * block_kv))
+        splits = min(next_pow2(want), next_pow2(most) if most > 1 else 1)
+        if rows >= 128:  # prefill-sized programs are plentiful and compute-bound
+            splits = 1
+    # A split covers whole KV steps, so split boundaries never cut a step.
+    step_pages = max(1, block_kv // page_size)
+    pages_per_split = math.ceil(math.ceil(pages_per_seq / splits) / step_pages) * step_pages
+    splits = max(1, math.ceil(pages_per_seq / pages_per_split))
+    if num_warps is None:
+        # 4 warps up to a 128 x 128 tile: 8 were slower for both causal prefill and decode.
+        num_warps = 4 if rows * head_dim <= 128 * 128 else 8
+    if num_stages is None:
+        # Decode (<= 16 rows): 4 stages beat 3 even though they leave room for one program per SM
+        # only: the page-id -> K/V load chain needs the depth. Prefill: 3 stages (2 a little slower).
+        num_stages = 4 if rows <= 16 else 3
+    return Config(block_q, rows, block_kv, splits, pages_per_split, num_warps, num_stages)
+
+
+# ----------------------------------------------------------------------------- the kernel
 
 LOG2E = math.log2(math.e)
 MODE_CODES = {"causal": 0, "tree": 1, "full": 2}

@@ -36,8 +36,9 @@ def write_kv(k_pages, v_pages, k_new, v_new, slot_mapping):
     slots = jnp.where(slot_mapping < 0, num_pages * page_size, slot_mapping)
     if slots.shape[0] == 1:
         # XLA rewrites a one-row scatter as a dynamic-update-slice guarded by a select that reads
-        # the old row, and then copies the whole donated page buffer every step (CPU, batch-1
-        # decode: 78 ms against 7 ms at batch 2). A dropped second row keeps it a scatter.
+        # the old row, and then copies the whole donated page buffer every step (on the CPU,
+        # batch-1 decode ran many times slower than batch 2; NOTES.md). A dropped second row keeps
+        # it a scatter.
         slots = jnp.concatenate([slots, jnp.full((1,), num_pages * page_size, slots.dtype)])
         k_new, v_new = jnp.concatenate([k_new, k_new]), jnp.concatenate([v_new, v_new])
     k_flat = k_pages.reshape(flat_shape).at[slots].set(k_new.astype(k_pages.dtype), mode="drop")

@@ -8,9 +8,9 @@ place and only T x G x D elements move.
 Kept separate from the attention kernel rather than fused into it: a split of one request may
 read a page that another program of the same launch would be writing, and ordering those needs a
 grid-wide barrier. The write moves T x G x D x 2 elements against the attention's S x G x D x 2
-reads, so a separate launch costs a few microseconds. Against XLA's scatter (`reference.write_kv`,
-donated, same inputs; bench/kernels/paged_attention.py) on an H200 with G=8, D=128, bf16: T=32
-8 vs 12 us, T=256 9 vs 14 us, T=4096 16 vs 127 us, so the public `write_kv` is this kernel.
+reads, so a separate launch costs a few microseconds. The public `write_kv` is this kernel, not
+XLA's scatter (`reference.write_kv`): donated, on the same inputs, it is faster at every T measured,
+by far the most at prefill sizes (bench/kernels/paged_attention.py; figures in NOTES.md).
 
 Lowering: Triton, so that the same kernel runs in interpret mode on CPU.
 """
@@ -45,8 +45,9 @@ def _kernel(slot_ref, k_new_ref, v_new_ref, k_in_ref, v_in_ref, k_out_ref, v_out
                 v_out_ref[slot, g] = v_new_ref[g]
 
 
-def write_kv_pallas(k_pages, v_pages, k_new, v_new, slot_mapping, *, interpret: bool = False):
-    """Pallas scatter; same contract as `reference.write_kv`."""
+def write_kv(k_pages, v_pages, k_new, v_new, slot_mapping, *, interpret: bool = False):
+    """Scatter new K/V `[T, G, D]` into pages `[P, L, G, D]` at flat slots `[T]` (`page * L + row`);
+    negative slots are skipped. Same contract as `reference.write_kv`, plus `interpret`."""
     num_pages, page_size, num_kv_heads, head_dim = k_pages.shape
     num_tokens = k_new.shape[0]
     flat = (num_pages * page_size, num_kv_heads, head_dim)
