@@ -20,3 +20,53 @@ import os
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=1 --xla_cpu_use_fusion_emitters=false"
 os.environ.setdefault("JSPEC_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
 os.environ["XLA_FLAGS"] = f"{TEST_XLA_FLAGS} {os.environ['JSPEC_USER_XLA_FLAGS']}".strip()
+
+# ----------------------------------------------------------------------------- shared fixtures
+# Imported after the flags above (none of these modules starts JAX, but keep it that way).
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.support import models as tm  # noqa: E402
+from tests.support import spec_chain  # noqa: E402
+from tests.support.engines import SPEC_BS4, plain_greedy  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """Tiny random checkpoints built once per session (per xdist worker) and read by every file
+    that asks for the same one: `tiny_checkpoint(name, seed)` is its directory,
+    `tiny_checkpoint.hf(name, seed)` the transformers model. Tests must not write into them."""
+    return tm.TinyCheckpoints(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def greedy_reference():
+    """`greedy_reference(target, prompts, sampling_params, page_size=, settings=, engine=None)`: a
+    plain engine's outputs, computed once per session for each target, prompts, sampling
+    parameters, page size and settings. engine: a running plain engine of that target and those
+    settings to compute them with (one compile less)."""
+    cache: dict = {}
+
+    def get(target, prompts, sampling_params, *, page_size, settings, engine=None):
+        key = (target, page_size, json.dumps([prompts, sampling_params, settings], sort_keys=True))
+        if key not in cache:
+            cache[key] = plain_greedy(target, prompts, sampling_params, page_size=page_size, settings=settings,
+                                      engine=engine)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def chain_dirs(tiny_checkpoint):
+    """(target, draft) directories of the chain speculative tests (STANDALONE and NGRAM)."""
+    return tiny_checkpoint(*spec_chain.TARGET), tiny_checkpoint(*spec_chain.DRAFT)
+
+
+@pytest.fixture(scope="session")
+def chain_reference(chain_dirs, greedy_reference):
+    """Non-speculative greedy outputs of the chain tests' PROMPTS. The oracle engine compiles one
+    decode batch size (shorter batches run padded, CI time): a plain engine's batch-size buckets
+    and its parity with transformers are test_engine.py's business."""
+    return greedy_reference(chain_dirs[0], spec_chain.PROMPTS, spec_chain.GREEDY, page_size=16, settings=SPEC_BS4)

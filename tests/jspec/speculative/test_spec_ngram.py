@@ -1,44 +1,29 @@
 """NGRAM speculative decoding (the device-side matcher against a plain reference, greedy exactness
 synchronous and overlapped, acceptance on repetitive text, settings), and the sampling-distribution
 tests of both chain drafters (STANDALONE and NGRAM). Split from test_spec_chain.py so that
-`-n 2 --dist loadfile` runs the two files side by side; shared set-up: spec_chain_common.py."""
+`-n 2 --dist loadfile` runs the two files side by side; shared set-up: tests/support/spec_chain.py."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-import tiny_models as tm  # noqa: E402
-from spec_chain_common import BASE, GREEDY, PROMPTS, build_dirs  # noqa: E402
-from spec_chain_common import reference as greedy_reference  # noqa: E402
-from spec_checks import DRAWS, leak_free, ngram_reference, second_token_follows_target, two_token_draws  # noqa: E402
-
-from jspec import Engine  # noqa: E402
-from jspec.errors import ConfigError  # noqa: E402
-from jspec.models.batch import ForwardMode  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    return build_dirs(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def reference(dirs):
-    return greedy_reference(dirs[0])
+from jspec import Engine
+from jspec.errors import ConfigError
+from jspec.models.batch import ForwardMode
+from tests.support import models as tm
+from tests.support.engines import check_no_leaks, generates
+from tests.support.spec import DRAWS, second_token_follows_target, two_token_draws
+from tests.support.spec_chain import BASE, GREEDY, PROMPTS
 
 
 # --------------------------------------------------------------------------------- sampling
 @pytest.fixture(scope="module")
-def standalone_draws(dirs):
+def standalone_draws(chain_dirs):
     """One STANDALONE engine for both STANDALONE sampling cases: it compiles the step with and
     without the top-k / top-p sort, and a request at top_p 1 runs the sort-free step, the very
     program an engine started with disable_top_k_top_p compiles (ModelRunner: one bucket per
     sort variant, chosen per batch by whether any request needs the sort)."""
-    target, draft = dirs
+    target, draft = chain_dirs
     eng = Engine(target, page_size=4, speculative_algorithm="STANDALONE", speculative_num_steps=2,
                  speculative_draft_model_path=draft, **{**BASE, **DRAWS, "disable_top_k_top_p": False})
     assert sorted(b.sort for b in eng.runner.buckets if b.mode is ForwardMode.DECODE) == [False, True]
@@ -48,11 +33,11 @@ def standalone_draws(dirs):
 
 @pytest.mark.parametrize("algo,temperature,top_p", [("STANDALONE", 1.0, 1.0), ("STANDALONE", 0.7, 0.9),
                                                     ("NGRAM", 1.0, 1.0)])
-def test_speculative_sampling_follows_the_target_distribution(request, dirs, algo, temperature, top_p):
+def test_speculative_sampling_follows_the_target_distribution(request, chain_dirs, algo, temperature, top_p):
     """The second output token always comes out of a speculative step (accepted draft or residual
     draw). Given the first token, its law must be the target's own, not the drafter's: chi-square
     of its counts against transformers' distribution for each observed first token."""
-    target = dirs[0]
+    target = chain_dirs[0]
     prompt = tm.random_ids(6, seed=77)
     if algo == "STANDALONE":
         eng = request.getfixturevalue("standalone_draws")
@@ -68,6 +53,20 @@ def test_speculative_sampling_follows_the_target_distribution(request, dirs, alg
 
 
 # ------------------------------------------------------------------------------------ NGRAM
+def ngram_reference(ids: list[int], num_tokens: int, min_window: int, max_window: int) -> list[int]:
+    """NGRAM's draft, plainly: for the longest window n (max_window down to min_window) whose
+    suffix ids[-n:] also ends at an earlier position e < len(ids) - 1, the tokens after the latest
+    such e, cut at the end of ids and padded with the last one; no match: the newest token."""
+    last = len(ids) - 1
+    for n in range(min(max_window, len(ids)), min_window - 1, -1):
+        suffix = ids[last - n + 1:]
+        ends = [e for e in range(n - 1, last) if ids[e - n + 1:e + 1] == suffix]
+        if ends:
+            draft = ids[ends[-1] + 1:ends[-1] + 1 + num_tokens]
+            return (draft + [draft[-1]] * num_tokens)[:num_tokens]
+    return [ids[-1]] * num_tokens
+
+
 def test_ngram_reference_proposes_the_latest_continuation():
     ids = [5, 6, 7, 8, 1, 2, 6, 7, 9, 4, 6, 7]
     # Suffix [6, 7] last occurred ending at index 7 (followed by 9, 4); longest window first:
@@ -105,24 +104,23 @@ def test_device_ngram_matches_reference(min_w, max_w, steps):
 # differs from it on the host, not in the step code (ModelRunner builds the same step for both),
 # so its engine compiles the batch-4 step only (CI time; fewer requests run padded into it).
 @pytest.mark.parametrize("overlap", [False, True], ids=["v1", "v2"])
-def test_ngram_exact_and_accepts_on_repetitive_text(dirs, reference, overlap):
+def test_ngram_exact_and_accepts_on_repetitive_text(chain_dirs, chain_reference, overlap):
     """Greedy NGRAM equals greedy decoding, synchronous (v1) and overlapped (v2, the loop under
     transfer_guard("disallow"): the drafts come from the device, nothing is read back early)."""
     extra = dict(transfer_guard="disallow") if overlap else dict(disable_overlap_schedule=True, cuda_graph_bs=[4])
-    eng = Engine(dirs[0], page_size=4, speculative_algorithm="NGRAM", speculative_num_steps=4,
+    eng = Engine(chain_dirs[0], page_size=4, speculative_algorithm="NGRAM", speculative_num_steps=4,
                  speculative_ngram_max_match_window_size=4, **{**BASE, **extra})
     try:
-        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
-        assert [o["output_ids"] for o in outs] == reference
+        generates(eng, PROMPTS, GREEDY, chain_reference)
         pattern = tm.random_ids(6, seed=9)
         rep = eng.generate(input_ids=pattern * 5, sampling_params=dict(GREEDY, max_new_tokens=40))
         assert rep["meta_info"]["spec_accept_length"] > 2, rep["meta_info"]
         assert eng.get_server_info()["last_error"] is None
-        leak_free(eng)
+        check_no_leaks(eng)
     finally:
         eng.shutdown()
 
 
-def test_ngram_rejects_a_draft_model(dirs):
+def test_ngram_rejects_a_draft_model(chain_dirs):
     with pytest.raises(ConfigError, match="NGRAM"):
-        Engine(dirs[0], speculative_algorithm="NGRAM", speculative_draft_model_path=dirs[1], **BASE)
+        Engine(chain_dirs[0], speculative_algorithm="NGRAM", speculative_draft_model_path=chain_dirs[1], **BASE)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,38 +16,34 @@ import pytest
 import torch
 from flax import nnx
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-import tiny_drafters as td  # noqa: E402
-import tiny_models as tm  # noqa: E402
-from spec_checks import leak_free  # noqa: E402
-from test_drafters import read_tensors, rms, swiglu  # noqa: E402
-
-from jspec import Engine  # noqa: E402
-from jspec.errors import ConfigError  # noqa: E402
-from jspec.models import load_model  # noqa: E402
-from jspec.cache.pool import allocate_caches  # noqa: E402
-from jspec.models.batch import ForwardBatch, ForwardMode  # noqa: E402
-from jspec.models.drafters import load_drafter  # noqa: E402
-from jspec.speculative.dflash_step import draft_block  # noqa: E402
+from jspec import Engine
+from jspec.cache.pool import allocate_caches
+from jspec.errors import ConfigError
+from jspec.models import load_model
+from jspec.models.batch import ForwardBatch, ForwardMode
+from jspec.models.drafters import load_drafter
+from jspec.speculative.dflash_step import draft_block
+from tests.support import drafters as td
+from tests.support import models as tm
+from tests.support.engines import SPEC_BS4, check_no_leaks, generates
+from tests.support.numpy_ref import read_tensors, rms, rope, swiglu, target_embed_head
 
 PAGE = 4
 C = 9  # context tokens; the block starts at position C
 BLOCK = 4
 IDS = tm.random_ids(C + 1, seed=17)
 
-BASE = dict(dtype="float32", cuda_graph_bs=[4], max_running_requests=4, show_progress=False,
-            compilation_cache_dir="none", chunked_prefill_size=8, context_length=96, disable_top_k_top_p=True)
+BASE = SPEC_BS4
 PROMPTS = [tm.random_ids(n, seed=300 + n) for n in (5, 19, 1, 12)]
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(tmp_path_factory, tiny_checkpoint):
     root = tmp_path_factory.mktemp("dflash")
-    d = {k: str(root / k) for k in ("qwen3", "dflash", "qnext", "dflash_next", "bigram", "agree")}
-    tm.build("qwen3", d["qwen3"], seed=41)
+    d = {k: str(root / k) for k in ("dflash", "dflash_next", "bigram", "agree")}
+    d["qwen3"], d["qnext"] = tiny_checkpoint("qwen3", 41), tiny_checkpoint("qwen3_next", 5)
     td.write_dflash(d["dflash"], d["qwen3"], seed=5, target_layer_ids=[0], block_size=BLOCK)
-    tm.build("qwen3_next", d["qnext"], seed=5)
     td.write_dflash(d["dflash_next"], d["qnext"], seed=6, target_layer_ids=[0, 2, 4], block_size=BLOCK, prefix="model.")
     # A drafter whose first draft the target mostly keeps, so acceptance past node 0 runs.
     tm.build("qwen3", d["bigram"], seed=42)
@@ -58,14 +53,6 @@ def models(tmp_path_factory):
 
 
 # ----------------------------------------------------------------------------- the drafter
-
-
-def _rope(x, pos, theta):
-    d = x.shape[-1]
-    inv = 1.0 / theta ** (np.arange(0, d, 2) / d)
-    ang = np.concatenate([pos[:, None] * inv[None, :]] * 2, -1)[:, None]
-    rot = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], axis=-1)
-    return x * np.cos(ang) + rot * np.sin(ang)
 
 
 def dflash_reference(t, cfg, embed, head, ctx_streams, block_ids):
@@ -84,8 +71,8 @@ def dflash_reference(t, cfg, embed, head, ctx_streams, block_ids):
         kv_in = np.concatenate([c, hx])  # the context is projected as is: no input norm
         k = (kv_in @ t[f"{p}.self_attn.k_proj.weight"].T).reshape(m + n, g, d)
         v = (kv_in @ t[f"{p}.self_attn.v_proj.weight"].T).reshape(m + n, g, d)
-        q = _rope(rms(q, t[f"{p}.self_attn.q_norm.weight"], eps), qpos, theta)
-        k = _rope(rms(k, t[f"{p}.self_attn.k_norm.weight"], eps), kpos, theta)
+        q = rope(rms(q, t[f"{p}.self_attn.q_norm.weight"], eps), theta, qpos)
+        k = rope(rms(k, t[f"{p}.self_attn.k_norm.weight"], eps), theta, kpos)
         k, v = np.repeat(k, h // g, axis=1), np.repeat(v, h // g, axis=1)
         s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(d)  # no mask: context and the whole block
         pr = np.exp(s - s.max(-1, keepdims=True))
@@ -141,9 +128,7 @@ def test_dflash_drafts_match_reference(models, name, tdir_key, ddir_key):
     streams = np.concatenate([hs[i + 1][0].double().numpy() for i in layer_ids], -1)
 
     t = read_tensors(ddir, strip="model.")
-    tt = read_tensors(tdir)
-    embed = tt["model.embed_tokens.weight"]
-    head = tt.get("lm_head.weight", embed)
+    embed, head = target_embed_head(tdir)
     mask = cfg["dflash_config"]["mask_token_id"]
     block = [IDS[C]] + [mask] * (BLOCK - 1)
     ref = dflash_reference(t, cfg, embed, head, streams, block)
@@ -168,9 +153,8 @@ def test_dflash_logits_match_reference(models):
     with torch.no_grad():
         hs = hf(torch.tensor([IDS[:C]]), output_hidden_states=True).hidden_states
     streams = hs[1][0].double().numpy()
-    t, tt = read_tensors(ddir), read_tensors(tdir)
-    embed = tt["model.embed_tokens.weight"]
-    head = tt.get("lm_head.weight", embed)
+    t = read_tensors(ddir)
+    embed, head = target_embed_head(tdir)
     block = [IDS[C]] + [cfg["dflash_config"]["mask_token_id"]] * (BLOCK - 1)
     ref = dflash_reference(t, cfg, embed, head, streams, block)
 
@@ -188,20 +172,14 @@ def test_dflash_logits_match_reference(models):
 
     caches = drafter.write_context(batch([0] * C, pos[:C], ForwardMode.EXTEND), caches, jnp.asarray(streams, jnp.float32))
     out, _ = drafter(batch(block, pos[C:], ForwardMode.VERIFY, jnp.ones((1, BLOCK, BLOCK), bool)), caches, target=tgt)
-    got = np.asarray(out.logits, np.float64)
-    assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 1e-4
+    assert tm.rel_err(out.logits, ref) < 1e-4
 
 
 def test_bad_dflash_configs(models, tmp_path):
     target = load_model(models["qwen3"], dtype="float32")
 
-    def variant(name, **change):
-        d = str(tmp_path / name)
-        cfg = td.write_dflash(d, models["qwen3"], seed=5, target_layer_ids=[0], block_size=BLOCK)
-        cfg.update(change)
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(cfg, f)
-        return d
+    def variant(name, **change):  # the module's drafter with its config.json changed
+        return tm.variant(models["dflash"], str(tmp_path / name), config=lambda c: {**c, **change})
 
     with pytest.raises(ConfigError, match="target_layer_ids"):
         load_drafter("DFLASH", variant("deep", dflash_config={"mask_token_id": 3, "target_layer_ids": [1]}), target)
@@ -218,36 +196,22 @@ def test_bad_dflash_configs(models, tmp_path):
 # ----------------------------------------------------------------------------- the engine
 
 
-_refs: dict = {}
-
-
-def reference(tdir):
-    if tdir not in _refs:
-        eng = Engine(tdir, page_size=4, **BASE)
-        try:
-            _refs[tdir] = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)]
-        finally:
-            eng.shutdown()
-    return _refs[tdir]
-
-
 # One engine case (CI time): acceptance past node 0, overlapped, a page per token. The hybrid
 # target's DFlash context is checked against the reference above; its verify and commit are the
 # shared path the EAGLE-family engine tests run on hybrid targets.
 @pytest.mark.parametrize("tkey, dkey, page_size, overlap", [("bigram", "agree", 1, True)])
-def test_dflash_greedy_equals_target(models, tkey, dkey, page_size, overlap):
-    ref = reference(models[tkey])
+def test_dflash_greedy_equals_target(models, greedy_reference, tkey, dkey, page_size, overlap):
+    ref = greedy_reference(models[tkey], PROMPTS, GREEDY, page_size=4, settings=BASE)
     eng = Engine(models[tkey], page_size=page_size, speculative_algorithm="DFLASH",
                  speculative_draft_model_path=models[dkey], disable_overlap_schedule=not overlap,
                  transfer_guard="disallow" if overlap else None, **BASE)
     try:
         assert eng.spec.num_draft_tokens == BLOCK and eng.spec.num_steps == BLOCK - 1  # the drafter's block
-        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
-        assert [o["output_ids"] for o in outs] == ref
+        outs = generates(eng, PROMPTS, GREEDY, ref)
         assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in outs)
         accept = eng.get_server_info()["avg_spec_accept_length"]
         if dkey == "agree":  # the agreeing drafter: most blocks are kept whole, some cut short
             assert 1.5 < accept < BLOCK, accept
-        leak_free(eng)
+        check_no_leaks(eng)
     finally:
         eng.shutdown()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,31 +20,25 @@ import numpy as np
 import pytest
 from flax import nnx
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-import tiny_models as tm  # noqa: E402
-
-from checkpoints.safetensors_reader import SafetensorsCheckpoint  # noqa: E402
-from jspec.models import load_model  # noqa: E402
-from jspec.cache.pool import allocate_caches  # noqa: E402
-from jspec.models.drafters import load_drafter  # noqa: E402
-from jspec.speculative import verify  # noqa: E402
-from jspec.train import data, eagle3, mtp  # noqa: E402
-from jspec.train.cli import drafter_config  # noqa: E402
-from jspec.train.dense import dense_forward  # noqa: E402
-from jspec.train.history import save_history  # noqa: E402
-from jspec.train.loop import TrainConfig, accept_estimate, make_opt, make_steps, train_loop  # noqa: E402
-from jspec.train.ttt import ttt_attention, ttt_objective  # noqa: E402
+from checkpoints.safetensors_reader import SafetensorsCheckpoint
+from jspec.cache.pool import allocate_caches
+from jspec.models import load_model
+from jspec.models.drafters import load_drafter
+from jspec.speculative import verify
+from jspec.train import data, eagle3, mtp
+from jspec.train.cli import drafter_config
+from jspec.train.dense import dense_forward
+from jspec.train.history import save_history
+from jspec.train.loop import TrainConfig, accept_estimate, make_opt, make_steps, train_loop
+from jspec.train.ttt import ttt_attention, ttt_objective
+from tests.support import models as tm
+from tests.support.compiles import FAST
+from tests.support.models import rel_err
 
 B, T, STEPS = 2, 8, 3  # windows [B, T+1], unrolled draft steps
 PAGE = 4
 PAGES = [5, 2, 7, 0]  # the request's pages, out of order: room for T + STEPS - 1 KV entries
 TOL = 1e-4
-FAST = {"xla_backend_optimization_level": 0}  # compile time dominates these tests on the CPU
-
-
-def rel_err(got, ref):
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    return float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
 
 
 def windows(seed: int, n: int = B):
@@ -93,17 +86,14 @@ def root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def qwen3(root):
-    d = os.path.join(root, "qwen3")
-    tm.build("qwen3", d, seed=1)
-    return load_model(d, dtype="float32")
+def qwen3(tiny_checkpoint):
+    return load_model(tiny_checkpoint("qwen3", 1), dtype="float32")
 
 
 @pytest.fixture(scope="module")
-def qwen3_next(root):
+def qwen3_next(tiny_checkpoint):
     """A sharded Qwen3-Next target with an index and no MTP layer yet; (dir, model, HF logits)."""
-    d = os.path.join(root, "qwen3_next")
-    hf = tm.build("qwen3_next", d, seed=2, max_shard_size="100KB")
+    d, hf = tiny_checkpoint("qwen3_next", 2, "100KB"), tiny_checkpoint.hf("qwen3_next", 2, "100KB")
     assert os.path.exists(os.path.join(d, mtp.INDEX))
     return d, load_model(d, dtype="float32"), tm.hf_logits(hf, windows(9, 1)[0])
 

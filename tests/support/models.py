@@ -1,12 +1,17 @@
-"""Tiny random Hugging Face checkpoints for parity tests (built with transformers, saved to disk).
+"""Tiny random Hugging Face checkpoints for parity tests (built with transformers, saved to disk),
+and what the tests do with them: copies with changed config / tensors, a word-level tokenizer, the
+relative error the parity checks bound.
 
 Every parameter is perturbed away from its initial value so that norm conventions (w vs 1 + w),
-biases and gates all matter to the logits.
+biases and gates all matter to the logits. Tests that only read a checkpoint get it from the
+session's `tiny_checkpoint` fixture (tests/conftest.py), built once per name and seed.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 
 import numpy as np
 
@@ -117,3 +122,61 @@ def random_ids(n: int, seed: int = 0) -> list[int]:
 
 def list_files(d: str) -> list[str]:
     return sorted(os.listdir(d))
+
+
+def rel_err(got, ref) -> float:
+    """max |got - ref| / max |ref|, in float64."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    return float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+
+
+def variant(src: str, dst: str, *, config=None, tensors=None) -> str:
+    """A copy of a single-file checkpoint directory with config.json passed through config(dict)
+    and the tensors of model.safetensors through tensors(dict); every other file copied as is."""
+    from safetensors.numpy import load_file, save_file
+
+    os.makedirs(dst, exist_ok=True)
+    for f in os.listdir(src):
+        if f != "model.safetensors" and not (config is not None and f == "config.json"):
+            shutil.copyfile(os.path.join(src, f), os.path.join(dst, f))
+    if config is not None:
+        with open(os.path.join(src, "config.json")) as f:
+            cfg = json.load(f)
+        with open(os.path.join(dst, "config.json"), "w") as f:
+            json.dump(config(cfg), f)
+    t = dict(load_file(os.path.join(src, "model.safetensors")))
+    save_file(tensors(t) if tensors is not None else t, os.path.join(dst, "model.safetensors"))
+    return dst
+
+
+def word_tokenizer(vocab: dict, unk: str):
+    """A whitespace-split word-level `tokenizers.Tokenizer` over vocab (word -> id)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tok
+
+
+class TinyCheckpoints:
+    """`build` once per (name, seed, max_shard_size) under a session's temporary folder: the
+    session fixture `tiny_checkpoint` (tests/conftest.py). Calling it gives the directory, `hf`
+    the transformers model saved there. Readers only: a test that changes a checkpoint builds its
+    own (or copies one with `variant`)."""
+
+    def __init__(self, tmp_path_factory):
+        self._tmp = tmp_path_factory
+        self._built: dict = {}
+
+    def _get(self, name: str, seed: int, max_shard_size=None):
+        key = (name, seed, max_shard_size)
+        if key not in self._built:
+            d = str(self._tmp.mktemp(f"tiny_{name}_{seed}"))
+            self._built[key] = d, build(name, d, seed=seed, max_shard_size=max_shard_size)
+        return self._built[key]
+
+    def __call__(self, name: str, seed: int, max_shard_size=None) -> str:
+        return self._get(name, seed, max_shard_size)[0]
+
+    def hf(self, name: str, seed: int, max_shard_size=None):
+        return self._get(name, seed, max_shard_size)[1]

@@ -5,25 +5,24 @@ factory, and the checks that the dense and hybrid files both run."""
 
 from __future__ import annotations
 
-import tiny_drafters as td
-import tiny_models as tm
-from spec_checks import leak_free
+from tests.support import drafters as td
+from tests.support import models as tm
+from tests.support.engines import SPEC_BS4, check_no_leaks, generates
 
 from jspec import Engine
 
 # Greedy engines compile no top-k / top-p step variants (a test that samples with top_p < 1 asks
 # for them back).
-BASE = dict(dtype="float32", cuda_graph_bs=[4], max_running_requests=4, show_progress=False,
-            compilation_cache_dir="none", chunked_prefill_size=8, context_length=96, disable_top_k_top_p=True)
+BASE = SPEC_BS4
 # Mixed lengths; with chunked prefill 8 the long ones take several chunks, the short one is one token.
 PROMPTS = [tm.random_ids(n, seed=200 + n) for n in (5, 19, 1, 12, 9)]
 GREEDY = {"max_new_tokens": 14, "temperature": 0, "ignore_eos": True}
 
+# Plain targets nothing writes into: the session's tiny_checkpoint (shared with other files).
+SHARED = {"qwen3": ("qwen3", 41), "llama": ("llama", 44)}
 BUILDERS = {
-    "qwen3": lambda d: tm.build("qwen3", d["qwen3"], seed=41),
     "eagle": lambda d: td.write_eagle(d["eagle"], d["qwen3"], seed=1),
     "eagle3": lambda d: td.write_eagle3(d["eagle3"], d["qwen3"], seed=2, draft_vocab=60),
-    "qnext": lambda d: (tm.build("qwen3_next", d["qnext"], seed=5), td.add_mtp(d["qnext"], seed=3)),
     "bigram": lambda d: (tm.build("qwen3", d["bigram"], seed=43), td.make_near_bigram(d["bigram"], 0)),
     "agree_eagle": lambda d: td.write_agreeing_eagle(d["agree_eagle"], d["bigram"], seed=4),
     "bigram_next": lambda d: (tm.build("qwen3_next", d["bigram_next"], seed=6),
@@ -31,35 +30,26 @@ BUILDERS = {
     # Flattened (top token ~0.5 at temperature 1) so that sampling rejects drafts often.
     "flat": lambda d: (tm.build("qwen3", d["flat"], seed=43), td.make_near_bigram(d["flat"], 0, logit_scale=0.07)),
     "agree_flat": lambda d: td.write_agreeing_eagle(d["agree_flat"], d["flat"], seed=4, logit_scale=0.07),
-    "llama": lambda d: tm.build("llama", d["llama"], seed=44),
     "llama_eagle": lambda d: td.write_eagle(d["llama_eagle"], d["llama"], seed=9, embed=False),
 }
 
 
-def build_models(root, names) -> dict:
-    """Directories for `names` (in BUILDERS order, targets before their drafters) under root."""
+def build_models(root, names, tiny_checkpoint) -> dict:
+    """Directories for `names`: SHARED ones from the tiny_checkpoint fixture, the others built under
+    root (in BUILDERS order, targets before their drafters)."""
     d = {k: str(root / k) for k in BUILDERS}
+    d.update({k: tiny_checkpoint(*SHARED[k]) for k in SHARED if k in names})
     for k in BUILDERS:
         if k in names:
             BUILDERS[k](d)
     return {k: d[k] for k in names}
 
 
-_refs: dict = {}
-
-
-def reference(target: str, page_size: int = 4, engine=None):
-    """Non-speculative greedy outputs of PROMPTS (cached per target directory). engine: a plain
-    engine of that target (BASE settings) to serve them, kept running; by default one is started
-    and shut down."""
-    if target not in _refs:
-        eng = engine if engine is not None else Engine(target, page_size=page_size, **BASE)
-        try:
-            _refs[target] = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)]
-        finally:
-            if engine is None:
-                eng.shutdown()
-    return _refs[target]
+def reference(greedy_reference, target: str, engine=None) -> list[list[int]]:
+    """Non-speculative greedy outputs of PROMPTS (the session's greedy_reference fixture caches
+    them per target). engine: a plain engine of that target (BASE settings, page size 4) to serve
+    them, kept running."""
+    return greedy_reference(target, PROMPTS, GREEDY, page_size=4, settings=BASE, engine=engine)
 
 
 def spec_engine(models, algo, target, draft, *, steps, topk, ndt, page_size, **kw):
@@ -72,13 +62,13 @@ def spec_engine(models, algo, target, draft, *, steps, topk, ndt, page_size, **k
 SAMPLED = [{"max_new_tokens": 14, "temperature": 0.8, "seed": 11 + i, "ignore_eos": True} for i in range(2)]
 
 
-def check_agreeing_drafter(models, algo, target, draft, topk, ndt, compare_v1):
+def check_agreeing_drafter(models, algo, target, draft, topk, ndt, compare_v1, ref):
     """Drafts that the target mostly keeps: exercises multi-token acceptance, tree walks, the KV
     move of accepted tree nodes, hybrid commits past node 0 and the drafter's catch-up. Runs in
     spec v2 (overlap, the default) with the loop under transfer_guard("disallow"): no
     device-to-host transfer beyond each step's explicit output fetch. Where marked, the
-    synchronous loop (v1) must give the same outputs, greedy and seeded sampling alike."""
-    ref = reference(models[target], 4)
+    synchronous loop (v1) must give the same outputs, greedy and seeded sampling alike. ref: the
+    target's greedy outputs of PROMPTS."""
     sps = [GREEDY] * 3 + SAMPLED
     outs = {}
     for mode in ("v2", "v1") if compare_v1 else ("v2",):
@@ -91,7 +81,7 @@ def check_agreeing_drafter(models, algo, target, draft, topk, ndt, compare_v1):
             # Greedy rows keep most drafts (sampled ones, at temperature 0.8, fewer).
             greedy_accept = [o["meta_info"]["spec_accept_length"] for o in res[:3]]
             assert min(greedy_accept) > 2.5, greedy_accept
-            leak_free(eng)
+            check_no_leaks(eng)
         finally:
             eng.shutdown()
     assert outs["v2"][:3] == ref[:3]
@@ -99,16 +89,15 @@ def check_agreeing_drafter(models, algo, target, draft, topk, ndt, compare_v1):
         assert outs["v1"] == outs["v2"]
 
 
-def check_naive_eagle(models, target, draft):
+def check_naive_eagle(models, target, draft, ref):
     """NAIVE_EAGLE: [last, one draft] verified per step, the drafter's format read from its
-    config.json (EAGLE), or the target's MTP layer without a draft path."""
-    ref = reference(models[target], 4)
+    config.json (EAGLE), or the target's MTP layer without a draft path; ref: the target's greedy
+    outputs of PROMPTS."""
     eng = spec_engine(models, "NAIVE_EAGLE", target, draft, steps=None, topk=None, ndt=None, page_size=4)
     try:
-        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
-        assert [o["output_ids"] for o in outs] == ref
+        generates(eng, PROMPTS, GREEDY, ref)
         info = eng.get_server_info()
         assert info["speculative_num_draft_tokens"] == 2 and 1.5 < info["avg_spec_accept_length"] <= 2.0
-        leak_free(eng)
+        check_no_leaks(eng)
     finally:
         eng.shutdown()

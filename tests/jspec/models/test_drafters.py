@@ -13,7 +13,6 @@ import functools
 import json
 import os
 import shutil
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -22,28 +21,22 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-import tiny_drafters as td  # noqa: E402
-import tiny_models as tm  # noqa: E402
-
-from checkpoints.safetensors_reader import SafetensorsCheckpoint  # noqa: E402
-from jspec.errors import CheckpointError, ConfigError, UnsupportedModelError  # noqa: E402
-from jspec.models import load_model  # noqa: E402
-from jspec.cache.pool import allocate_caches  # noqa: E402
-from jspec.models.batch import ForwardBatch, ForwardMode  # noqa: E402
-from jspec.models.drafters import (DraftOutput, dflash_block_size, drafter_config, load_drafter,  # noqa: E402
-                                   random_drafter)
-from jspec.models.scoring import forward, single_sequence_batch  # noqa: E402
+from jspec.cache.pool import allocate_caches
+from jspec.errors import CheckpointError, ConfigError, UnsupportedModelError
+from jspec.models import load_model
+from jspec.models.batch import ForwardBatch, ForwardMode
+from jspec.models.drafters import DraftOutput, dflash_block_size, drafter_config, load_drafter, random_drafter
+from jspec.models.scoring import forward, single_sequence_batch
+from tests.support import drafters as td
+from tests.support import models as tm
+from tests.support.models import rel_err, variant
+from tests.support.numpy_ref import causal_attention, read_tensors, rms, swiglu, target_embed_head
 
 TOL = 1e-4
 N = 7  # tokens of the extend step; the decode step is at position N
 PAGE = 4
 PAGES = [4, 2]  # the request's pages, out of order
 IDS = tm.random_ids(N + 1, seed=3)
-
-
-def rel_err(got, ref):
-    return float(np.max(np.abs(np.asarray(got, np.float64) - ref)) / np.max(np.abs(ref)))
 
 
 # ----------------------------------------------------------------------------- running a drafter
@@ -97,52 +90,6 @@ def target_out(target, capture_layers=()):
 # ----------------------------------------------------------------------------- numpy reference
 
 
-def rms(x, w, eps, zero_centred=False):
-    y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-    return y * ((1.0 + w) if zero_centred else w)
-
-
-def rope(x, theta):
-    """x [T, heads, D] at positions 0..T-1, full rotate-half RoPE."""
-    t, _, d = x.shape
-    inv = 1.0 / theta ** (np.arange(0, d, 2) / d)
-    ang = np.arange(t)[:, None] * inv[None, :]
-    cos, sin = np.cos(np.concatenate([ang, ang], -1))[:, None], np.sin(np.concatenate([ang, ang], -1))[:, None]
-    rot = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], axis=-1)
-    return x * cos + rot * sin
-
-
-def causal_attention(x, t, pre, cfg):
-    h, g, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    n = x.shape[0]
-    q = rope((x @ t[f"{pre}.q_proj.weight"].T).reshape(n, h, d), cfg["rope_theta"])
-    k = rope((x @ t[f"{pre}.k_proj.weight"].T).reshape(n, g, d), cfg["rope_theta"])
-    v = (x @ t[f"{pre}.v_proj.weight"].T).reshape(n, g, d)
-    k, v = np.repeat(k, h // g, axis=1), np.repeat(v, h // g, axis=1)
-    s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(d)
-    s = np.where(np.tril(np.ones((n, n), bool))[None], s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    o = np.einsum("hqk,khd->qhd", p / p.sum(-1, keepdims=True), v).reshape(n, h * d)
-    return o @ t[f"{pre}.o_proj.weight"].T
-
-
-def swiglu(x, t, pre):
-    gate, up = x @ t[f"{pre}.gate_proj.weight"].T, x @ t[f"{pre}.up_proj.weight"].T
-    return (gate / (1 + np.exp(-gate)) * up) @ t[f"{pre}.down_proj.weight"].T
-
-
-def read_tensors(d, strip=""):
-    ckpt = SafetensorsCheckpoint(d)
-    return {n[len(strip):] if n.startswith(strip) else n: np.asarray(ckpt.get(n), np.float64)
-            for n in ckpt.names()}
-
-
-def target_embed_head(target_dir):
-    t = read_tensors(target_dir)
-    embed = t["model.embed_tokens.weight"]
-    return embed, t.get("lm_head.weight", embed)
-
-
 def eagle_reference(t, cfg, embed, head, h):
     """EAGLE over IDS[:len(h)]: (logits, hidden) per row."""
     e = embed[IDS[: len(h)]]
@@ -166,11 +113,12 @@ def eagle3_reference(t, cfg, embed, hin):
 # ----------------------------------------------------------------------------- fixtures
 
 
-def _target_dir(root, name, with_mtp=False):
-    d = os.path.join(root, name + ("_mtp" if with_mtp else ""))
+def _target_dir(root, tiny_checkpoint, name, with_mtp=False):
+    if not with_mtp:
+        return tiny_checkpoint(name, len(name))
+    d = os.path.join(root, name + "_mtp")
     tm.build(name, d, seed=len(name))
-    if with_mtp:
-        td.add_mtp(d, seed=11)
+    td.add_mtp(d, seed=11)
     return d
 
 
@@ -180,11 +128,11 @@ def root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def targets(root):
+def targets(root, tiny_checkpoint):
     """name -> (dir, jspec target model); the MTP ones carry `mtp.*`."""
     out = {}
     for name, mtp in (("llama", False), ("qwen3", False), ("qwen3_next", True), ("qwen3_5", True)):
-        d = _target_dir(root, name, mtp)
+        d = _target_dir(root, tiny_checkpoint, name, mtp)
         out[name] = (d, load_model(d, dtype="float32"))
     return out
 
@@ -379,18 +327,6 @@ def test_random_drafters(targets, root):
 # ----------------------------------------------------------------------------- validation
 
 
-def _variant(src, dst, *, config=None, tensors=None):
-    """A copy of a single-file head directory with its config / tensors passed through functions."""
-    os.makedirs(dst, exist_ok=True)
-    with open(os.path.join(src, "config.json")) as f:
-        cfg = json.load(f)
-    with open(os.path.join(dst, "config.json"), "w") as f:
-        json.dump(config(cfg) if config else cfg, f)
-    t = dict(load_file(os.path.join(src, "model.safetensors")))
-    save_file(tensors(t) if tensors else t, os.path.join(dst, "model.safetensors"))
-    return dst
-
-
 @pytest.fixture(scope="module")
 def eagle3_dir(targets, root):
     d = os.path.join(root, "eagle3_errors")
@@ -433,7 +369,7 @@ ERRORS = [
 
 @pytest.mark.parametrize("label, change, error, needle", ERRORS, ids=[e[0] for e in ERRORS])
 def test_eagle3_errors(targets, eagle3_dir, root, label, change, error, needle):
-    d = _variant(eagle3_dir, os.path.join(root, f"bad_{label}"), **change)
+    d = variant(eagle3_dir, os.path.join(root, f"bad_{label}"), **change)
     with pytest.raises(error) as info:
         load_drafter("EAGLE3", d, targets["llama"][1])
     assert needle in str(info.value), str(info.value)
@@ -445,7 +381,7 @@ def test_eagle3_borrowed_head(targets, root):
     tdir, target = targets["llama"]
     d = os.path.join(root, "eagle3_borrowed")
     td.write_eagle3(d, tdir, seed=5, embed=True)
-    d = _variant(d, os.path.join(root, "eagle3_borrowed_nohead"), tensors=_drop("lm_head.weight"))
+    d = variant(d, os.path.join(root, "eagle3_borrowed_nohead"), tensors=_drop("lm_head.weight"))
     m = load_drafter("EAGLE3", d, target).module()
     assert m.lm_head is None and m.embed_tokens is not None and m.d2t is not None
 
@@ -454,25 +390,24 @@ def test_eagle_errors(targets, root):
     tdir, target = targets["llama"]
     good = os.path.join(root, "eagle_errors")
     td.write_eagle(good, tdir, seed=4, prefix="model.")
-    d = _variant(good, os.path.join(root, "eagle_missing"), tensors=_drop("model.layers.0.mlp.up_proj.weight"))
+    d = variant(good, os.path.join(root, "eagle_missing"), tensors=_drop("model.layers.0.mlp.up_proj.weight"))
     with pytest.raises(CheckpointError, match="'model.layers.0.mlp.up_proj.weight'"):
         load_drafter("EAGLE", d, target)
-    d = _variant(good, os.path.join(root, "eagle_input_norm"),
-                 tensors=_set("model.layers.0.input_layernorm.weight", np.ones(64, np.float32)))
+    d = variant(good, os.path.join(root, "eagle_input_norm"),
+                tensors=_set("model.layers.0.input_layernorm.weight", np.ones(64, np.float32)))
     with pytest.raises(CheckpointError, match="'model.layers.0.input_layernorm.weight'"):  # EAGLE has none
         load_drafter("EAGLE", d, target)
-    d = _variant(good, os.path.join(root, "eagle_two_layers"), config=lambda c: {**c, "num_hidden_layers": 2})
+    d = variant(good, os.path.join(root, "eagle_two_layers"), config=lambda c: {**c, "num_hidden_layers": 2})
     with pytest.raises(ConfigError, match="num_hidden_layers"):
         load_drafter("EAGLE", d, target)
     with pytest.raises(ConfigError, match="EAGLE4"):
         load_drafter("EAGLE4", good, target)
 
 
-def test_nextn_errors(targets, root):
+def test_nextn_errors(targets, root, tiny_checkpoint):
     with pytest.raises(ConfigError, match="llama target has no MTP layer"):
         load_drafter("NEXTN", targets["llama"][0], targets["llama"][1])
-    bare = os.path.join(root, "qwen3_next_bare")
-    tm.build("qwen3_next", bare, seed=7)
+    bare = tiny_checkpoint("qwen3_next", 7)
     with pytest.raises(CheckpointError, match=r"no `mtp\.\*` tensors"):
         load_drafter("NEXTN", bare, load_model(bare, dtype="float32"))
     # A missing MTP tensor is named as stored, `mtp.` prefix included.
@@ -532,8 +467,8 @@ def test_drafter_config_is_the_loaded_config(targets, root, eagle3_dir, dflash_d
 def test_drafter_config_reads_no_tensors(targets, eagle3_dir, root):
     """A KV shape in config.json that the tensors contradict is still read (no tensor is); the
     loader reports the tensors."""
-    d = _variant(eagle3_dir, os.path.join(root, "eagle3_one_kv_head"),
-                 config=lambda c: {**c, "num_key_value_heads": 1})
+    d = variant(eagle3_dir, os.path.join(root, "eagle3_one_kv_head"),
+                config=lambda c: {**c, "num_key_value_heads": 1})
     target = targets["llama"][1]
     assert drafter_config("EAGLE3", d, target.config).num_key_value_heads == 1
     with pytest.raises(CheckpointError, match="k_proj"):
@@ -546,13 +481,13 @@ CONFIG_ERRORS = [e for e in ERRORS if "config" in e[1]]
 @pytest.mark.parametrize("label, change, error, needle", CONFIG_ERRORS, ids=[e[0] for e in CONFIG_ERRORS])
 def test_drafter_config_errors(targets, eagle3_dir, root, label, change, error, needle):
     """Every config.json problem the loader reports, drafter_config reports the same way."""
-    d = _variant(eagle3_dir, os.path.join(root, f"bad_{label}"), **change)
+    d = variant(eagle3_dir, os.path.join(root, f"bad_{label}"), **change)
     target = targets["llama"][1]
     e = _same_error(lambda: load_drafter("EAGLE3", d, target), lambda: drafter_config("EAGLE3", d, target.config))
     assert isinstance(e, error) and needle in str(e)
 
 
-def test_drafter_config_directory_errors(targets, root, dflash_dir):
+def test_drafter_config_directory_errors(targets, root, dflash_dir, tiny_checkpoint):
     """Directory-level problems: the same error as load_drafter, for every kind."""
     llama, qwen3 = targets["llama"][1], targets["qwen3"][1]
     no_tensors = os.path.join(root, "config_only")
@@ -565,8 +500,7 @@ def test_drafter_config_directory_errors(targets, root, dflash_dir):
     os.makedirs(bad_json, exist_ok=True)
     with open(os.path.join(bad_json, "config.json"), "w") as f:
         f.write("{")
-    bare = os.path.join(root, "qwen3_5_bare")
-    tm.build("qwen3_5", bare, seed=8)
+    bare = tiny_checkpoint("qwen3_5", 8)
     cases = [
         ("EAGLE", os.path.join(root, "nowhere"), llama, ConfigError, "not a directory"),
         ("EAGLE5", dflash_dir, llama, ConfigError, "EAGLE5"),

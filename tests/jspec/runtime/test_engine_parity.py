@@ -5,17 +5,12 @@ Split from test_engine.py so that `-n 2 --dist loadfile` runs the two files side
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-import tiny_models as tm  # noqa: E402
-from engine_checks import SMALL, check_no_leaks  # noqa: E402
-
-from jspec import Engine  # noqa: E402
+from jspec import Engine
+from tests.support import models as tm
+from tests.support.engines import SMALL, check_no_leaks
 
 
 def hf_greedy(hf, prompt, n):
@@ -29,9 +24,8 @@ PARITY = [("llama", 1, False), ("qwen3", 16, False), ("qwen3_moe", 16, True), ("
 
 
 @pytest.mark.parametrize("arch,page_size,mixed", PARITY)
-def test_greedy_matches_transformers(tmp_path, arch, page_size, mixed):
-    d = str(tmp_path / arch)
-    hf = tm.build(arch, d, seed=30 + page_size)
+def test_greedy_matches_transformers(tiny_checkpoint, arch, page_size, mixed):
+    d, hf = tiny_checkpoint(arch, 30 + page_size), tiny_checkpoint.hf(arch, 30 + page_size)
     prompts = [tm.random_ids(n, seed=n) for n in (5, 23, 11, 2, 17, 8)]
     eng = Engine(d, page_size=page_size, chunked_prefill_size=8, context_length=64, disable_top_k_top_p=True,
                  disable_overlap_schedule=(page_size == 1), enable_mixed_chunk=mixed, **SMALL)

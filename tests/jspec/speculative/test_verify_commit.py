@@ -9,22 +9,17 @@ node, a leaked rejected state, or a wrong tree mask shows up as a mismatch.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-import tiny_models as tm  # noqa: E402
-from paged_harness import PagedHarness  # noqa: E402
-
-from jspec.models.batch import ForwardMode  # noqa: E402
-from jspec.models.loader import load_model  # noqa: E402
-from jspec.models.scoring import forward  # noqa: E402
-from jspec.speculative import tree, verify  # noqa: E402
-from jspec.speculative.tree_step import move_kv  # noqa: E402
+from jspec.models.batch import ForwardMode
+from jspec.models.loader import load_model
+from jspec.models.scoring import forward
+from jspec.speculative import tree, verify
+from jspec.speculative.tree_step import move_kv
+from tests.support import models as tm
+from tests.support.paged import PagedHarness
 
 PAGE = 4
 PROMPTS = {"a": tm.random_ids(9, seed=3), "b": tm.random_ids(6, seed=4)}
@@ -34,10 +29,8 @@ ACCEPT = {"a": 3, "b": 4}  # accepted node: its root path is kept
 
 
 @pytest.fixture(scope="module", params=["qwen3", "qwen3_next"])
-def model(request, tmp_path_factory):
-    d = str(tmp_path_factory.mktemp(f"vc_{request.param}"))
-    tm.build(request.param, d, seed=13)
-    return load_model(d)
+def model(request, tiny_checkpoint):
+    return load_model(tiny_checkpoint(request.param, 13))
 
 
 def _path(parents, j):

@@ -5,8 +5,6 @@ the engine's DFLASH loader."""
 from __future__ import annotations
 
 import functools
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,26 +12,23 @@ import numpy as np
 import pytest
 from flax import nnx
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-import tiny_models as tm  # noqa: E402
-
-from jspec.models import load_model  # noqa: E402
-from jspec.cache.pool import allocate_caches  # noqa: E402
-from jspec.models.batch import ForwardBatch, ForwardMode  # noqa: E402
-from jspec.models.drafters import load_drafter  # noqa: E402
-from jspec.train import dflash  # noqa: E402
-from jspec.train.dense import dense_forward  # noqa: E402
-from jspec.train.frozen_target import target_fn_for  # noqa: E402
-from jspec.train.loop import TrainConfig, make_opt, make_steps, train_loop  # noqa: E402
+from jspec.cache.pool import allocate_caches
+from jspec.models import load_model
+from jspec.models.batch import ForwardBatch, ForwardMode
+from jspec.models.drafters import load_drafter
+from jspec.train import dflash
+from jspec.train.dense import dense_forward
+from jspec.train.frozen_target import target_fn_for
+from jspec.train.loop import TrainConfig, make_opt, make_steps, train_loop
+from tests.support import models as tm
+from tests.support.compiles import FAST
 
 B, T, BLOCK, K = 2, 12, 4, 3
-FAST = {"xla_backend_optimization_level": 0}
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("dflash_train") / "qwen3")
-    tm.build("qwen3", d, seed=3)
+def setup(tiny_checkpoint):
+    d = tiny_checkpoint("qwen3", 3)
     target = load_model(d, dtype="float32")
     drafter = dflash.init_dflash(target, block_size=BLOCK, mask_token_id=tm.VOCAB - 1, num_layers=2,
                                  target_layer_ids=[0], seed=1)
@@ -90,7 +85,7 @@ def test_dense_blocks_equal_engine_path(setup):
     for b in range(B):
         for k in range(K):
             ref = _paged_block(drafter, tgt, feats[b], window[b], int(starts[b, k]))
-            err = np.max(np.abs(dense[b, k] - ref)) / np.max(np.abs(ref))
+            err = tm.rel_err(dense[b, k], ref)
             assert err < 1e-4, (b, k, err)
 
 

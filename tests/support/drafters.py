@@ -1,4 +1,4 @@
-"""Tiny random drafter checkpoints in their published formats, for a tiny target of tiny_models.
+"""Tiny random drafter checkpoints in their published formats, for a tiny target of support.models.
 
 - `write_eagle`: an EAGLE (v1 / v2) head directory (config.json + model.safetensors, no `model.`
   prefix unless asked);

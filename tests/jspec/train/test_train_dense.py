@@ -4,30 +4,22 @@ reference, gradients included."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-import tiny_models as tm  # noqa: E402
-
-from jspec.models import load_model  # noqa: E402
-from jspec.cache.pool import allocate_caches  # noqa: E402
-from jspec.models.scoring import SCORE_PAGE_SIZE, forward, single_sequence_batch  # noqa: E402
-from jspec.train.chunked_gdn import causal_conv1d, chunk_gated_delta_rule  # noqa: E402
-from jspec.train.dense import dense_forward  # noqa: E402
-from pallas_kernels.gdn import reference as gdn_ref  # noqa: E402
+from jspec.cache.pool import allocate_caches
+from jspec.models import load_model
+from jspec.models.scoring import SCORE_PAGE_SIZE, forward, single_sequence_batch
+from jspec.train.chunked_gdn import causal_conv1d, chunk_gated_delta_rule
+from jspec.train.dense import dense_forward
+from pallas_kernels.gdn import reference as gdn_ref
+from tests.support import models as tm
+from tests.support.models import rel_err
 
 TOL = 1e-4
 T = 70  # crosses a 64-token GDN chunk
-
-
-def rel_err(got, ref):
-    return float(np.max(np.abs(np.asarray(got) - ref)) / np.max(np.abs(ref)))
 
 
 def paged(model, ids, capture):
@@ -42,11 +34,11 @@ def paged(model, ids, capture):
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_next", "qwen3_moe"])
-def test_dense_equals_paged_and_transformers(arch, tmp_path):
+def test_dense_equals_paged_and_transformers(arch, tiny_checkpoint):
     import torch
 
-    hf = tm.build(arch, str(tmp_path), seed=5)
-    model = load_model(str(tmp_path), dtype="float32")
+    hf = tiny_checkpoint.hf(arch, 5)
+    model = load_model(tiny_checkpoint(arch, 5), dtype="float32")
     n = model.config.num_hidden_layers
     capture = (0, 1, n)
     ids = np.stack([tm.random_ids(T, seed=1), tm.random_ids(T, seed=2)])

@@ -5,38 +5,21 @@ test_spec_ngram.py (a second file, so that `-n 2 --dist loadfile` runs the two s
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-from spec_chain_common import BASE, GREEDY, PROMPTS, build_dirs  # noqa: E402
-from spec_chain_common import reference as greedy_reference  # noqa: E402
-from spec_checks import leak_free  # noqa: E402
-
-from jspec import Engine  # noqa: E402
-from jspec.errors import ConfigError, InvalidRequestError  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    return build_dirs(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def reference(dirs):
-    return greedy_reference(dirs[0])
+from jspec import Engine
+from jspec.errors import ConfigError, InvalidRequestError
+from tests.support.engines import check_no_leaks, generates
+from tests.support.spec_chain import BASE, GREEDY, PROMPTS
 
 
 @pytest.mark.parametrize("page_size,steps", [(1, 3), (16, 2)])
-def test_greedy_output_equals_non_speculative(dirs, reference, page_size, steps):
-    eng = Engine(dirs[0], page_size=page_size, speculative_algorithm="STANDALONE",
-                 speculative_draft_model_path=dirs[1], speculative_num_steps=steps,
+def test_greedy_output_equals_non_speculative(chain_dirs, chain_reference, page_size, steps):
+    eng = Engine(chain_dirs[0], page_size=page_size, speculative_algorithm="STANDALONE",
+                 speculative_draft_model_path=chain_dirs[1], speculative_num_steps=steps,
                  speculative_num_draft_tokens=steps + 1, **BASE)
     try:
-        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
-        assert [o["output_ids"] for o in outs] == reference
+        outs = generates(eng, PROMPTS, GREEDY, chain_reference)
         for o in outs:
             m = o["meta_info"]
             assert m["spec_verify_ct"] >= 1 and 1.0 <= m["spec_accept_length"] <= steps + 1
@@ -44,20 +27,20 @@ def test_greedy_output_equals_non_speculative(dirs, reference, page_size, steps)
         info = eng.get_server_info()
         assert 1.0 <= info["avg_spec_accept_length"] <= steps + 1
         assert set(info["spec_accept_length_histogram"]) <= set(range(1, steps + 2))
-        leak_free(eng)
+        check_no_leaks(eng)
     finally:
         eng.shutdown()
 
 
 @pytest.fixture(scope="module")
-def self_draft(dirs):
+def self_draft(chain_dirs):
     """STANDALONE with the target as its own draft, SGLang's default chain (3 steps, 4 draft
     tokens, which the first test below checks), shared by the tests that use it (one compile).
     One decode batch size (CI time): fewer requests run padded into it; the engine's batch-1 and
     batch-2 STANDALONE steps are compiled and checked by test_greedy_output_equals_non_speculative,
     whose last requests run alone."""
-    eng = Engine(dirs[0], page_size=4, speculative_algorithm="STANDALONE", speculative_draft_model_path=dirs[0],
-                 **{**BASE, "cuda_graph_bs": [4]})
+    eng = Engine(chain_dirs[0], page_size=4, speculative_algorithm="STANDALONE",
+                 speculative_draft_model_path=chain_dirs[0], **{**BASE, "cuda_graph_bs": [4]})
     yield eng
     eng.shutdown()
 
@@ -66,7 +49,7 @@ def _histogram(eng) -> dict:
     return dict(eng.get_server_info()["spec_accept_length_histogram"])
 
 
-def test_draft_equal_to_target_accepts_everything(self_draft, reference):
+def test_draft_equal_to_target_accepts_everything(self_draft, chain_reference):
     eng, steps = self_draft, 3
     info = eng.get_server_info()
     assert (info["speculative_num_steps"], info["speculative_eagle_topk"],
@@ -75,23 +58,23 @@ def test_draft_equal_to_target_accepts_everything(self_draft, reference):
     # 1 token from prefill + 3 verify steps of 4 tokens each.
     sp = dict(GREEDY, max_new_tokens=1 + 3 * (steps + 1))
     outs = eng.generate(input_ids=PROMPTS[:3], sampling_params=sp)
-    for o, ref in zip(outs, reference):
+    for o, ref in zip(outs, chain_reference):
         assert o["meta_info"]["spec_verify_ct"] == 3
         assert o["output_ids"][:13] == ref
     after = _histogram(eng)
     delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
     assert delta == {steps + 1: 9}  # every verify step kept all its drafts
-    leak_free(eng)
+    check_no_leaks(eng)
 
 
-def test_stop_token_inside_an_accepted_run_truncates(self_draft, reference):
+def test_stop_token_inside_an_accepted_run_truncates(self_draft, chain_reference):
     eng = self_draft
-    ref = reference[1]
+    ref = chain_reference[1]
     stop = ref[6]
     out = eng.generate(input_ids=PROMPTS[1], sampling_params=dict(GREEDY, stop_token_ids=[stop],
                                                                     ignore_eos=False))
     assert out["output_ids"] == ref[: ref.index(stop) + 1]
-    leak_free(eng)
+    check_no_leaks(eng)
 
 
 @pytest.mark.parametrize(
@@ -111,12 +94,12 @@ def test_stop_token_inside_an_accepted_run_truncates(self_draft, reference):
         (dict(speculative_num_steps=3), "speculative_algorithm"),
     ],
 )
-def test_bad_settings(dirs, kw, match):
+def test_bad_settings(chain_dirs, kw, match):
     with pytest.raises(ConfigError, match=match):
-        Engine(dirs[0], **{**BASE, **kw})
+        Engine(chain_dirs[0], **{**BASE, **kw})
 
 
-def test_draft_vocabulary_must_match(dirs, tmp_path):
+def test_draft_vocabulary_must_match(chain_dirs, tmp_path):
     other = str(tmp_path / "other_vocab")
     import transformers
 
@@ -124,7 +107,7 @@ def test_draft_vocabulary_must_match(dirs, tmp_path):
                                    num_attention_heads=2, num_key_value_heads=2)
     transformers.LlamaForCausalLM(cfg).save_pretrained(other)
     with pytest.raises(ConfigError, match="vocabulary"):
-        Engine(dirs[0], speculative_algorithm="STANDALONE", speculative_draft_model_path=other, **BASE)
+        Engine(chain_dirs[0], speculative_algorithm="STANDALONE", speculative_draft_model_path=other, **BASE)
 
 
 def test_penalties_rejected_clearly(self_draft):
@@ -142,4 +125,4 @@ def test_penalties_rejected_clearly(self_draft):
         eng.generate(input_ids=[1, 2, 3], sampling_params={"temperature": 1.0, "top_k": 5})
     ok = eng.generate(input_ids=[1, 2, 3], sampling_params={"temperature": 0, "max_new_tokens": 4})
     assert len(ok["output_ids"]) == 4
-    leak_free(eng)
+    check_no_leaks(eng)

@@ -6,53 +6,32 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 
 import jax
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-import tiny_models as tm  # noqa: E402
-
-from jspec.cli import main as cli_main  # noqa: E402
-from jspec.errors import CheckpointError, InvalidRequestError  # noqa: E402
-from jspec.models import load_model  # noqa: E402
+from jspec.cli import main as cli_main
+from jspec.errors import CheckpointError, InvalidRequestError
+from jspec.models import load_model
+from tests.support import models as tm
+from tests.support.models import rel_err
 
 TOL = 1e-4
 
 
-def rel_err(got, ref):
-    return float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+@pytest.fixture(scope="module")
+def qwen3(tiny_checkpoint):
+    return tiny_checkpoint("qwen3", 5), tiny_checkpoint.hf("qwen3", 5)
 
 
 @pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("qwen3"))
-    return d, tm.build("qwen3", d, seed=5)
+def moe(tiny_checkpoint):
+    return tiny_checkpoint("qwen3_moe", 6), tiny_checkpoint.hf("qwen3_moe", 6)
 
 
-@pytest.fixture(scope="module")
-def moe(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("moe"))
-    return d, tm.build("qwen3_moe", d, seed=6)
-
-
-def _rewrite(src: str, dst: str, fn) -> str:
-    """Copy a single-file checkpoint, passing its tensors dict through fn."""
-    os.makedirs(dst, exist_ok=True)
-    for f in os.listdir(src):
-        if f != "model.safetensors":
-            shutil.copyfile(os.path.join(src, f), os.path.join(dst, f))
-    tensors = fn(dict(load_file(os.path.join(src, "model.safetensors"))))
-    save_file(tensors, os.path.join(dst, "model.safetensors"))
-    return dst
-
-
-def test_sharded_checkpoint(tmp_path):
-    d = str(tmp_path / "sharded")
-    hf = tm.build("qwen3_next", d, seed=2, max_shard_size="60KB")
+def test_sharded_checkpoint(tiny_checkpoint):
+    d, hf = tiny_checkpoint("qwen3_next", 2, "60KB"), tiny_checkpoint.hf("qwen3_next", 2, "60KB")
     assert "model.safetensors.index.json" in os.listdir(d)
     assert sum(f.endswith(".safetensors") for f in os.listdir(d)) > 2
     ids = tm.random_ids(17, seed=4)
@@ -79,16 +58,15 @@ def test_fused_expert_layouts(moe, tmp_path, transpose):
             out[f"{layer}.mlp.experts.down_proj"] = dn
         return out
 
-    d = _rewrite(src, str(tmp_path / f"fused{transpose}"), fuse)
+    d = tm.variant(src, str(tmp_path / f"fused{transpose}"), tensors=fuse)
     ids = tm.random_ids(15, seed=8)
     assert rel_err(load_model(d).score(ids), tm.hf_logits(hf, ids)) < TOL
 
 
-def test_qwen3_5_hub_layout(tmp_path):
+def test_qwen3_5_hub_layout(tiny_checkpoint, tmp_path):
     """Qwen3_5ForConditionalGeneration: text_config nesting, `model.language_model.` prefix, vision
     weights ignored, `mtp.*` kept aside for the MTP drafter."""
-    src = str(tmp_path / "text")
-    hf = tm.build("qwen3_5", src, seed=9)
+    src, hf = tiny_checkpoint("qwen3_5", 9), tiny_checkpoint.hf("qwen3_5", 9)
     with open(os.path.join(src, "config.json")) as f:
         text_cfg = json.load(f)
     wrapper = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
@@ -102,7 +80,7 @@ def test_qwen3_5_hub_layout(tmp_path):
         out["mtp.fc.weight"] = np.ones((4, 8), np.float32)
         return out
 
-    d = _rewrite(src, str(tmp_path / "hub"), rename)
+    d = tm.variant(src, str(tmp_path / "hub"), tensors=rename)
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(wrapper, f)
     m = load_model(d)
@@ -148,18 +126,18 @@ def _expect_error(path, tensor):
 
 
 def test_missing_tensor(qwen3, tmp_path):
-    d = _rewrite(qwen3[0], str(tmp_path / "m"), lambda t: {k: v for k, v in t.items() if k != VICTIM})
+    d = tm.variant(qwen3[0], str(tmp_path / "m"), tensors=lambda t: {k: v for k, v in t.items() if k != VICTIM})
     _expect_error(d, VICTIM)
 
 
 def test_unexpected_tensor(qwen3, tmp_path):
     name = "model.layers.0.self_attn.extra_proj.weight"
-    d = _rewrite(qwen3[0], str(tmp_path / "u"), lambda t: {**t, name: np.zeros((2, 2), np.float32)})
+    d = tm.variant(qwen3[0], str(tmp_path / "u"), tensors=lambda t: {**t, name: np.zeros((2, 2), np.float32)})
     _expect_error(d, name)
 
 
 def test_wrong_shape(qwen3, tmp_path):
-    d = _rewrite(qwen3[0], str(tmp_path / "s"), lambda t: {**t, VICTIM: t[VICTIM][:-1]})
+    d = tm.variant(qwen3[0], str(tmp_path / "s"), tensors=lambda t: {**t, VICTIM: t[VICTIM][:-1]})
     err = _expect_error(d, VICTIM)
     assert "shape" in str(err)
 
@@ -200,12 +178,9 @@ def test_score_rejects_bad_ids(qwen3):
 
 
 def test_tokenizer_loads_when_present(qwen3, tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     d = str(tmp_path / "tok")
     shutil.copytree(qwen3[0], d)
-    tok = Tokenizer(models.WordLevel({"hello": 0, "world": 1, "[UNK]": 2}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = tm.word_tokenizer({"hello": 0, "world": 1, "[UNK]": 2}, unk="[UNK]")
     tok.save(os.path.join(d, "tokenizer.json"))
     m = load_model(d)
     assert m.tokenizer.encode("hello world").ids == [0, 1]

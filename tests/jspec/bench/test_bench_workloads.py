@@ -15,6 +15,7 @@ from jspec.bench.client import RequestResult, arrival_offsets
 from jspec.bench.metrics import peak_output_throughput, summarize
 from jspec.bench.sweep import run_sweep
 from jspec.cli import build_parser, main
+from tests.support.models import word_tokenizer
 
 
 # --------------------------------------------------------------------------- workloads
@@ -89,10 +90,7 @@ def test_sharegpt_package_loads_without_network(monkeypatch):
 
 
 def test_sharegpt_uses_the_model_tokenizer_when_present():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    tok = Tokenizer(models.WordLevel({"[unk]": 0, "hello": 1, "world": 2}, unk_token="[unk]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = word_tokenizer({"[unk]": 0, "hello": 1, "world": 2}, unk="[unk]")
     enc = ds.text_encoder(tok, 3)
     assert enc.encode("hello world again") == [1, 2, 0] and enc.name == "tokenizer.json"
     assert ds.text_encoder(None, 3).encode("ab") == [97 % 3, 98 % 3]

@@ -6,22 +6,18 @@ Qwen3-Next target (NEXTN, NAIVE_EAGLE with MTP, NGRAM): test_spec_eagle_hybrid.p
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-from spec_checks import leak_free  # noqa: E402
-from spec_eagle_common import BASE, GREEDY, PROMPTS, build_models, reference, spec_engine  # noqa: E402
-
-from jspec import Engine  # noqa: E402
-from jspec.errors import ConfigError  # noqa: E402
+from jspec import Engine
+from jspec.errors import ConfigError
+from tests.support.engines import check_no_leaks, generates
+from tests.support.spec_eagle import BASE, GREEDY, PROMPTS, build_models, reference, spec_engine
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return build_models(tmp_path_factory.mktemp("eagle"), ("qwen3", "eagle", "eagle3", "llama", "llama_eagle"))
+def models(tmp_path_factory, tiny_checkpoint):
+    return build_models(tmp_path_factory.mktemp("eagle"), ("qwen3", "eagle", "eagle3", "llama", "llama_eagle"),
+                        tiny_checkpoint)
 
 
 CASES = [
@@ -35,32 +31,32 @@ CASES = [
 
 
 @pytest.mark.parametrize("algo,target,draft,steps,topk,ndt,page_size", CASES)
-def test_random_drafters_give_the_target_greedy_output(models, algo, target, draft, steps, topk, ndt, page_size):
-    ref = reference(models[target], 4)
+def test_random_drafters_give_the_target_greedy_output(models, greedy_reference, algo, target, draft, steps, topk,
+                                                        ndt, page_size):
+    ref = reference(greedy_reference, models[target])
     eng = spec_engine(models, algo, target, draft, steps=steps, topk=topk, ndt=ndt, page_size=page_size)
     try:
-        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
-        assert [o["output_ids"] for o in outs] == ref
+        outs = generates(eng, PROMPTS, GREEDY, ref)
         info = eng.get_server_info()
         assert info["avg_spec_accept_length"] >= 1.0
         assert sum(info["spec_accept_length_histogram"].values()) == sum(o["meta_info"]["spec_verify_ct"]
                                                                          for o in outs)
-        leak_free(eng)
+        check_no_leaks(eng)
     finally:
         eng.shutdown()
 
 
-def test_llama_target_gets_sglang_defaults_and_exact_trees(models):
+def test_llama_target_gets_sglang_defaults_and_exact_trees(models, greedy_reference):
     """Unset steps / topk / draft tokens on a Llama target: SGLang's 5 / 4 / 8 (a tree)."""
-    ref = reference(models["llama"], 4)
+    ref = reference(greedy_reference, models["llama"])
     eng = Engine(models["llama"], page_size=16, speculative_algorithm="EAGLE",
                  speculative_draft_model_path=models["llama_eagle"], **BASE)
     try:
         info = eng.get_server_info()
         assert (info["speculative_num_steps"], info["speculative_eagle_topk"],
                 info["speculative_num_draft_tokens"]) == (5, 4, 8)
-        assert [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)] == ref
-        leak_free(eng)
+        generates(eng, PROMPTS, GREEDY, ref)
+        check_no_leaks(eng)
     finally:
         eng.shutdown()
 
@@ -74,7 +70,7 @@ def test_simulated_accept_length(models):
         info = eng.get_server_info()
         assert info["speculative_simulate_accept_length"] == 2.5
         assert abs(info["avg_spec_accept_length"] - 2.5) < 0.3
-        leak_free(eng)
+        check_no_leaks(eng)
     finally:
         eng.shutdown()
 

@@ -20,6 +20,7 @@ from jspec.train.dense import dense_forward
 from jspec.train.export import export_hf
 from jspec.train.init import init_params
 from jspec.train.lm import make_steps
+from tests.support.models import rel_err
 
 VOCAB = 96
 TINY_NEXT = dict(
@@ -78,11 +79,11 @@ def test_export_sharded_loads_in_jspec_and_transformers(trained, tmp_path):
     module = nnx.merge(graphdef, params)
     want = np.asarray(jax.jit(lambda x: dense_forward(module, x)[0])(jnp.asarray(ids[None])))[0]
     got = load_model(d, dtype="float32").score(ids)
-    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-4
+    assert rel_err(got, want) < 1e-4
     hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     with torch.no_grad():
         hf_logits = hf(torch.tensor(ids[None])).logits[0].numpy()
-    assert np.max(np.abs(hf_logits - want)) / np.max(np.abs(want)) < 1e-4
+    assert rel_err(hf_logits, want) < 1e-4
 
     # Default export: bfloat16, one file at this size.
     d16 = str(tmp_path / "bf16")
@@ -92,4 +93,4 @@ def test_export_sharded_loads_in_jspec_and_transformers(trained, tmp_path):
         assert json.load(f)["dtype"] == "bfloat16"
     m16 = load_model(d16, dtype="float32")
     assert m16.num_parameters() == load_model(d, dtype="float32").num_parameters()
-    assert np.max(np.abs(m16.score(ids) - want)) / np.max(np.abs(want)) < 0.05
+    assert rel_err(m16.score(ids), want) < 0.05

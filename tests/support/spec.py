@@ -1,17 +1,12 @@
-"""Checks shared by the speculative-decoding tests: no leaks, and the chi-square test that sampled
-tokens follow the target's distribution."""
+"""The sampling check of the speculative-decoding tests: many seeded two-token requests, and the
+chi-square test that the token a speculative step produced follows the target's own distribution."""
 
 from __future__ import annotations
 
 import numpy as np
 
-import tiny_models as tm
-
-
-def leak_free(eng):
-    assert eng.wait_idle(30)
-    eng.pages.check_all_free()
-    eng.slots.check_all_free()
+from tests.support import models as tm
+from tests.support.engines import check_no_leaks
 
 
 def _filtered(logits, temperature, top_p):
@@ -38,7 +33,7 @@ def two_token_draws(eng, prompt, n: int, temperature: float, top_p: float):
     sps = [{"max_new_tokens": 2, "temperature": temperature, "top_p": top_p, "seed": i, "ignore_eos": True}
            for i in range(n)]
     outs = eng.generate(input_ids=[prompt] * n, sampling_params=sps)
-    leak_free(eng)
+    check_no_leaks(eng)
     return outs
 
 
@@ -71,16 +66,3 @@ def second_token_follows_target(outs, prompt, target_dir, temperature, top_p):
     p_value = stats.chi2.sf(chi2, df=len(exp) - 1)
     assert p_value > 1e-3, (chi2, len(exp), p_value)
 
-
-def ngram_reference(ids: list[int], num_tokens: int, min_window: int, max_window: int) -> list[int]:
-    """NGRAM's draft, plainly: for the longest window n (max_window down to min_window) whose
-    suffix ids[-n:] also ends at an earlier position e < len(ids) - 1, the tokens after the latest
-    such e, cut at the end of ids and padded with the last one; no match: the newest token."""
-    last = len(ids) - 1
-    for n in range(min(max_window, len(ids)), min_window - 1, -1):
-        suffix = ids[last - n + 1:]
-        ends = [e for e in range(n - 1, last) if ids[e - n + 1:e + 1] == suffix]
-        if ends:
-            draft = ids[ends[-1] + 1:ends[-1] + 1 + num_tokens]
-            return (draft + [draft[-1]] * num_tokens)[:num_tokens]
-    return [ids[-1]] * num_tokens

@@ -3,33 +3,24 @@ through the paged cache and state pool, and token-by-token decode after a prefil
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-import tiny_models as tm  # noqa: E402
-from paged_harness import PagedHarness  # noqa: E402
-
-from jspec.models import load_model  # noqa: E402
-from jspec.models.batch import ForwardMode  # noqa: E402
+from jspec.models import load_model
+from jspec.models.batch import ForwardMode
+from tests.support import models as tm
+from tests.support.models import rel_err
+from tests.support.paged import PagedHarness
 
 TOL = 1e-4
 ARCHS = list(tm.SPECS)
 
 
-def rel_err(got, ref):
-    return float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
-
-
 @pytest.fixture(scope="module", params=ARCHS)
-def pair(request, tmp_path_factory):
+def pair(request, tiny_checkpoint):
     """(hf torch model, jspec model) built from one saved checkpoint per architecture."""
-    d = str(tmp_path_factory.mktemp(request.param))
-    hf = tm.build(request.param, d, seed=ARCHS.index(request.param))
-    return request.param, hf, load_model(d, dtype="float32")
+    name, seed = request.param, ARCHS.index(request.param)
+    return name, tiny_checkpoint.hf(name, seed), load_model(tiny_checkpoint(name, seed), dtype="float32")
 
 
 def test_whole_prompt(pair):

@@ -6,32 +6,29 @@ NGRAM): test_spec_eagle_hybrid.py."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-import tiny_models as tm  # noqa: E402
-from compile_checks import compilations  # noqa: E402
-from spec_checks import DRAWS, leak_free, second_token_follows_target, two_token_draws  # noqa: E402
-from spec_eagle_common import (BASE, GREEDY, build_models, check_agreeing_drafter, check_naive_eagle,  # noqa: E402
-                               reference, spec_engine)
-
-from jspec import Engine  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return build_models(tmp_path_factory.mktemp("agree"), ("bigram", "agree_eagle", "flat", "agree_flat"))
+from jspec import Engine
+from tests.support import models as tm
+from tests.support.compiles import compilations
+from tests.support.engines import check_no_leaks, output_ids
+from tests.support.spec import DRAWS, second_token_follows_target, two_token_draws
+from tests.support.spec_eagle import (BASE, GREEDY, build_models, check_agreeing_drafter, check_naive_eagle,
+                                      reference, spec_engine)
 
 
 @pytest.fixture(scope="module")
-def plain_bigram(models):
+def models(tmp_path_factory, tiny_checkpoint):
+    return build_models(tmp_path_factory.mktemp("agree"), ("bigram", "agree_eagle", "flat", "agree_flat"),
+                        tiny_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def plain_bigram(models, greedy_reference):
     """The non-speculative engine of the bigram target: it serves the reference outputs of
     PROMPTS and of the stress run's prompts (one compile for both)."""
     eng = Engine(models["bigram"], page_size=4, **BASE)
-    reference(models["bigram"], 4, engine=eng)
+    reference(greedy_reference, models["bigram"], engine=eng)
     yield eng
     eng.shutdown()
 
@@ -41,15 +38,17 @@ def plain_bigram(models):
     ("EAGLE", "bigram", "agree_eagle", 1, 4, True),
     ("EAGLE", "bigram", "agree_eagle", 2, 6, False),
 ])
-def test_agreeing_drafters_are_accepted_and_exact(models, plain_bigram, algo, target, draft, topk, ndt,
-                                                  compare_v1):
-    check_agreeing_drafter(models, algo, target, draft, topk, ndt, compare_v1)
+def test_agreeing_drafters_are_accepted_and_exact(models, greedy_reference, plain_bigram, algo, target, draft, topk,
+                                                  ndt, compare_v1):
+    ref = reference(greedy_reference, models[target], engine=plain_bigram)
+    check_agreeing_drafter(models, algo, target, draft, topk, ndt, compare_v1, ref)
 
 
-def test_naive_eagle_one_fused_step(models, plain_bigram):
+def test_naive_eagle_one_fused_step(models, greedy_reference, plain_bigram):
     """NAIVE_EAGLE with an EAGLE drafter (its format read from its config.json); with the hybrid
     target's MTP layer: test_spec_eagle_hybrid.py."""
-    check_naive_eagle(models, "bigram", "agree_eagle")
+    check_naive_eagle(models, "bigram", "agree_eagle", reference(greedy_reference, models["bigram"],
+                                                                 engine=plain_bigram))
 
 
 # Temperature 1 without top-p: test_tree_accept.py (the walk alone) and the chain tests.
@@ -78,8 +77,8 @@ def test_stress_retraction_aborts_without_recompiling(models, plain_bigram):
     rng = random.Random(3)
     prompts = [tm.random_ids(rng.randint(1, 30), seed=500 + i) for i in range(48)]
     lens = [rng.randint(8, 30) for _ in prompts]
-    ref = [o["output_ids"] for o in plain_bigram.generate(
-        input_ids=prompts, sampling_params=[dict(GREEDY, max_new_tokens=n) for n in lens])]
+    ref = output_ids(plain_bigram.generate(input_ids=prompts,
+                                           sampling_params=[dict(GREEDY, max_new_tokens=n) for n in lens]))
 
     eng = spec_engine(models, "EAGLE", "bigram", "agree_eagle", steps=3, topk=2, ndt=6, page_size=4,
                       context_length=64, max_total_tokens=100, cuda_graph_bs=[16], max_running_requests=16)
@@ -108,6 +107,6 @@ def test_stress_retraction_aborts_without_recompiling(models, plain_bigram):
         info = eng.get_server_info()
         assert info["num_retractions"] > 0 and info["last_error"] is None
         assert info["avg_spec_accept_length"] > 2.0
-        leak_free(eng)
+        check_no_leaks(eng)
     finally:
         eng.shutdown()

@@ -1,4 +1,5 @@
-"""Watching XLA compilations from a test: the proof of "no recompilation after warm-up"."""
+"""Watching XLA compilations from a test (the proof of "no recompilation after warm-up"), and the
+compiler options of tests whose time is compiling."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import contextlib
 
 import jax
 import numpy as np
+
+# XLA CPU at -O0, for jitted test code that compiles far longer than it runs (the training tests).
+FAST = {"xla_backend_optimization_level": 0}
 
 
 @contextlib.contextmanager

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import threading
 import time
 
@@ -15,22 +14,18 @@ import jax
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-import tiny_models as tm  # noqa: E402
-from compile_checks import compilations  # noqa: E402
-from engine_checks import SMALL, check_no_leaks  # noqa: E402
-
-from jspec import Engine  # noqa: E402
-from jspec.errors import ConfigError, InvalidRequestError  # noqa: E402
+from jspec import Engine
+from jspec.errors import ConfigError, InvalidRequestError
+from tests.support import models as tm
+from tests.support.compiles import compilations
+from tests.support.engines import SMALL, check_no_leaks
 
 
 def add_word_tokenizer(d: str) -> None:
     """tokenizer.json whose token i is the word `w{i}`: decoded text is `w3 w17 ...`."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import decoders
 
-    vocab = {f"w{i}": i for i in range(tm.VOCAB)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = tm.word_tokenizer({f"w{i}": i for i in range(tm.VOCAB)}, unk="w0")
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     tok.save(os.path.join(d, "tokenizer.json"))
 

@@ -1,0 +1,51 @@
+"""Engine settings and checks shared by the engine tests (plain and speculative): the small settings
+every test engine starts from, the no-leak check, the plain greedy reference, greedy equality."""
+
+from __future__ import annotations
+
+# The one definition of a test engine's settings; suites override fields as {**SMALL, "field": v}.
+SMALL = dict(dtype="float32", cuda_graph_bs=[1, 2, 4], max_running_requests=4, show_progress=False,
+             compilation_cache_dir="none")
+# Speculative suites: chunked prefill of 8 (long prompts take several chunks), a short context, and
+# no top-k / top-p step variants compiled (a test that samples with top_p < 1 asks for them back).
+SPEC = {**SMALL, "chunked_prefill_size": 8, "context_length": 96, "disable_top_k_top_p": True}
+# One decode batch size (CI time): fewer requests run padded into it.
+SPEC_BS4 = {**SPEC, "cuda_graph_bs": [4]}
+
+
+def check_no_leaks(eng):
+    """Once idle, nothing is left behind: every page and state slot is back in its allocator, and
+    the server info agrees (all pages free, no request running or waiting)."""
+    assert eng.wait_idle(30)
+    eng.pages.check_all_free()
+    eng.slots.check_all_free()
+    info = eng.get_server_info()
+    assert info["num_free_pages"] == info["num_total_pages"], (info["num_free_pages"], info["num_total_pages"])
+    assert info["num_running_requests"] == 0 and info["num_waiting_requests"] == 0, (
+        info["num_running_requests"], info["num_waiting_requests"])
+
+
+def output_ids(outs) -> list[list[int]]:
+    return [o["output_ids"] for o in outs]
+
+
+def plain_greedy(target: str, prompts, sampling_params, *, page_size: int, settings: dict, engine=None):
+    """Non-speculative outputs (output ids per prompt) of a plain engine of target. engine: such
+    an engine, kept running; by default one is started and shut down."""
+    from jspec import Engine
+
+    eng = engine if engine is not None else Engine(target, page_size=page_size, **settings)
+    try:
+        return output_ids(eng.generate(input_ids=prompts, sampling_params=sampling_params))
+    finally:
+        if engine is None:
+            eng.shutdown()
+
+
+def generates(eng, prompts, sampling_params, want: list[list[int]]):
+    """eng's outputs of prompts equal want (output ids per prompt); returns the outputs."""
+    outs = eng.generate(input_ids=prompts, sampling_params=sampling_params)
+    got = output_ids(outs)
+    bad = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+    assert len(got) == len(want) and not bad, f"prompts {bad} differ: {[(got[i], want[i]) for i in bad[:2]]}"
+    return outs
