@@ -23,6 +23,7 @@ from jspec.engine_config import EngineConfig, draft_source
 from jspec.errors import EngineShutdownError, InvalidRequestError
 from jspec.models.drafters import checkpoint_format, load_drafter
 from jspec.models.loader import Model, load_model
+from jspec.runtime.adaptive import SpecPolicy
 from jspec.runtime.engine_core import EngineCore
 from jspec.runtime.model_runner import ModelRunner
 from jspec.runtime.request import Request, RequestLimits, make_request
@@ -77,10 +78,17 @@ class Engine:
                                   extend_token_sizes=cfg.prefill_token_buckets,
                                   max_extend_requests=cfg.max_extend_requests,
                                   num_top_logprobs=cfg.max_top_logprobs_num, progress=cfg.show_progress,
-                                  drafting=drafting, top_k_top_p=not cfg.disable_top_k_top_p, compile=False)
+                                  drafting=drafting, top_k_top_p=not cfg.disable_top_k_top_p, compile=False,
+                                  plain_decode=self.spec is not None and (self.spec.adaptive or
+                                                                          self.spec.disable_by_batch_size is not None))
         if cfg.layout.num_pages is None:
             cfg = self.engine_config = cfg.with_memory_plan(self._plan_memory())
         self.runner.capture(cfg.layout)
+        self.policy = None
+        if self.spec is not None:
+            self.policy = SpecPolicy(adaptive=self.spec.adaptive, disable_by_batch_size=self.spec.disable_by_batch_size)
+            if self.spec.adaptive:
+                self.policy.step_times = self.runner.time_decode_steps()
         layout = cfg.layout
         self.pages = PageAllocator(layout.num_pages, layout.page_size)
         self.slots = SlotAllocator(layout.num_slots)
@@ -92,7 +100,7 @@ class Engine:
                                    spec_max_accept=0 if drafting is None else drafting.max_accept,
                                    prefill_ahead=0 if drafting is None else drafting.prefill_ahead)
         self.core = EngineCore(self.runner, self.scheduler, tokenizer=self.tokenizer,
-                               eos_token_ids=self.eos_token_ids, overlap=self.overlap)
+                               eos_token_ids=self.eos_token_ids, overlap=self.overlap, policy=self.policy)
         self.limits = RequestLimits(vocab_size=self.config.vocab_size, context_length=cfg.context_length,
                                     pool_tokens=cfg.pool_tokens, spec_extra=cfg.spec_extra,
                                     max_top_logprobs=cfg.max_top_logprobs_num,
@@ -300,6 +308,7 @@ class Engine:
             "avg_spec_accept_length": (sum(k * v for k, v in hist.items()) / steps) if steps else None,
             "spec_accept_length_histogram": hist,
             "speculative_simulate_accept_length": self.spec.simulate_accept_length,
+            "speculative_policy": self.policy.info(),
         }
 
     def wait_idle(self, timeout: float = 60.0) -> bool:

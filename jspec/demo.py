@@ -90,7 +90,10 @@ def run_one(run: DemoRun, models_dir: str, prompts: list[list[int]], max_new_tok
     with Engine(os.path.join(models_dir, run.target), dtype=dtype, page_size=16, show_progress=False,
                 max_running_requests=len(prompts), cuda_graph_bs=[len(prompts)], chunked_prefill_size=prefill,
                 prefill_token_buckets=[prefill], context_length=max(256, longest + 16), disable_top_k_top_p=True,
-                compilation_cache_dir=cache_dir, **kw) as engine:
+                compilation_cache_dir=cache_dir, **kw,
+                # The demo shows what each drafter accepts, so it speculates at every step (and
+                # compiles no plain-step variants) instead of letting the CPU's timings decide.
+                speculative_adaptive=False) as engine:
         sp = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
         engine.generate(input_ids=[prompts[0][:8]], sampling_params={"max_new_tokens": 4})  # compile
         startup = time.perf_counter() - t0

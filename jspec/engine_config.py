@@ -140,6 +140,7 @@ SPEC_KEYS = {
     "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
     "speculative_num_draft_tokens", "speculative_simulate_accept_length",
     "speculative_ngram_min_match_window_size", "speculative_ngram_max_match_window_size",
+    "speculative_adaptive", "speculative_disable_by_batch_size",
 }
 
 

@@ -63,6 +63,12 @@ def _add_engine_flags(p) -> None:
                    help="engine without tokenizer: streamed requests are not detokenized every step")
     g.add_argument("--speculative-draft-model-path",
                    help="draft checkpoint directory; \"random\" with --model-path random:PRESET: a random EAGLE / EAGLE3 / MTP head")
+    g.add_argument("--disable-top-k-top-p", action="store_true",
+                   help="greedy / temperature / min-p only: no sort variant of each decode bucket is compiled")
+    g.add_argument("--speculative-adaptive", type=_on_off,
+                   help="on (default) / off: per step, decode plainly where speculating would be slower")
+    g.add_argument("--speculative-disable-by-batch-size", type=int,
+                   help="never speculate with this many running requests or more")
     g.add_argument("--quiet", action="store_true", help="no compile progress bar")
 
 

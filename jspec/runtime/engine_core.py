@@ -13,6 +13,7 @@ import time
 from collections import deque
 
 from jspec.models.batch import ForwardMode
+from jspec.runtime.adaptive import SpecPolicy
 from jspec.runtime.detokenizer import DetokState, Detokenizer, find_stop
 from jspec.runtime.model_runner import ModelRunner, StepHandle
 from jspec.runtime.request import Request
@@ -21,8 +22,10 @@ from jspec.runtime.step_inputs import unpack_outputs
 
 
 class EngineCore:
-    def __init__(self, runner: ModelRunner, scheduler: Scheduler, *, tokenizer, eos_token_ids, overlap: bool):
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, *, tokenizer, eos_token_ids, overlap: bool,
+                 policy: SpecPolicy | None = None):
         self.runner, self.sched = runner, scheduler
+        self.policy = policy  # a speculative engine's per-step choice (None: always speculate)
         self.detok = Detokenizer(tokenizer)
         self.eos = set(eos_token_ids)
         self.overlap = overlap
@@ -70,6 +73,9 @@ class EngineCore:
             plan = self.sched.schedule(inflight=False)
         handle = None
         if plan is not None:
+            if plan.mode is ForwardMode.DECODE and self.policy is not None:
+                n = len(plan.reqs)
+                plan.speculate = self.policy.speculate(self.runner.decode_batch_size(n), n)
             handle = self.runner.dispatch(plan)
             self.num_steps[self._step_kind(handle)] += 1
         if self.overlap:
@@ -99,13 +105,13 @@ class EngineCore:
 
     # ------------------------------------------------------------------ results
     def _step_kind(self, handle: StepHandle) -> str:
-        """"extend", "decode" or "spec" (a speculative engine's decode step)."""
-        if handle.bucket.mode is ForwardMode.DECODE and self.runner.speculative:
+        """"extend", "decode" or "spec" (a speculative engine's decode step that speculated)."""
+        if handle.bucket.mode is ForwardMode.DECODE and self.runner.speculative and handle.bucket.speculate:
             return "spec"
         return handle.bucket.mode.value
 
     def _process(self, handle: StepHandle) -> None:
-        if self._step_kind(handle) == "spec":
+        if handle.bucket.mode is ForwardMode.DECODE and self.runner.speculative:
             return self._process_spec(handle)
         out = self.runner.fetch(handle)
         tokens, logprobs, top_ids, top_lps = unpack_outputs(out, self.runner.num_top)
@@ -137,14 +143,18 @@ class EngineCore:
         step is already on the device: it found the new length there, not here."""
         out = self.runner.fetch(handle)
         now = time.perf_counter()
+        speculated = handle.bucket.speculate  # else a plain step: one token per row, same row format
+        if speculated and self.policy is not None:
+            self.policy.observe([int(c) for c in out[:len(handle.plan.reqs), 0] if c > 0])
         for i, s in enumerate(handle.plan.reqs):
             req = s.req
             if req.finished or req.slot is None:
                 continue  # finished (or retracted) after this step was dispatched: drop its row
             req.spec_inflight -= 1
             count = int(out[i, 0])
-            req.spec_verify_ct += 1
-            self.accept_histogram[count] = self.accept_histogram.get(count, 0) + 1
+            req.spec_verify_ct += 1  # every target forward over the request, with or without drafts
+            if speculated:
+                self.accept_histogram[count] = self.accept_histogram.get(count, 0) + 1
             reason = None
             for tok in out[i, 1:1 + count]:
                 req.output_ids.append(int(tok))

@@ -39,7 +39,8 @@ def _pages(tokens: int, page_size: int) -> int:
 class ModelRunner:
     def __init__(self, model, *, layout: PoolLayout, decode_batch_sizes: list[int], extend_token_sizes: list[int],
                  max_extend_requests: int, num_top_logprobs: int = 20, progress: bool = True,
-                 drafting: Drafting | None = None, top_k_top_p: bool = True, compile: bool = True):
+                 drafting: Drafting | None = None, top_k_top_p: bool = True, compile: bool = True,
+                 plain_decode: bool = False):
         self.model = model
         self.drafting = drafting
         self.page_size = page_size = layout.page_size
@@ -51,9 +52,14 @@ class ModelRunner:
         sorts = (False, True) if top_k_top_p else (False,)
         # A speculative step writes kv_ahead positions past each request's length.
         updates_per_req = 1 if drafting is None else _pages(drafting.kv_ahead, page_size) + 1
+        # plain_decode: a speculative engine also compiles each decode bucket's plain step, which it
+        # runs when speculating would not pay (jspec.runtime.adaptive).
+        variants = (True, False) if drafting is not None and plain_decode else (True,)
         for b in sorted(set(decode_batch_sizes)):
             for sort in sorts:
-                self.buckets.append(Bucket(ForwardMode.DECODE, b, b, b * updates_per_req, sort=sort))
+                for speculate in variants:
+                    self.buckets.append(Bucket(ForwardMode.DECODE, b, b, b * updates_per_req, sort=sort,
+                                               speculate=speculate))
         ahead_pages = 0 if drafting is None else _pages(drafting.prefill_ahead, page_size)
         for t in sorted(set(extend_token_sizes)):
             b = min(t, max_extend_requests)
@@ -156,6 +162,29 @@ class ModelRunner:
                                       unit="bucket"))
         self.compile_seconds = time.perf_counter() - t0
 
+    def decode_batch_size(self, num_requests: int) -> int:
+        """The batch bucket a decode step of num_requests requests is padded to."""
+        return min(b.batch_size for b in self.buckets if b.mode is ForwardMode.DECODE and b.batch_size >= num_requests)
+
+    def time_decode_steps(self, repeats: int = 3) -> dict[int, tuple[float, float]]:
+        """Seconds per decode step of each batch bucket, (plain, speculative), measured now on
+        padding rows (every weight read and every matmul at the bucket's shape; attention over an
+        empty context). Runs at start-up only: it waits for the device."""
+        times: dict[int, list[float]] = {}
+        for bucket in self.buckets:
+            if bucket.mode is not ForwardMode.DECODE or bucket.sort:
+                continue
+            packed = jax.device_put(pack(StepPlan(ForwardMode.DECODE, [], []), bucket))
+            samples = []
+            for i in range(repeats + 1):  # the first run pays for loading the executable
+                t0 = time.perf_counter()
+                self.state, out = self.compiled[bucket](self.params, self.state, packed)
+                out.block_until_ready()
+                if i:
+                    samples.append(time.perf_counter() - t0)
+            times.setdefault(bucket.batch_size, [0.0, 0.0])[int(bucket.speculate)] = min(samples)
+        return {b: (t[0], t[1]) for b, t in times.items()}
+
     def bucket_for(self, plan: StepPlan) -> Bucket:
         n_tok, n_req = plan.num_tokens, len(plan.reqs)
         sort = None
@@ -164,7 +193,7 @@ class ModelRunner:
             sort = any(s.req.sampling.needs_sort(vocab) for s in plan.reqs)
         for b in self.buckets:
             if (b.mode is plan.mode and b.num_tokens >= n_tok and b.batch_size >= n_req
-                    and (sort is None or b.sort == sort)):
+                    and (sort is None or b.sort == sort) and b.speculate == plan.speculate):
                 return b
         raise AssertionError(f"no {plan.mode.value} bucket for {n_tok} tokens / {n_req} requests")
 

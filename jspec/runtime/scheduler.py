@@ -45,6 +45,7 @@ class StepPlan:
     mode: ForwardMode  # EXTEND (prompt chunks, mixed decodes) or DECODE
     reqs: list[ScheduledReq]
     page_updates: list[tuple[int, int, int]]  # (slot, page index in the request, page id)
+    speculate: bool = True  # a speculative engine's DECODE step: False decodes plainly (runtime.adaptive)
 
     @property
     def num_tokens(self) -> int:

@@ -66,7 +66,8 @@ class Drafting(Protocol):
         """The drafter's part of a prompt chunk -> (draft_caches, spec_state)."""
 
     def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int):
-        """The speculative decode step for a DECODE bucket: (params, state, packed) -> (state, out)."""
+        """The decode step for a DECODE bucket: (params, state, packed) -> (state, out); the
+        speculative step, or with `bucket.speculate` False a plain one that keeps the drafter current."""
 
 
 def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int, drafting: Drafting | None = None):

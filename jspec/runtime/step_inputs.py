@@ -63,6 +63,9 @@ class Bucket:
     num_page_updates: int  # U
     sort: bool | None = None  # sampler variant: None decides on device; True / False static
     next_ids: bool = False  # extend steps for a hidden-state drafter: the token after each token
+    # A speculative engine's DECODE bucket: False runs the plain step that keeps the drafter
+    # current instead of drafting and verifying (see jspec.runtime.adaptive).
+    speculate: bool = True
 
     def fields(self):
         t, b, u = self.num_tokens, self.batch_size, self.num_page_updates

@@ -24,6 +24,11 @@ def chain(logits, d, q_all, sb: sampling.SamplingBatch, greedy, key_fn, *, sort)
     of kept drafts n `[B]` in 0..S and the bonus token `[B]`."""
     b, n_nodes, vocab = logits.shape
     s = n_nodes - 1
+    if s == 0:  # nothing drafted (a speculative engine's plain step): the bonus is a plain sample
+        p = sampling.filtered_probs(logits[:, 0], sb, sort=sort)
+        drawn = jax.vmap(jax.random.categorical)(key_fn(0), jnp.log(p)).astype(jnp.int32)
+        return jnp.zeros((b,), jnp.int32), jnp.where(greedy, jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32),
+                                                     drawn)
     a = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     n_greedy = jnp.sum(jnp.cumprod((d == a[:, :s]).astype(jnp.int32), axis=1), axis=1)
     bonus_greedy = jnp.take_along_axis(a, n_greedy[:, None], axis=1)[:, 0]

@@ -23,6 +23,7 @@ from jspec.speculative import dflash_step, eagle_draft
 from jspec.speculative.chain_step import make_chain_spec_step
 from jspec.speculative.config import SpecConfig
 from jspec.speculative.eagle_step import make_eagle_spec_step
+from jspec.speculative.plain_step import make_plain_spec_step
 from jspec.speculative.tree_step import make_tree_spec_step
 
 
@@ -59,6 +60,15 @@ class _Drafting:
     def init_state(self, num_slots: int, max_kv_len: int) -> dict | None:
         return None
 
+    def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int):
+        """A DECODE bucket's step: the algorithm's speculative step, or (`bucket.speculate` False)
+        the plain step that keeps the drafter current (`plain_step.py`)."""
+        if not bucket.speculate:
+            return make_plain_spec_step(self.spec.draft_kind, graphdef, self._draft_graphdef(), bucket,
+                                        page_size=page_size, out_width=self.spec.num_steps + 2,
+                                        num_drafts=self.spec.num_steps)
+        return self._speculative_step(graphdef, bucket, page_size=page_size)
+
 
 class EagleDrafting(_Drafting):
     """Hidden-state drafters: the drafter extends over every prompt chunk with the tokens shifted
@@ -81,7 +91,7 @@ class EagleDrafting(_Drafting):
         return eagle_draft.prefill_draft(draft, ctx.target, draft_caches, ctx.batch, ctx.out, next_ids, ctx.sampled,
                                          ctx.last_idx, spec_state, self.spec.topk)
 
-    def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int):
+    def _speculative_step(self, graphdef, bucket: Bucket, *, page_size: int):
         if self.spec.topk > 1:
             return make_tree_spec_step(graphdef, self._draft_graphdef(), bucket, topk=self.spec.topk,
                                        num_draft_tokens=self.spec.num_draft_tokens, **self._step_kw(page_size))
@@ -102,7 +112,7 @@ class DFlashDrafting(_Drafting):
                                           ctx.x["seq_lens"], ctx.tokens, ctx.batch.page_table, spec_state,
                                           ctx.page_size)
 
-    def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int):
+    def _speculative_step(self, graphdef, bucket: Bucket, *, page_size: int):
         return dflash_step.make_dflash_spec_step(graphdef, self._draft_graphdef(), bucket, **self._step_kw(page_size))
 
 
@@ -114,7 +124,7 @@ class StandaloneDrafting(_Drafting):
         _, draft_caches = draft(ctx.batch, draft_caches, logits_indices=ctx.last_idx, compute_logits=False)
         return draft_caches, spec_state
 
-    def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int):
+    def _speculative_step(self, graphdef, bucket: Bucket, *, page_size: int):
         return make_chain_spec_step(graphdef, self._draft_graphdef(), bucket, **self._step_kw(page_size))
 
 
@@ -130,7 +140,7 @@ class NgramDrafting(_Drafting):
         at = jnp.where(ctx.valid, ctx.tok_slot, history.shape[0])
         return draft_caches, {"history": history.at[at, ctx.batch.positions].set(ctx.batch.input_ids, mode="drop")}
 
-    def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int):
+    def _speculative_step(self, graphdef, bucket: Bucket, *, page_size: int):
         return make_chain_spec_step(graphdef, None, bucket, ngram_windows=(self.spec.ngram_min_window,
                                                                            self.spec.ngram_max_window),
                                     **self._step_kw(page_size))

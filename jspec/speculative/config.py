@@ -19,6 +19,7 @@ ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "NAIV
 # NAIVE_EAGLE: an EAGLE / EAGLE3 head (format read from the draft's config.json) or, without a
 # draft path, the target's MTP layer, fixed at one draft token per step (2 verified tokens), so
 # one fused function verifies, accepts, extends the drafter and drafts the next token.
+POLICY_KEYS = ("speculative_adaptive", "speculative_disable_by_batch_size")
 HIDDEN_STATE_DRAFTERS = ("EAGLE", "EAGLE3", "NEXTN", "NAIVE_EAGLE")
 MTP_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
@@ -33,6 +34,10 @@ class SpecConfig:
     ngram_min_window: int = 1
     ngram_max_window: int = 12
     simulate_accept_length: float | None = None  # benchmark only: forced mean accept length
+    # Per step, decode plainly when speculating would be slower (jspec.runtime.adaptive); and
+    # vLLM's cap: never speculate with this many running requests or more.
+    adaptive: bool = True
+    disable_by_batch_size: int | None = None
 
     @property
     def verify_tokens(self) -> int:
@@ -72,7 +77,8 @@ def parse_spec_config(kwargs: dict, *, target_family: str, target_is_hybrid: boo
     """draft_block_size: DFLASH's trained block size, read from the draft (the default block)."""
     algo = kwargs.get("speculative_algorithm")
     if algo is None:
-        extra = [k for k in kwargs if k.startswith("speculative_") and kwargs[k] is not None]
+        extra = [k for k in kwargs if k.startswith("speculative_") and kwargs[k] is not None
+                 and k not in POLICY_KEYS]  # the policy knobs mean nothing without speculation: ignored
         if extra:
             raise ConfigError(f"{extra[0]} is set but speculative_algorithm is not")
         return None
@@ -142,8 +148,16 @@ def parse_spec_config(kwargs: dict, *, target_family: str, target_is_hybrid: boo
         if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
             raise ConfigError("speculative_ngram_min_match_window_size / speculative_ngram_max_match_window_size: "
                               f"need 1 <= min <= max, got {lo!r} / {hi!r}")
+    adaptive = kwargs.get("speculative_adaptive")
+    adaptive = True if adaptive is None else adaptive
+    if not isinstance(adaptive, bool):
+        raise ConfigError(f"speculative_adaptive={adaptive!r}: must be True or False")
+    cap = kwargs.get("speculative_disable_by_batch_size")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise ConfigError(f"speculative_disable_by_batch_size={cap!r}: must be a positive int (or None)")
     return SpecConfig(algorithm=algo, num_steps=steps, topk=topk, num_draft_tokens=ndt, draft_model_path=draft,
-                      ngram_min_window=lo, ngram_max_window=hi, simulate_accept_length=sim)
+                      ngram_min_window=lo, ngram_max_window=hi, simulate_accept_length=sim, adaptive=adaptive,
+                      disable_by_batch_size=cap)
 
 
 def check_draft(spec: SpecConfig, target_cfg, draft_cfg) -> None:

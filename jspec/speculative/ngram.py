@@ -7,7 +7,7 @@ tokens the host has not read yet and the overlapped loop (spec v2) works for NGR
 drafters. Matching is a dense compare of the suffix against every earlier window, O(H x max_window)
 per request and step: element-wise work that XLA fuses, far below the cost of the verify forward.
 
-Semantics (the host reference in tests/spec_checks.py): with the newest token at index L, for n
+Semantics (the host reference in tests/jspec/speculative/test_spec_ngram.py): with the newest token at index L, for n
 from min(max_window, L + 1) down to min_window, the candidate windows end at e in [n - 1, L - 1]; the
 first n with a match takes its latest e, and the draft is history[e + 1 .. e + S], cut at L and
 padded with its last token; without a match the draft is the newest token repeated. A draft is

@@ -4,8 +4,10 @@ every test engine starts from, the no-leak check, the plain greedy reference, gr
 from __future__ import annotations
 
 # The one definition of a test engine's settings; suites override fields as {**SMALL, "field": v}.
+# Speculative engines speculate at every step here (their checks count accepted drafts; no plain
+# step variants to compile): tests/jspec/runtime/test_adaptive.py covers speculative_adaptive.
 SMALL = dict(dtype="float32", cuda_graph_bs=[1, 2, 4], max_running_requests=4, show_progress=False,
-             compilation_cache_dir="none")
+             compilation_cache_dir="none", speculative_adaptive=False)
 # Speculative suites: chunked prefill of 8 (long prompts take several chunks), a short context, and
 # no top-k / top-p step variants compiled (a test that samples with top_p < 1 asks for them back).
 SPEC = {**SMALL, "chunked_prefill_size": 8, "context_length": 96, "disable_top_k_top_p": True}

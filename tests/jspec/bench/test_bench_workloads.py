@@ -188,9 +188,12 @@ class FakeSpecEngine:
         self.accept = int(speculative_simulate_accept_length or 1)
         self.spec = speculative_algorithm is not None
         self.generated, self.lock = 0, threading.Lock()
+        self.retractions = 0  # one per request, so a row's count is its own requests only
 
     def generate(self, input_ids, sampling_params, stream):
         n = sampling_params["max_new_tokens"]
+        with self.lock:
+            self.retractions += 1
         done = verify = 0
         while done < n:
             time.sleep(0.002)
@@ -205,7 +208,8 @@ class FakeSpecEngine:
         yield {"output_ids": [], "meta_info": {**meta, "finish_reason": {"type": "length", "length": n}}}
 
     def get_server_info(self):
-        return {"num_generated_tokens": self.generated}
+        return {"num_generated_tokens": self.generated, "num_retractions": self.retractions,
+                "num_total_pages": 100}
 
     def wait_idle(self, timeout=0):
         return True
@@ -229,6 +233,7 @@ def test_sweep_records_accept_length_speedup_and_errors(tmp_path, capsys):
         m = r["metrics"]
         assert r["error"] is None and m["completed"] == 6 and m["total_output_tokens"] == 72
         assert r["engine_generated_tokens"] == 72
+        assert r["num_retractions"] == 6 and r["num_total_pages"] == 100  # the timed run's, not the warm-up's
     base, spec = recs[0], recs[2]
     assert base["metrics"]["accept_length"] == 1.0 and base["speedup"] == 1.0
     assert spec["metrics"]["accept_length"] == pytest.approx(3.0) and spec["metrics"]["spec_verify_ct"] == 24
@@ -237,4 +242,4 @@ def test_sweep_records_accept_length_speedup_and_errors(tmp_path, capsys):
     for r in recs[4:]:
         assert r["metrics"] is None and "NGRAM is not implemented" in r["error"]
     table = capsys.readouterr().out
-    assert "speedup" in table and "EAGLE3" in table and "not implemented" in table
+    assert "speedup" in table and "EAGLE3" in table and "not implemented" in table and "retract" in table

@@ -1,0 +1,84 @@
+"""A speculative engine's plain decode step: no drafts verified, the drafter kept current.
+
+When verifying drafts costs more than it gains (large batches, where a verify forward is
+compute-bound, or a low accept length) the engine decodes one token per request instead
+(`jspec.runtime.adaptive`). The drafter must still see every accepted token, so that the next
+speculative step is exact and drafts as well as if it had never paused:
+
+- EAGLE / EAGLE3 / NEXTN: the drafter extends over the new position with the target's hidden
+  state there (`eagle_draft.catch_up` with no drafts), which also refreshes its proposals;
+- DFLASH: the drafter's context gets the target's streams at the new position, and the next block
+  is drafted from the sampled token;
+- STANDALONE: the draft model writes its KV of the request's last token;
+- NGRAM: the last token enters the slot's history.
+
+Phases over one `SpecStep` carry (`step_common.py`): verify the single token [last] at L0 (a
+one-token verify, so hybrid targets keep their Gated-DeltaNet commit path), accept (n = 0, the
+bonus is a plain sample), keep the drafter current. Output rows have the speculative step's width
+(`out_width`), so the host reads both the same way.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jspec.runtime.step_inputs import Bucket
+from jspec.speculative import accept, dflash_step, ngram, verify
+from jspec.speculative.eagle_draft import catch_up
+from jspec.speculative.step_common import Phase, SpecStep, begin, compose
+
+KINDS = ("eagle", "dflash", "model", "ngram")  # SpecConfig.draft_kind
+
+
+def phases(kind: str, *, num_drafts: int) -> list[Phase]:
+    """kind: the drafter family (`KINDS`); num_drafts: drafts per block (DFLASH's S)."""
+    if kind not in KINDS:
+        raise ValueError(f"plain step: unknown drafter kind {kind!r}")
+
+    def before(c: SpecStep) -> None:
+        c.drafts = jnp.zeros((c.batch_size, 0), jnp.int32)
+        if kind == "model":  # the draft model's KV at L0, as its first draft forward would write it
+            batch = verify.decode_batch(c.last, c.l0, c.valid, c.page_table, c.slots, c.page_size)
+            _, c.draft_caches = c.drafter(batch, c.draft_caches, compute_logits=False)
+        elif kind == "ngram":
+            c.spec_state = {"history": ngram.write(c.spec_state["history"], c.slots, c.valid, c.l0, c.last[:, None])}
+
+    def verify_(c: SpecStep) -> None:
+        vbatch = verify.verify_batch(c.last[:, None], c.l0, c.valid, c.page_table, c.slots, c.page_size)
+        kw = {"capture_layers": c.drafter.capture_layers} if kind in ("eagle", "dflash") else {}
+        out, c.caches = c.target(vbatch, c.caches, **kw)
+        c.scratch.update(out=out, vbatch=vbatch, logits=out.logits.reshape(c.batch_size, 1, -1))
+
+    def accept_(c: SpecStep) -> None:
+        c.n, c.bonus = accept.chain(c.scratch["logits"], c.drafts, None, c.sb, c.greedy, c.key_fn, sort=c.bucket.sort)
+        c.kept = c.drafts
+        c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, 0, -1))
+
+    def after(c: SpecStep) -> None:
+        out = c.scratch["out"]
+        if kind == "eagle":
+            c.draft_caches, c.spec_state = catch_up(
+                c.drafter, c.target, c.draft_caches, c.spec_state, c.drafts, c.n, c.bonus,
+                c.drafter.target_hidden(out), c.l0, c.valid, c.page_table, c.slots, c.page_size)
+        elif kind == "dflash":
+            c.draft_caches = c.drafter.write_context(c.scratch["vbatch"], c.draft_caches, c.drafter.target_hidden(out))
+            drafts, c.draft_caches = dflash_step.draft_block(c.drafter, c.target, c.draft_caches, c.bonus, c.l0 + 1,
+                                                             c.valid, c.page_table, c.slots, c.page_size, num_drafts)
+            c.spec_state = dflash_step.store(c.spec_state, c.slots, c.valid, drafts)
+
+    return [("draft", before), ("verify", verify_), ("accept", accept_), ("extend", after)]
+
+
+def make_plain_spec_step(kind: str, graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, out_width: int,
+                         num_drafts: int = 0):
+    """The step for a DECODE bucket with `speculate=False`; out_width: the speculative step's
+    output row width (S + 2), which these rows are padded to."""
+    start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=1)
+    step = compose(start, phases(kind, num_drafts=num_drafts))
+
+    def padded(params, state, packed):
+        state, rows = step(params, state, packed)
+        pad = jnp.full((rows.shape[0], out_width - rows.shape[1]), -1, rows.dtype)
+        return state, jnp.concatenate([rows, pad], axis=1)
+
+    return padded

@@ -1,0 +1,143 @@
+"""Speculation that never loses: the per-step choice (`jspec.runtime.adaptive.SpecPolicy`) and the
+plain step that keeps each drafter current (`jspec.speculative.plain_step`), so that greedy
+output stays the target's and drafting after a pause is as good as without one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jspec import Engine
+from jspec.errors import ConfigError
+from jspec.runtime.adaptive import SpecPolicy
+from jspec.tiny import tiny_dir
+
+SMALL = dict(dtype="float32", cuda_graph_bs=[1, 2, 4], max_running_requests=4, chunked_prefill_size=64,
+             context_length=160, show_progress=False, compilation_cache_dir="none", disable_top_k_top_p=True)
+PROMPTS = [[3, 17, 29, 8, 41, 5, 77], [12, 9, 4, 4, 60], [33, 2, 90, 15]]
+SP = [{"max_new_tokens": n, "temperature": 0} for n in (48, 10, 10)]
+QWEN3, NEXT = tiny_dir("qwen3"), tiny_dir("qwen3-next")
+DRAFTERS = {
+    "eagle3": (QWEN3, dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=tiny_dir("qwen3-eagle3"),
+                           speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)),
+    "eagle3_tree": (QWEN3, dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=tiny_dir("qwen3-eagle3"),
+                                speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=5)),
+    "nextn_hybrid": (NEXT, dict(speculative_algorithm="NEXTN", speculative_num_steps=3, speculative_eagle_topk=1,
+                                speculative_num_draft_tokens=4)),
+    "dflash": (QWEN3, dict(speculative_algorithm="DFLASH", speculative_draft_model_path=tiny_dir("qwen3-dflash"))),
+    "standalone": (QWEN3, dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=tiny_dir("qwen3-draft"),
+                               speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)),
+    "ngram": (QWEN3, dict(speculative_algorithm="NGRAM", speculative_num_steps=3, speculative_num_draft_tokens=4)),
+}
+
+
+@pytest.fixture(scope="module")
+def plain_outputs():
+    out = {}
+    for path in (QWEN3, NEXT):
+        with Engine(path, **SMALL) as eng:
+            out[path] = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=SP)]
+    return out
+
+
+@pytest.mark.parametrize("name", ["eagle3", "nextn_hybrid"])  # every drafter: the test below
+def test_switching_both_ways_keeps_greedy_output(name, plain_outputs):
+    """The long prompt alone first (speculating throughout: the reference accept length), then
+    all three: while two or more run the engine decodes plainly (vLLM's cap), then the long one
+    speculates again. Greedy output is the target's, and the drafts after the pause are accepted
+    about as well as before it (a drafter that missed the paused positions would draft from stale
+    KV / context / history)."""
+    path, spec = DRAFTERS[name]
+    with Engine(path, **SMALL, **spec, speculative_adaptive=False, speculative_disable_by_batch_size=2) as eng:
+        alone = eng.generate(input_ids=PROMPTS[0], sampling_params=SP[0])
+        first = eng.get_server_info()
+        got = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=SP)]
+        info = eng.get_server_info()
+    assert alone["output_ids"] == plain_outputs[path][0]
+    assert got == plain_outputs[path]
+    policy, before = info["speculative_policy"], first["speculative_policy"]
+    assert before["num_plain_steps"] == 0
+    assert policy["num_plain_steps"] >= 5 and policy["num_spec_steps"] - before["num_spec_steps"] >= 3, policy
+    assert info["num_steps"]["decode"] == policy["num_plain_steps"]
+    after = {k: v - first["spec_accept_length_histogram"].get(k, 0)
+             for k, v in info["spec_accept_length_histogram"].items()}
+    assert _mean(after) >= 0.75 * _mean(first["spec_accept_length_histogram"]), (name, after, first)
+
+
+def _mean(hist: dict) -> float:
+    return sum(k * v for k, v in hist.items()) / sum(hist.values())
+
+
+def test_adaptive_engine_measures_and_reports_its_choices(plain_outputs):
+    path, spec = DRAFTERS["eagle3"]
+    with Engine(path, **SMALL, **spec) as eng:  # speculative_adaptive is on by default
+        got = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=SP)]
+        policy = eng.get_server_info()["speculative_policy"]
+    assert got == plain_outputs[path]
+    assert policy["speculative_adaptive"] is True
+    assert set(policy["step_times_ms"]) == {1, 2, 4}
+    assert all(t["plain"] > 0 and t["spec"] > 0 for t in policy["step_times_ms"].values())
+    assert policy["num_spec_steps"] + policy["num_plain_steps"] == sum(
+        c["spec"] + c["plain"] for c in policy["choices_by_batch"].values())
+
+
+def test_policy_speculates_only_where_it_pays():
+    p = SpecPolicy(step_times={1: (1.0, 1.2), 32: (2.0, 7.0)}, probe_every=4)
+    assert p.speculate(32, 30)  # nothing observed yet: speculate
+    p.observe([3, 3, 2, 4])
+    assert p.accept_length == 3.0
+    assert p.speculate(1, 1)  # 3 tokens in 1.2 beat 1 token in 1.0
+    assert [p.speculate(32, 30) for _ in range(8)] == [False, False, False, True] * 2  # 3 * 2.0 < 7.0; every 4th probes
+    p.observe([1] * 8)  # the drafts stopped being accepted: the running mean moves towards 1
+    assert p.accept_length == pytest.approx(0.9 * 3 + 0.1 * 1)
+    capped = SpecPolicy(adaptive=False, disable_by_batch_size=8)
+    assert capped.speculate(4, 7) and not capped.speculate(8, 8)
+    assert SpecPolicy(adaptive=False).speculate(256, 256)
+
+
+def test_policy_knobs_are_validated():
+    with pytest.raises(ConfigError, match="speculative_disable_by_batch_size=0"):
+        Engine(QWEN3, **SMALL, speculative_algorithm="NGRAM", speculative_disable_by_batch_size=0)
+    with pytest.raises(ConfigError, match="speculative_adaptive='yes'"):
+        Engine(QWEN3, **SMALL, speculative_algorithm="NGRAM", speculative_adaptive="yes")
+
+
+ONE = {**SMALL, "cuda_graph_bs": [1], "max_running_requests": 1}
+
+
+def _drafter_view(eng, length: int) -> dict:
+    """What the drafter carries for the engine's one request slot (slot 1): its per-slot state,
+    and its KV at the request's first `length` positions (read through the page table)."""
+    state, slot, page = eng.runner.state, 1, eng.engine_config.page_size
+    view = {f"spec_state.{k}": np.asarray(v[slot]) for k, v in (state.spec_state or {}).items()}
+    if "spec_state.history" in view:  # NGRAM: positions past the request hold rejected drafts
+        view["spec_state.history"] = view["spec_state.history"][:length]
+    if state.draft_caches is not None:
+        pos = np.arange(length)
+        pages = np.asarray(state.req_to_page[slot])[pos // page]
+        for i, (kp, vp) in enumerate(state.draft_caches.kv):
+            view[f"draft_kv.{i}.k"] = np.asarray(kp)[pages, pos % page]
+            view[f"draft_kv.{i}.v"] = np.asarray(vp)[pages, pos % page]
+    return view
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_a_plain_step_leaves_the_drafter_as_a_rejected_speculation_would(name):
+    """A speculative step whose drafts are all rejected (simulated accept length 1) and a plain
+    step both commit one sampled token; the drafter must then carry exactly the same thing (KV of
+    every accepted position, proposals, hidden, history), or switching back would draft from a
+    state the target never produced."""
+    path, spec = DRAFTERS[name]
+    ids, sp = PROMPTS[0], {"max_new_tokens": 12, "temperature": 0}
+    views, outs = [], []
+    for policy in (dict(speculative_simulate_accept_length=1.0), dict(speculative_disable_by_batch_size=1)):
+        with Engine(path, **ONE, **spec, speculative_adaptive=False, **policy) as eng:
+            outs.append(eng.generate(input_ids=ids, sampling_params=sp)["output_ids"])
+            info = eng.get_server_info()
+            # The last output token is the next step's input, not in any cache yet.
+            views.append(_drafter_view(eng, len(ids) + len(outs[-1]) - 1))
+        assert info["num_steps"]["spec" if "speculative_simulate_accept_length" in policy else "decode"] >= 10
+    assert outs[0] == outs[1]
+    assert views[0].keys() == views[1].keys() and views[0]
+    for key in views[0]:
+        np.testing.assert_allclose(views[1][key], views[0][key], rtol=2e-5, atol=2e-5, err_msg=f"{name}: {key}")
