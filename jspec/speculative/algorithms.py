@@ -47,6 +47,12 @@ class _Drafting:
 
     extend_next_ids = False
 
+    @property
+    def num_keys(self) -> int:
+        """Random uses per request of one speculative step (its `begin(num_keys=...)`): the chain
+        step of a draft model or NGRAM samples drafts too, the others only accept."""
+        return 2 * self.spec.num_steps + 2 if self.spec.draft_kind in ("model", "ngram") else self.spec.num_steps + 1
+
     def _draft_graphdef(self):
         return None if self.draft_model is None else self.draft_model.graphdef
 
@@ -66,7 +72,7 @@ class _Drafting:
         if not bucket.speculate:
             return make_plain_spec_step(self.spec.draft_kind, graphdef, self._draft_graphdef(), bucket,
                                         page_size=page_size, out_width=self.spec.num_steps + 2,
-                                        num_drafts=self.spec.num_steps)
+                                        num_keys=self.num_keys, num_drafts=self.spec.num_steps)
         return self._speculative_step(graphdef, bucket, page_size=page_size)
 
 

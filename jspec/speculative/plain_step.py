@@ -70,10 +70,12 @@ def phases(kind: str, *, num_drafts: int) -> list[Phase]:
 
 
 def make_plain_spec_step(kind: str, graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, out_width: int,
-                         num_drafts: int = 0):
+                         num_keys: int, num_drafts: int = 0):
     """The step for a DECODE bucket with `speculate=False`; out_width: the speculative step's
-    output row width (S + 2), which these rows are padded to."""
-    start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=1)
+    output row width (S + 2), which these rows are padded to; num_keys: the speculative step's
+    random uses per request, so that both index a request's key stream the same way (a step
+    whose first output has index i uses keys i * num_keys + k) and no key is ever drawn twice."""
+    start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=num_keys)
     step = compose(start, phases(kind, num_drafts=num_drafts))
 
     def padded(params, state, packed):

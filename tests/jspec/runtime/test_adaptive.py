@@ -141,3 +141,16 @@ def test_a_plain_step_leaves_the_drafter_as_a_rejected_speculation_would(name):
     assert views[0].keys() == views[1].keys() and views[0]
     for key in views[0]:
         np.testing.assert_allclose(views[1][key], views[0][key], rtol=2e-5, atol=2e-5, err_msg=f"{name}: {key}")
+
+
+def test_plain_steps_sample_too():
+    """Sampling rows in plain steps (temperature > 0): a seeded request gives the same tokens twice,
+    all within the vocabulary, and the engine stays leak-free in between."""
+    path, spec = DRAFTERS["ngram"]
+    sp = {"max_new_tokens": 10, "temperature": 0.8, "seed": 7}
+    with Engine(path, **ONE, **spec, speculative_adaptive=False, speculative_disable_by_batch_size=1) as eng:
+        a = eng.generate(input_ids=PROMPTS[1], sampling_params=sp)["output_ids"]
+        b = eng.generate(input_ids=PROMPTS[1], sampling_params=sp)["output_ids"]
+        info = eng.get_server_info()
+    assert a == b and len(a) == 10 and all(0 <= t < eng.config.vocab_size for t in a)
+    assert info["num_steps"]["spec"] == 0 and info["num_free_pages"] == info["num_total_pages"]
