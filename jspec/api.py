@@ -71,9 +71,10 @@ class Engine:
         # belongs to the caller, who may build the next engine from it.
         draft_given = self.spec is not None and not isinstance(self.spec.draft_model_path,
                                                                (str, os.PathLike, type(None)))
-        self._given = [m for m, given in ((self.model, isinstance(model_path, Model)),
-                                          (self.draft_model, draft_given)) if m is not None and given]
-        self._owned = [m for m in (self.model, self.draft_model) if m is not None and m not in self._given]
+        models = [(m, given) for m, given in ((self.model, isinstance(model_path, Model)),
+                                              (self.draft_model, draft_given)) if m is not None]
+        self._given = [m for m, given in models if given]
+        self._owned = [m for m, given in models if not given]  # by flag: Model's == compares parameters
         self.runner = ModelRunner(self.model, layout=cfg.layout, decode_batch_sizes=cfg.cuda_graph_bs,
                                   extend_token_sizes=cfg.prefill_token_buckets,
                                   max_extend_requests=cfg.max_extend_requests,

@@ -95,11 +95,10 @@ class EngineConfig:
 
         spec = parse_spec_config(speculative, target_family=config.family, target_is_hybrid=config.is_hybrid,
                                  draft_block_size=_dflash_block(speculative))
-        draft_config = None
         if spec is not None:
             if enable_mixed_chunk:
                 raise ConfigError("enable_mixed_chunk with speculative decoding is not implemented yet")
-            draft_config = _draft_config(spec, config, model_path)
+            _check_draft_config(spec, config, model_path)
         context = int(context_length or config.max_position_embeddings)
         if context < 2:
             raise ConfigError(f"context_length must be >= 2, got {context}")
@@ -184,9 +183,10 @@ def _same_dir(a, b) -> bool:
         return False
 
 
-def _draft_config(spec: SpecConfig, target: ModelConfig, model_path) -> ModelConfig | None:
-    """The drafter's config (for its KV pool), read before any weight; None for NGRAM. A drafter
-    object (benchmarks) brings its own."""
+def _check_draft_config(spec: SpecConfig, target: ModelConfig, model_path) -> ModelConfig | None:
+    """The drafter's config, read from config.json before any weight, so a bad draft directory
+    fails here with the error its loader would raise; None for NGRAM. A drafter object
+    (benchmarks) brings its own."""
     if spec.draft_kind == "ngram":
         return None
     path = spec.draft_model_path

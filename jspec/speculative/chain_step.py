@@ -20,8 +20,8 @@ import jax.numpy as jnp
 
 from jspec.runtime import sampler as sampling
 from jspec.runtime.step_inputs import Bucket
-from jspec.speculative import accept, ngram, verify
-from jspec.speculative.step_common import Phase, SpecStep, begin, compose
+from jspec.speculative import ngram, verify
+from jspec.speculative.step_common import Phase, SpecStep, accept_chain, begin, compose
 
 
 def phases(*, num_steps: int, simulate_accept_length: float | None = None,
@@ -55,15 +55,7 @@ def phases(*, num_steps: int, simulate_accept_length: float | None = None,
         c.scratch.update(out=out, logits=out.logits.reshape(c.batch_size, s + 1, -1))
 
     def accept_(c: SpecStep) -> None:
-        logits = c.scratch["logits"]
-        if simulate_accept_length is None:
-            c.n, c.bonus = accept.chain(logits, c.drafts, c.scratch["q"], c.sb, c.greedy, c.key_fn,
-                                        sort=c.bucket.sort)
-        else:
-            c.n, c.bonus = accept.simulated(logits, c.key_fn, simulate_accept_length, s, c.sb, c.greedy,
-                                            sort=c.bucket.sort)
-        c.kept = c.drafts
-        c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, c.n, -1))
+        accept_chain(c, q=c.scratch["q"], simulate_accept_length=simulate_accept_length)
         if c.drafter is None:  # the drafts (those past n are overwritten later), then the bonus
             history = ngram.write(c.scratch["history"], c.slots, c.valid, c.l0 + 1, c.drafts)
             c.spec_state = {"history": ngram.write(history, c.slots, c.valid, c.l0 + c.n + 1, c.bonus[:, None])}

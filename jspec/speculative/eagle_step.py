@@ -17,9 +17,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jspec.runtime.step_inputs import Bucket
-from jspec.speculative import accept, verify
+from jspec.speculative import verify
 from jspec.speculative.eagle_draft import catch_up, proposals
-from jspec.speculative.step_common import Phase, SpecStep, begin, compose
+from jspec.speculative.step_common import Phase, SpecStep, accept_chain, begin, compose
 
 
 def phases(*, num_steps: int, simulate_accept_length: float | None = None) -> list[Phase]:
@@ -44,14 +44,7 @@ def phases(*, num_steps: int, simulate_accept_length: float | None = None) -> li
         c.scratch["logits"] = out.logits.reshape(c.batch_size, s + 1, -1)
 
     def accept_(c: SpecStep) -> None:
-        logits = c.scratch["logits"]
-        if simulate_accept_length is None:
-            c.n, c.bonus = accept.chain(logits, c.drafts, None, c.sb, c.greedy, c.key_fn, sort=c.bucket.sort)
-        else:
-            c.n, c.bonus = accept.simulated(logits, c.key_fn, simulate_accept_length, s, c.sb, c.greedy,
-                                            sort=c.bucket.sort)
-        c.kept = c.drafts
-        c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, c.n, -1))
+        accept_chain(c, simulate_accept_length=simulate_accept_length)
 
     def extend(c: SpecStep) -> None:
         c.draft_caches, c.spec_state = catch_up(

@@ -23,9 +23,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jspec.runtime.step_inputs import Bucket
-from jspec.speculative import accept, dflash_step, ngram, verify
+from jspec.speculative import dflash_step, ngram, verify
 from jspec.speculative.eagle_draft import catch_up
-from jspec.speculative.step_common import Phase, SpecStep, begin, compose
+from jspec.speculative.step_common import Phase, SpecStep, accept_chain, begin, compose
 
 KINDS = ("eagle", "dflash", "model", "ngram")  # SpecConfig.draft_kind
 
@@ -49,11 +49,6 @@ def phases(kind: str, *, num_drafts: int) -> list[Phase]:
         out, c.caches = c.target(vbatch, c.caches, **kw)
         c.scratch.update(out=out, vbatch=vbatch, logits=out.logits.reshape(c.batch_size, 1, -1))
 
-    def accept_(c: SpecStep) -> None:
-        c.n, c.bonus = accept.chain(c.scratch["logits"], c.drafts, None, c.sb, c.greedy, c.key_fn, sort=c.bucket.sort)
-        c.kept = c.drafts
-        c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, 0, -1))
-
     def after(c: SpecStep) -> None:
         out = c.scratch["out"]
         if kind == "eagle":
@@ -66,7 +61,7 @@ def phases(kind: str, *, num_drafts: int) -> list[Phase]:
                                                              c.valid, c.page_table, c.slots, c.page_size, num_drafts)
             c.spec_state = dflash_step.store(c.spec_state, c.slots, c.valid, drafts)
 
-    return [("draft", before), ("verify", verify_), ("accept", accept_), ("extend", after)]
+    return [("draft", before), ("verify", verify_), ("accept", accept_chain), ("extend", after)]
 
 
 def make_plain_spec_step(kind: str, graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, out_width: int,

@@ -17,7 +17,7 @@ from flax import nnx
 
 from jspec.runtime import sampler as sampling
 from jspec.runtime.step_inputs import Bucket, DeviceState, apply_page_updates, sampling_batch
-from jspec.speculative import accept
+from jspec.speculative import accept, verify
 
 
 @dataclasses.dataclass
@@ -107,6 +107,20 @@ def finish(c: SpecStep) -> tuple[DeviceState, jax.Array]:
         seq_lens=c.state.seq_lens.at[at].set(c.l0 + c.n + 1, mode="drop"),
     )
     return new, accept.output_rows(c.kept, c.n, c.bonus, c.valid)
+
+
+def accept_chain(c: SpecStep, *, q=None, simulate_accept_length: float | None = None) -> None:
+    """The accept phase of a chain: c.drafts `[B, S]` against c.scratch["logits"] `[B, S+1, V]`
+    (q: the drafter's distributions, None for point masses; simulate_accept_length: benchmarks),
+    then the accepted node's Gated-DeltaNet state is committed. Sets n, bonus and kept."""
+    logits = c.scratch["logits"]
+    if simulate_accept_length is None:
+        c.n, c.bonus = accept.chain(logits, c.drafts, q, c.sb, c.greedy, c.key_fn, sort=c.bucket.sort)
+    else:
+        c.n, c.bonus = accept.simulated(logits, c.key_fn, simulate_accept_length, c.drafts.shape[1], c.sb, c.greedy,
+                                        sort=c.bucket.sort)
+    c.kept = c.drafts
+    c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, c.n, -1))
 
 
 def compose(start, phases: list[Phase]):
