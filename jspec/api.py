@@ -7,6 +7,7 @@ for it (or streams it). Several threads may call `generate` at once; `abort` wor
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -28,6 +29,7 @@ from jspec.runtime.engine_core import EngineCore
 from jspec.runtime.model_runner import ModelRunner
 from jspec.runtime.request import Request, RequestLimits, make_request
 from jspec.runtime.scheduler import Scheduler
+from jspec.sharding import replicated
 from jspec.speculative.algorithms import make_drafting
 
 logger = logging.getLogger("jspec")
@@ -51,7 +53,8 @@ class Engine:
         cfg = self.engine_config = EngineConfig.create(model_path, **kwargs)
         self.spec = cfg.spec
         self.context_length = cfg.context_length
-        self.model = model_path if isinstance(model_path, Model) else load_model(model_path, dtype=cfg.dtype)
+        self.model = (model_path if isinstance(model_path, Model)
+                      else load_model(model_path, dtype=cfg.dtype, tp_size=cfg.tp_size))
         self.config = self.model.config
         self.tokenizer = None if cfg.skip_tokenizer_init else self.model.tokenizer
         self.eos_token_ids = set(self.config.eos_token_ids)
@@ -61,16 +64,22 @@ class Engine:
         self._seed_counter = itertools.count()
 
         drafting = None
+        # A drafter passed in belongs to the caller; on a split target the engine replicates it
+        # over the mesh, and that copy is the engine's own.
+        draft_given = self.spec is not None and not isinstance(self.spec.draft_model_path,
+                                                               (str, os.PathLike, type(None)))
         if self.spec is not None:
-            drafting = make_drafting(self.spec, self.model, self._load_draft())
+            draft = self._load_draft()
+            if draft is not None and self.model.mesh is not None:
+                draft = dataclasses.replace(draft, params=jax.device_put(draft.params, replicated(self.model.mesh)))
+                draft_given = False
+            drafting = make_drafting(self.spec, self.model, draft)
             if self.spec.simulate_accept_length is not None:
                 logger.warning("speculative_simulate_accept_length=%s: acceptance is simulated for benchmarking; "
                                "outputs are NOT the target's", self.spec.simulate_accept_length)
         self.draft_model = None if drafting is None else drafting.draft_model
         # Weights the engine frees at shutdown: those it loaded itself. A model or drafter passed in
         # belongs to the caller, who may build the next engine from it.
-        draft_given = self.spec is not None and not isinstance(self.spec.draft_model_path,
-                                                               (str, os.PathLike, type(None)))
         models = [(m, given) for m, given in ((self.model, isinstance(model_path, Model)),
                                               (self.draft_model, draft_given)) if m is not None]
         self._given = [m for m, given in models if given]
@@ -279,10 +288,11 @@ class Engine:
         }
 
     def _memory_info(self) -> dict:
-        """Bytes behind the pool size: weights, pools, and (when sized from the device's memory)
-        the plan's inputs (`jspec.cache.memory.MemoryPlan`)."""
+        """Bytes behind the pool size, on each device (a split array counts its shard): weights,
+        pools, and (when sized from the device's memory) the plan's inputs (`memory.MemoryPlan`)."""
         def nbytes(tree) -> int:
-            return sum(x.nbytes for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) and not x.is_deleted())
+            return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize for x in jax.tree.leaves(tree)
+                       if isinstance(x, jax.Array) and not x.is_deleted())
 
         state = self.runner.state
         kv = 0 if state is None else nbytes([state.caches.kv, None if state.draft_caches is None

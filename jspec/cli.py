@@ -56,6 +56,8 @@ def _cmd_generate(args) -> int:
         kw["cuda_graph_bs"] = [int(b) for b in args.cuda_graph_bs.split(",")]
     if args.chunked_prefill_size:
         kw["chunked_prefill_size"] = args.chunked_prefill_size
+    if args.tp_size:
+        kw["tp_size"] = args.tp_size
     with Engine(args.model_path, **kw) as engine:
         startup = time.perf_counter() - t0
         sp = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
@@ -138,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--context-length", type=int)
     g.add_argument("--chunked-prefill-size", type=int)
     g.add_argument("--cuda-graph-bs", help="comma-separated decode batch buckets")
+    g.add_argument("--tp-size", type=int, help="devices the target is split over (tensor parallelism)")
     g.add_argument("--quiet", action="store_true")
     g.set_defaults(func=_cmd_generate)
 

@@ -20,6 +20,7 @@ from jspec.config import ModelConfig, load_config
 from jspec.errors import ConfigError
 from jspec.models.drafters import dflash_block_size, drafter_config
 from jspec.models.loader import Model, resolve_dtype
+from jspec.sharding import check_tp
 from jspec.speculative.config import SpecConfig, check_draft, parse_spec_config
 
 DEFAULT_CUDA_GRAPH_BS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256]
@@ -55,6 +56,7 @@ class EngineConfig:
     spec_extra: int = 0
     mem_fraction_static: float | None = None
     memory_plan: MemoryPlan | None = None  # set when the pool was sized from the device's memory
+    tp_size: int = 1  # devices the target is split over (jspec.sharding)
 
     @property
     def max_extend_requests(self) -> int:
@@ -73,7 +75,8 @@ class EngineConfig:
                     prefill_token_buckets=list(self.prefill_token_buckets),
                     disable_overlap_schedule=self.disable_overlap_schedule, random_seed=self.random_seed,
                     context_length=self.context_length, disable_top_k_top_p=self.disable_top_k_top_p,
-                    enable_mixed_chunk=self.enable_mixed_chunk, mem_fraction_static=self.mem_fraction_static)
+                    enable_mixed_chunk=self.enable_mixed_chunk, mem_fraction_static=self.mem_fraction_static,
+                    tp_size=self.tp_size)
 
     @classmethod
     def create(cls, model_path, *, dtype: str = "bfloat16", page_size: int = 16,
@@ -83,12 +86,13 @@ class EngineConfig:
                mem_fraction_static: float | None = None, prefill_token_buckets: list[int] | None = None,
                max_top_logprobs_num: int = 20, skip_tokenizer_init: bool = False, show_progress: bool = True,
                enable_mixed_chunk: bool = False, transfer_guard: str | None = None,
-               disable_top_k_top_p: bool = False, **speculative) -> EngineConfig:
+               disable_top_k_top_p: bool = False, tp_size: int | None = None, **speculative) -> EngineConfig:
         """Validate SGLang-style keyword settings; `speculative` holds the speculative_* keys."""
         unknown = sorted(k for k in speculative if not k.startswith("speculative_") or k not in SPEC_KEYS)
         if unknown:
             raise ConfigError(f"unknown Engine argument(s): {', '.join(unknown)}")
         config = _target_config(model_path, dtype)
+        tp = _tp_size(model_path, config, tp_size)
         if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
             raise ConfigError(f"page_size must be a positive int, got {page_size!r}")
         on_gpu = jax.default_backend() == "gpu"
@@ -127,7 +131,7 @@ class EngineConfig:
                    enable_mixed_chunk=bool(enable_mixed_chunk), disable_top_k_top_p=bool(disable_top_k_top_p),
                    max_top_logprobs_num=int(max_top_logprobs_num), skip_tokenizer_init=bool(skip_tokenizer_init),
                    show_progress=bool(show_progress), transfer_guard=transfer_guard, spec=spec, spec_extra=spec_extra,
-                   mem_fraction_static=mem_fraction_static)
+                   mem_fraction_static=mem_fraction_static, tp_size=tp)
 
     def with_memory_plan(self, plan: MemoryPlan) -> EngineConfig:
         """This config with the pool sized by `plan` (see `Engine`, which measures it)."""
@@ -152,6 +156,17 @@ def _target_config(model_path, dtype) -> ModelConfig:
         raise ConfigError(f"model_path={model_path!r} has no config.json")
     resolve_dtype(dtype)
     return load_config(model_path)
+
+
+def _tp_size(model_path, config: ModelConfig, tp_size) -> int:
+    """The split of the target: tp_size (checked against the config and the visible devices), or a
+    loaded model's own; a loaded model split otherwise is a ConfigError."""
+    if isinstance(model_path, Model):
+        if tp_size is not None and tp_size != model_path.tp_size:
+            raise ConfigError(f"tp_size={tp_size} but the model passed in is split {model_path.tp_size} ways "
+                              "(jspec.models.loader.shard_model / load_model(..., tp_size=N) split a model)")
+        return model_path.tp_size
+    return check_tp(config, 1 if tp_size is None else tp_size)
 
 
 def _dflash_block(speculative: dict) -> int | None:

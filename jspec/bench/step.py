@@ -75,8 +75,8 @@ def fill_random_kv(runner: ModelRunner, key) -> None:
     for i, (k, v) in enumerate(caches.kv):
         kk = jax.random.normal(jax.random.fold_in(key, 2 * i), k.shape, jnp.float32).astype(k.dtype)
         vv = jax.random.normal(jax.random.fold_in(key, 2 * i + 1), v.shape, jnp.float32).astype(v.dtype)
-        kv.append((kk, vv))
-    ssm = [jax.random.normal(jax.random.fold_in(key, 1000 + i), s.shape, jnp.float32) * 0.1
+        kv.append((jax.device_put(kk, k.sharding), jax.device_put(vv, v.sharding)))
+    ssm = [jax.device_put(jax.random.normal(jax.random.fold_in(key, 1000 + i), s.shape, jnp.float32) * 0.1, s.sharding)
            for i, s in enumerate(caches.ssm)]
     runner.state.caches.kv, runner.state.caches.ssm = kv, ssm
 
@@ -145,6 +145,7 @@ def check_fits(model, kv_tokens: int, points) -> None:
     attn_layers = len(cfg.attention_layer_ids)
     kv_bytes = kv_tokens * attn_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * jnp.dtype(model.dtype).itemsize
     weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
+    kv_bytes, weight_bytes = kv_bytes / model.tp_size, weight_bytes / model.tp_size  # per device when split
     stats = jax.devices()[0].memory_stats() or {}
     limit = stats.get("bytes_limit")
     if limit and weight_bytes + kv_bytes > 0.9 * limit:
@@ -170,15 +171,16 @@ def roofline(model, points: list[tuple[int, int]], *, copy_bps: float, page_size
     out = []
     for b, c in points:
         bucket = next(x for x in runner.buckets if x.batch_size == b)
-        runner.state.req_to_page = page_table(b, c, page_size, pages_per_seq, max_b + 1)
-        packed = jax.device_put(pack(decode_plan(b, c), bucket))
+        runner.state.req_to_page = jax.device_put(page_table(b, c, page_size, pages_per_seq, max_b + 1),
+                                                  runner.state.req_to_page.sharding)
+        packed = jax.device_put(pack(decode_plan(b, c), bucket), runner.state.req_to_page.sharding)
         sec = time_step(runner, bucket, packed, iters=iters, reps=reps)
         by = bytes_per_step(cfg, model, b, c)
-        floor = by["total"] / copy_bps
+        floor = by["total"] / model.tp_size / copy_bps  # split evenly over tp devices, read in parallel
         rec = {"batch": b, "context": c, "ms_per_step": sec * 1e3, "bytes": by,
                "achieved_bytes_per_s": by["total"] / sec, "floor_ms": floor * 1e3,
                "fraction_of_copy_bandwidth": floor / sec, "tokens_per_s": b / sec,
-               "compile_s": runner.compile_seconds,
+               "compile_s": runner.compile_seconds, "tp_size": model.tp_size,
                "speculative_split_ms": None}  # a plain decode step has no phases
         if profile_dir:
             with jax.profiler.trace(f"{profile_dir}/b{b}_ctx{c}"):

@@ -15,8 +15,10 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from jspec.errors import ConfigError
+from jspec.sharding import TP, kv_heads
 
 
 @jax.tree_util.register_dataclass
@@ -30,9 +32,11 @@ class Caches:
     ssm: list
 
 
-def allocate_caches(config, *, num_pages: int, page_size: int, num_state_slots: int, dtype) -> Caches:
-    """Zeroed pools for a model config (its attention layers and GDN layers)."""
-    g, d = config.num_key_value_heads, config.head_dim
+def allocate_caches(config, *, num_pages: int, page_size: int, num_state_slots: int, dtype,
+                    tp_size: int = 1) -> Caches:
+    """Zeroed pools for a model config (its attention layers and GDN layers); tp_size: of a target
+    split that many ways, whose KV heads are replicated when fewer than tp (`jspec.sharding`)."""
+    g, d = kv_heads(config.num_key_value_heads, tp_size), config.head_dim
     kv = [(jnp.zeros((num_pages, page_size, g, d), dtype), jnp.zeros((num_pages, page_size, g, d), dtype))
           for _ in config.attention_layer_ids]
     conv, ssm = [], []
@@ -41,6 +45,14 @@ def allocate_caches(config, *, num_pages: int, page_size: int, num_state_slots: 
         ssm.append(jnp.zeros((num_state_slots, config.linear_num_value_heads, config.linear_key_head_dim,
                               config.linear_value_head_dim), jnp.float32))
     return Caches(kv=kv, conv=conv, ssm=ssm)
+
+
+def pool_specs(caches: Caches) -> Caches:
+    """PartitionSpecs of a split target's pools: KV pages by KV head, GDN conv windows by channel,
+    recurrent states by value head (the splits of the layers that write them)."""
+    return Caches(kv=[(P(None, None, TP, None), P(None, None, TP, None)) for _ in caches.kv],
+                  conv=[P(None, TP, None) for _ in caches.conv],
+                  ssm=[P(None, TP, None, None) for _ in caches.ssm])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,14 +11,18 @@ from jspec.models import ops
 from jspec.models.batch import ForwardBatch, ForwardMode
 from jspec.models.layers import Linear, RMSNorm
 from jspec.models.rope import apply_rope
+from jspec.sharding import kv_heads, split_shard_major
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, dtype, in_features: int | None = None):
+    def __init__(self, cfg: ModelConfig, *, dtype, in_features: int | None = None, tp_size: int = 1):
         """in_features: width of the input x when it is not hidden_size (EAGLE3's midlayer attends
-        over [embedding | hidden], 2E wide); the output is always hidden_size."""
-        h, g, d, e = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        over [embedding | hidden], 2E wide); the output is always hidden_size. tp_size: the heads
+        split over that many devices (`jspec.sharding`), KV heads replicated when fewer."""
+        h, d, e = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
+        g = kv_heads(cfg.num_key_value_heads, tp_size)
         self.num_heads, self.num_kv_heads, self.head_dim = h, g, d
+        self.tp_size = tp_size
         self.output_gate = cfg.attn_output_gate
         # Qwen3-Next / Qwen3.5 interleave per head [query D | gate D] in their q_proj.
         # q, k and v in one projection (HF's q_proj / k_proj / v_proj concatenated at load): one
@@ -40,7 +44,7 @@ class Attention(nnx.Module):
         `[B, T]` in the dense training forward; cos / sin `[T, rotary_dim]` match the last of them."""
         lead = x.shape[:-1]
         h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = jnp.split(self.qkv_proj(x), [self.q_out, self.q_out + g * d], axis=-1)
+        q, k, v = split_shard_major(self.qkv_proj(x), [self.q_out, g * d, g * d], self.tp_size)
         gate = None
         if self.output_gate:
             q, gate = jnp.split(q.reshape(*lead, h, 2 * d), 2, axis=-1)
@@ -64,15 +68,16 @@ class Attention(nnx.Module):
     def __call__(self, x, cos_sin, kv, batch: ForwardBatch):
         """x `[T, E]` (or `[T, in_features]`); kv = (k_pages, v_pages). Returns (out `[T, E]`, new kv)."""
         q, k, v, gate = self.project(x, cos_sin)
-        k_pages, v_pages = ops.write_kv(kv[0], kv[1], k, v, batch.slot_mapping)
+        tp = self.tp_size
+        k_pages, v_pages = ops.write_kv(kv[0], kv[1], k, v, batch.slot_mapping, tp=tp)
         scale = self.head_dim ** -0.5
         if batch.mode is ForwardMode.DECODE:
-            o = ops.paged_decode(q, k_pages, v_pages, batch.page_table, batch.seq_lens, sm_scale=scale)
+            o = ops.paged_decode(q, k_pages, v_pages, batch.page_table, batch.seq_lens, sm_scale=scale, tp=tp)
         elif batch.mode is ForwardMode.VERIFY and batch.tree_mask is not None:
             o = ops.paged_attention(q, k_pages, v_pages, batch.page_table, batch.seq_lens, batch.cu_q_lens,
-                                    sm_scale=scale, mask_mode="tree", custom_mask=batch.tree_mask)
+                                    sm_scale=scale, mask_mode="tree", custom_mask=batch.tree_mask, tp=tp)
         else:  # extend, and chain verify (a chain is the causal case)
             o = ops.paged_attention(
-                q, k_pages, v_pages, batch.page_table, batch.seq_lens, batch.cu_q_lens, sm_scale=scale
+                q, k_pages, v_pages, batch.page_table, batch.seq_lens, batch.cu_q_lens, sm_scale=scale, tp=tp
             )
         return self.output(o, gate), (k_pages, v_pages)

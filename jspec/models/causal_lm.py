@@ -25,28 +25,30 @@ from jspec.models.gdn import GatedDeltaNet
 from jspec.models.layers import Embedding, Linear, RMSNorm
 from jspec.models.mlp import MLP, SparseMoE
 from jspec.models.rope import rope_cos_sin
+from jspec.sharding import padded_vocab
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, *, dtype):
+    def __init__(self, cfg: ModelConfig, layer_id: int, *, dtype, tp_size: int = 1):
         norm = dict(eps=cfg.rms_norm_eps, zero_centred=cfg.zero_centred_norm, dtype=dtype)
         self.is_attention = cfg.layer_types[layer_id] == FULL_ATTENTION
         self.input_layernorm = RMSNorm(cfg.hidden_size, **norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, **norm)
         if self.is_attention:
-            self.self_attn = Attention(cfg, dtype=dtype)
+            self.self_attn = Attention(cfg, dtype=dtype, tp_size=tp_size)
         else:
-            self.linear_attn = GatedDeltaNet(cfg, dtype=dtype)
+            self.linear_attn = GatedDeltaNet(cfg, dtype=dtype, tp_size=tp_size)
         if cfg.moe_layers[layer_id]:
-            self.mlp = SparseMoE(cfg, dtype=dtype)
+            self.mlp = SparseMoE(cfg, dtype=dtype, tp_size=tp_size)
         else:
-            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, dtype=dtype)
+            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, dtype=dtype, tp_size=tp_size)
 
 
 class DecoderStack(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, dtype):
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        self.layers = nnx.List([DecoderLayer(cfg, i, dtype=dtype) for i in range(cfg.num_hidden_layers)])
+    def __init__(self, cfg: ModelConfig, *, dtype, tp_size: int = 1):
+        self.embed_tokens = Embedding(padded_vocab(cfg.vocab_size, tp_size), cfg.hidden_size, dtype=dtype)
+        self.layers = nnx.List([DecoderLayer(cfg, i, dtype=dtype, tp_size=tp_size)
+                                for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, zero_centred=cfg.zero_centred_norm, dtype=dtype)
 
 
@@ -70,17 +72,23 @@ jax.tree_util.register_dataclass(ForwardOutput, data_fields=["logits", "final_hi
 
 
 class CausalLM(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32):
+    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, tp_size: int = 1):
+        """tp_size: the layout of a target split over that many devices (`jspec.sharding`):
+        heads and intermediate dimensions are cut tp ways, the vocabulary padded to a multiple of it."""
         self.config = cfg
-        self.model = DecoderStack(cfg, dtype=dtype)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False,
-                                                                    dtype=dtype)
+        self.tp_size = tp_size
+        self.model = DecoderStack(cfg, dtype=dtype, tp_size=tp_size)
+        vocab = padded_vocab(cfg.vocab_size, tp_size)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, vocab, bias=False, dtype=dtype)
 
     def compute_logits(self, hidden):
+        """`[..., E]` -> float32 logits `[..., V]` (the columns of a padded vocabulary dropped)."""
         if self.lm_head is None:
             logits = self.model.embed_tokens.attend(hidden)
         else:
             logits = self.lm_head(hidden)
+        if logits.shape[-1] != self.config.vocab_size:
+            logits = logits[..., : self.config.vocab_size]
         return logits.astype(jnp.float32)
 
     def __call__(

@@ -14,6 +14,7 @@ from jspec.config import ModelConfig
 from jspec.models import ops
 from jspec.models.batch import ForwardBatch, ForwardMode
 from jspec.models.layers import GatedRMSNorm, Linear, _param
+from jspec.sharding import concat_shard_major, split_shard_major
 
 
 class DepthwiseConv(nnx.Module):
@@ -24,8 +25,11 @@ class DepthwiseConv(nnx.Module):
 
 
 class GatedDeltaNet(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, dtype):
+    def __init__(self, cfg: ModelConfig, *, dtype, tp_size: int = 1):
+        """tp_size: key and value heads (and the conv channels and state pool with them) split over
+        that many devices; the conv channels [q | k | v] are then shard-major (`jspec.sharding`)."""
         e = cfg.hidden_size
+        self.tp_size = tp_size
         self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         self.fused = cfg.gdn_fused_projections
@@ -57,7 +61,8 @@ class GatedDeltaNet(nnx.Module):
             q, k, v, z = jnp.split(qkvz, [dk, 2 * dk, 2 * dk + r * dv], axis=-1)
             ba = self.in_proj_ba(x).reshape(*lead, hk, 2 * r)
             b, a = jnp.split(ba, 2, axis=-1)
-            mixed = jnp.concatenate([q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)], axis=-1)
+            mixed = concat_shard_major([q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)],
+                                       self.tp_size)
             return mixed, z.reshape(*lead, hv, dv), b.reshape(*lead, hv), a.reshape(*lead, hv)
         mixed = self.in_proj_qkv(x)
         z = self.in_proj_z(x).reshape(*lead, hv, dv)
@@ -73,7 +78,7 @@ class GatedDeltaNet(nnx.Module):
     def split_heads(self, mixed):
         lead = mixed.shape[:-1]
         key_dim = self.hk * self.dk
-        q, k, v = jnp.split(mixed, [key_dim, 2 * key_dim], axis=-1)
+        q, k, v = split_shard_major(mixed, [key_dim, key_dim, self.hv * self.dv], self.tp_size)
         return (q.reshape(*lead, self.hk, self.dk), k.reshape(*lead, self.hk, self.dk),
                 v.reshape(*lead, self.hv, self.dv))
 
@@ -96,20 +101,21 @@ class GatedDeltaNet(nnx.Module):
         mixed, z, b, a = self.project(x)
         weight = self.conv_weight()
         verify = batch.mode is ForwardMode.VERIFY
+        tp = self.tp_size
         if verify:
-            mixed, conv = ops.causal_conv1d_verify(mixed, weight, conv_pool, batch.state_slots, batch.parents)
+            mixed, conv = ops.causal_conv1d_verify(mixed, weight, conv_pool, batch.state_slots, batch.parents, tp=tp)
         else:
             mixed, conv = ops.causal_conv1d(
-                mixed, weight, conv_pool, batch.cu_q_lens, batch.state_slots, batch.has_initial_state
+                mixed, weight, conv_pool, batch.cu_q_lens, batch.state_slots, batch.has_initial_state, tp=tp
             )
         q, k, v = self.split_heads(mixed)
         g, beta = self.gates(b, a)
         if verify:
-            core = ops.gated_delta_rule_verify(q, k, v, g, beta, ssm_pool, batch.state_slots, batch.parents)
+            core = ops.gated_delta_rule_verify(q, k, v, g, beta, ssm_pool, batch.state_slots, batch.parents, tp=tp)
             ssm = (k, v, g, beta)
         else:
             core, ssm = ops.gated_delta_rule(
                 q, k, v, g, beta, ssm_pool, batch.cu_q_lens, batch.state_slots, batch.has_initial_state,
-                decode=batch.mode is ForwardMode.DECODE,
+                decode=batch.mode is ForwardMode.DECODE, tp=tp,
             )
         return self.finish(core, z, x.dtype), conv, ssm

@@ -3,6 +3,10 @@
 The module is created abstractly (`nnx.eval_shape`, no memory), split once into a static graph
 definition and a flat parameter state, and the state is filled from the checkpoint. Steps later
 re-merge graphdef and state inside `jax.jit`, so every step is a pure function of its arrays.
+
+With a tensor-parallel mesh (`tp_size` > 1) each tensor is put into the split layout on the host
+(`jspec.sharding.to_tp_layout`) and every device receives only its own slice, straight from the
+host array (memory-mapped for safetensors): no device ever holds a whole split tensor.
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding
 
 from checkpoints import hf_mapping, orbax_io
 from checkpoints.safetensors_reader import SafetensorsCheckpoint
 from jspec.config import ModelConfig, load_config
 from jspec.errors import CheckpointError, ConfigError
 from jspec.models.causal_lm import CausalLM
+from jspec.sharding import check_tp, make_mesh, param_spec, path_name, to_tp_layout
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -40,9 +46,10 @@ def resolve_dtype(dtype) -> jnp.dtype:
     return d
 
 
-def abstract_model(config: ModelConfig, dtype) -> tuple[nnx.GraphDef, nnx.State]:
-    """Graph definition and abstract (shape-only) parameter state of the target model."""
-    model = nnx.eval_shape(lambda: CausalLM(config, dtype=dtype))
+def abstract_model(config: ModelConfig, dtype, tp_size: int = 1) -> tuple[nnx.GraphDef, nnx.State]:
+    """Graph definition and abstract (shape-only) parameter state of the target model (split
+    tp_size ways: padded vocabulary, replicated KV heads, shard-major fused projections)."""
+    model = nnx.eval_shape(lambda: CausalLM(config, dtype=dtype, tp_size=tp_size))
     return nnx.split(model)
 
 
@@ -54,19 +61,26 @@ def flat_names(state: nnx.State) -> dict[str, tuple]:
     return out
 
 
-def fill_state(state: nnx.State, flat: dict, dtype) -> nnx.State:
-    """A copy of `state` with every leaf replaced by `flat[name]` placed on the default device."""
-    pure = state.to_pure_dict()
-
-    def fill(path, _):
-        name = ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-        arr = flat[name]
-        return jnp.asarray(arr, dtype=dtype)
-
-    filled = jax.tree_util.tree_map_with_path(fill, pure)
+def _with_leaves(state: nnx.State, leaf) -> nnx.State:
+    """A copy of `state` whose leaf at each path is `leaf(name)` (name: the dotted parameter path)."""
+    filled = jax.tree_util.tree_map_with_path(lambda path, _: leaf(path_name(path)), state.to_pure_dict())
     new_state = jax.tree_util.tree_map(lambda x: x, state)
     nnx.replace_by_pure_dict(new_state, filled)
     return new_state
+
+
+def fill_state(state: nnx.State, flat: dict, dtype, *, config: ModelConfig | None = None, mesh=None) -> nnx.State:
+    """A copy of `state` with every leaf replaced by `flat[name]` (tp = 1 layout), placed on the
+    default device, or, with a mesh, put in the mesh's split layout and placed slice by slice."""
+    if mesh is None:
+        return _with_leaves(state, lambda name: jnp.asarray(flat[name], dtype=dtype))
+
+    def place(name):
+        arr = to_tp_layout(name, np.asarray(flat[name]), config, mesh.size)
+        sharding = NamedSharding(mesh, param_spec(name))
+        return jax.make_array_from_callback(arr.shape, sharding, lambda idx: np.asarray(arr[idx], dtype=dtype))
+
+    return _with_leaves(state, place)
 
 
 def state_to_flat(state: nnx.State) -> dict[str, jax.Array]:
@@ -131,6 +145,8 @@ class Model:
     path: str
     tokenizer: object = None
     extras: dict = dataclasses.field(default_factory=dict)
+    tp_size: int = 1
+    mesh: object = None  # the jax.sharding.Mesh the parameters live on when tp_size > 1
 
     def module(self) -> CausalLM:
         """Re-merge into a module (inside a traced function, or for inspection)."""
@@ -149,37 +165,75 @@ class Model:
         return score_sequence(self, token_ids)
 
 
-def load_model(path: str | os.PathLike, dtype="float32", *, progress=None) -> Model:
-    """Load an HF (safetensors) or orbax (`jspec convert`) checkpoint directory."""
+def load_model(path: str | os.PathLike, dtype="float32", *, progress=None, tp_size: int = 1) -> Model:
+    """Load an HF (safetensors) or orbax (`jspec convert`) checkpoint directory, split over the
+    first tp_size devices when tp_size > 1 (ConfigError before any tensor is read if it cannot be)."""
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise ConfigError(f"model path {path!r} is not a directory")
     config = load_config(path)
     dt = resolve_dtype(dtype)
+    tp = check_tp(config, tp_size)
     params, extras = read_params(path, config, dt, progress=progress)
-    graphdef, abstract = abstract_model(config, dt)
-    state = fill_state(abstract, params, dt)
+    mesh = make_mesh(tp) if tp > 1 else None
+    graphdef, abstract = abstract_model(config, dt, tp)
+    state = fill_state(abstract, params, dt, config=config, mesh=mesh)
     return Model(config=config, graphdef=graphdef, params=state, dtype=dt, path=path,
-                 tokenizer=load_tokenizer(path), extras=extras)
+                 tokenizer=load_tokenizer(path), extras=extras, tp_size=tp, mesh=mesh)
 
 
-def random_model(config: ModelConfig, dtype="bfloat16", seed: int = 0, scale: float = 0.02) -> Model:
-    """A model with random weights (benchmarks of real shapes without a real checkpoint)."""
+def shard_model(model: Model, tp_size: int) -> Model:
+    """A copy of an unsplit model split over the first tp_size devices (the original is kept).
+    Goes through host memory: for tests and small models; large ones load split (`load_model`)."""
+    if model.tp_size != 1:
+        raise ConfigError(f"shard_model takes an unsplit model; this one has tp_size={model.tp_size}")
+    tp = check_tp(model.config, tp_size)
+    if tp == 1:
+        return model
+    flat = {k: np.asarray(v) for k, v in state_to_flat(model.params).items()}
+    mesh = make_mesh(tp)
+    graphdef, abstract = abstract_model(model.config, model.dtype, tp)
+    state = fill_state(abstract, flat, model.dtype, config=model.config, mesh=mesh)
+    return dataclasses.replace(model, graphdef=graphdef, params=state, tp_size=tp, mesh=mesh)
+
+
+def _random_leaf(name: str, shape, dtype, config: ModelConfig, scale: float):
+    """(kind, initialiser) of one random parameter; the initialiser is a function of its key."""
+    if name.endswith(("norm.weight", "layernorm.weight")):
+        if config.zero_centred_norm and not name.endswith("linear_attn.norm.weight"):
+            return "zeros", lambda k: jnp.zeros(shape, dtype)
+        return "ones", lambda k: jnp.ones(shape, dtype)
+    if name.endswith("A_log"):
+        return "A_log", lambda k: jnp.log(jax.random.uniform(k, shape, jnp.float32, 1.0, 16.0)).astype(dtype)
+    if name.endswith("dt_bias"):
+        return "ones", lambda k: jnp.ones(shape, dtype)
+    return "normal", lambda k: (scale * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
+
+
+def random_model(config: ModelConfig, dtype="bfloat16", seed: int = 0, scale: float = 0.02, *,
+                 tp_size: int = 1) -> Model:
+    """A model with random weights (benchmarks of real shapes without a real checkpoint). Split
+    tp_size ways, each device draws its own slices (nothing whole passes through one device); the
+    weights then differ from the unsplit model's of the same seed."""
     dt = resolve_dtype(dtype)
-    graphdef, abstract = abstract_model(config, dt)
-    names = flat_names(abstract)
+    tp = check_tp(config, tp_size)
+    mesh = make_mesh(tp) if tp > 1 else None
+    graphdef, abstract = abstract_model(config, dt, tp)
     key = jax.random.PRNGKey(seed)
-    flat = {}
-    for i, (name, shape) in enumerate(sorted(names.items())):
-        k = jax.random.fold_in(key, i)
-        if name.endswith(("norm.weight", "layernorm.weight")):
-            flat[name] = (jnp.zeros if config.zero_centred_norm and not name.endswith("linear_attn.norm.weight")
-                          else jnp.ones)(shape, dt)
-        elif name.endswith("A_log"):
-            flat[name] = jnp.log(jax.random.uniform(k, shape, jnp.float32, 1.0, 16.0)).astype(dt)
-        elif name.endswith("dt_bias"):
-            flat[name] = jnp.ones(shape, dt)
-        else:
-            flat[name] = (scale * jax.random.normal(k, shape, jnp.float32)).astype(dt)
-    state = fill_state(abstract, flat, dt)
-    return Model(config=config, graphdef=graphdef, params=state, dtype=dt, path="<random>")
+    index = {name: i for i, name in enumerate(sorted(flat_names(abstract)))}
+    shapes = flat_names(abstract)
+    jitted = {}
+
+    def make(name):
+        kind, init = _random_leaf(name, shapes[name], dt, config, scale)
+        k = jax.random.fold_in(key, index[name])
+        if mesh is None:
+            return init(k)
+        sharding = NamedSharding(mesh, param_spec(name))
+        sig = (kind, shapes[name], sharding)  # one compile per kind, shape and split
+        if sig not in jitted:
+            jitted[sig] = jax.jit(init, out_shardings=sharding)
+        return jitted[sig](k)
+
+    state = _with_leaves(abstract, make)
+    return Model(config=config, graphdef=graphdef, params=state, dtype=dt, path="<random>", tp_size=tp, mesh=mesh)

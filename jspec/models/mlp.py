@@ -9,17 +9,20 @@ from flax import nnx
 from jspec.config import ModelConfig
 from jspec.models import ops
 from jspec.models.layers import Linear, _param
+from jspec.sharding import split_shard_major
 
 
 class MLP(nnx.Module):
-    """SwiGLU. gate_proj and up_proj are one `gate_up_proj` (HF's two concatenated at load)."""
+    """SwiGLU. gate_proj and up_proj are one `gate_up_proj` (HF's two concatenated at load;
+    shard-major at tp_size > 1, see `jspec.sharding`)."""
 
-    def __init__(self, hidden: int, intermediate: int, *, bias: bool = False, dtype):
+    def __init__(self, hidden: int, intermediate: int, *, bias: bool = False, dtype, tp_size: int = 1):
         self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=bias, dtype=dtype)
         self.down_proj = Linear(intermediate, hidden, bias=bias, dtype=dtype)
+        self.intermediate, self.tp_size = intermediate, tp_size
 
     def __call__(self, x):
-        gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
+        gate, up = split_shard_major(self.gate_up_proj(x), [self.intermediate] * 2, self.tp_size)
         return self.down_proj(jax.nn.silu(gate) * up)
 
 
@@ -55,15 +58,18 @@ def _grouped_matmul(x, w, group_sizes):
 
 
 class SparseMoE(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, dtype):
+    def __init__(self, cfg: ModelConfig, *, dtype, tp_size: int = 1):
+        """tp_size: each expert's intermediate dimension split over that many devices."""
         e = cfg.hidden_size
+        self.tp_size = tp_size
+        self.intermediate = cfg.moe_intermediate_size
         self.top_k = cfg.num_experts_per_tok
         self.num_experts = cfg.num_experts
         self.norm_topk_prob = cfg.norm_topk_prob
         self.gate = Router(e, cfg.num_experts, dtype=dtype)
         self.experts = Experts(cfg.num_experts, e, cfg.moe_intermediate_size, dtype=dtype)
         if cfg.shared_expert_intermediate_size:
-            self.shared_expert = MLP(e, cfg.shared_expert_intermediate_size, dtype=dtype)
+            self.shared_expert = MLP(e, cfg.shared_expert_intermediate_size, dtype=dtype, tp_size=tp_size)
             self.shared_expert_gate = Linear(e, 1, bias=False, dtype=dtype)
         else:
             self.shared_expert = self.shared_expert_gate = None
@@ -101,7 +107,7 @@ class SparseMoE(nnx.Module):
         weights, experts = self.route(x)
         combine = jnp.sum(jax.nn.one_hot(experts, self.num_experts, dtype=x.dtype) * weights[..., None], axis=-2)
         gate_up = jnp.einsum("...e,xef->...xf", x, self.experts.gate_up_proj[...])
-        gate, up = jnp.split(gate_up, 2, axis=-1)
+        gate, up = split_shard_major(gate_up, [self.intermediate] * 2, self.tp_size)
         down = jnp.einsum("...xi,xie->...xe", jax.nn.silu(gate) * up, self.experts.down_proj[...])
         routed = jnp.einsum("...xe,...x->...e", down, combine, preferred_element_type=jnp.float32)
         return self.add_shared(x, routed.astype(x.dtype))
@@ -113,7 +119,8 @@ class SparseMoE(nnx.Module):
         XLA lowers `ragged_dot` on GPU to a dense product over every expert, which at these sizes
         reads all X experts to use at most T*K of them; XLA's own gather + GEMV fusion reaches a
         fraction of the memory bandwidth. On CPU `ops.moe_gather` runs the jnp reference."""
-        return ops.moe_gather(x, experts, weights, self.experts.gate_up_proj[...], self.experts.down_proj[...])
+        return ops.moe_gather(x, experts, weights, self.experts.gate_up_proj[...], self.experts.down_proj[...],
+                              tp=self.tp_size)
 
     def _routed_grouped(self, x, experts, weights):
         """Many tokens (prefill): one grouped GEMM over tokens sorted by expert."""
@@ -125,7 +132,7 @@ class SparseMoE(nnx.Module):
         rows = x[order // k]
         group_sizes = jnp.bincount(flat_experts, length=self.num_experts).astype(jnp.int32)
         gate_up = _grouped_matmul(rows, self.experts.gate_up_proj[...], group_sizes)
-        gate, up = jnp.split(gate_up, 2, axis=-1)
+        gate, up = split_shard_major(gate_up, [self.intermediate] * 2, self.tp_size)
         hidden = jax.nn.silu(gate) * up
         down = _grouped_matmul(hidden, self.experts.down_proj[...], group_sizes)  # [T*K, E]
         down = down * weights.reshape(-1)[order][:, None]

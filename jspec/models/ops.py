@@ -6,6 +6,11 @@ Models call these functions only. Each picks an implementation by backend:
 - "interpret": the Pallas kernels in interpret mode (CPU tests of the kernel path).
 The default is "pallas" on GPU and "reference" elsewhere; `JSPEC_KERNELS` or `set_backend` override
 it. An operation with no Pallas kernel yet falls back to its reference, so every backend is complete.
+
+Tensor parallelism: a layer of a target split over `tp` devices passes `tp=`; the kernel then runs
+under `jax.shard_map` over the mesh set by `tensor_parallel` (the runner sets it while it traces),
+seeing its device's heads (channels, expert slices) only. The rest of a step is partitioned by XLA
+from the parameters' shardings; a custom kernel is opaque to XLA, hence the explicit map.
 """
 
 from __future__ import annotations
@@ -15,13 +20,16 @@ import importlib
 import os
 
 import jax
+from jax.sharding import PartitionSpec as P
 
+from jspec.sharding import TP
 from pallas_kernels.gdn import reference as gdn_ref
 from pallas_kernels.moe import reference as moe_ref
 from pallas_kernels.paged_attention import reference as attn_ref
 
 BACKENDS = ("reference", "pallas", "interpret")
 _backend: str | None = None
+_mesh = None  # the tensor-parallel mesh of the steps being traced (`tensor_parallel`)
 
 
 def default_backend() -> str:
@@ -55,6 +63,35 @@ def use_backend(name: str):
         set_backend(prev)
 
 
+@contextlib.contextmanager
+def tensor_parallel(mesh):
+    """Trace under `mesh` (None: no mesh): layers with tp > 1 map their kernels over its `tp` axis."""
+    global _mesh
+    prev, _mesh = _mesh, mesh
+    try:
+        yield
+    finally:
+        _mesh = prev
+
+
+def _per_device(fn, tp: int, in_specs, out_specs):
+    """fn itself at tp == 1; else fn mapped over the mesh's tp axis with the given specs."""
+    if tp == 1:
+        return fn
+    if _mesh is None or _mesh.shape.get(TP) != tp:
+        raise RuntimeError(f"a layer split {tp} ways is traced without a {tp}-device mesh "
+                           "(wrap the trace in jspec.models.ops.tensor_parallel(mesh))")
+    return jax.shard_map(fn, mesh=_mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+
+# Specs by where the split axis sits: heads / channels of tokens `[T, H, ...]`, KV pages
+# `[P, L, G, D]`, state pools `[S, H, ...]`, conv scratch `[B, N, C, K-1]`.
+_R = P()
+_TOK2, _TOK3 = P(None, TP), P(None, TP, None)
+_PAGES = P(None, None, TP, None)
+_SSM = P(None, TP, None, None)
+
+
 def _kernel(module: str, name: str):
     """The Pallas implementation `pallas_kernels.<module>.<name>`, or None if not there yet."""
     try:
@@ -77,60 +114,89 @@ def _pick(module: str, name: str, ref):
 # ----------------------------------------------------------------------------- paged attention
 
 
-def write_kv(k_pages, v_pages, k_new, v_new, slot_mapping):
+def write_kv(k_pages, v_pages, k_new, v_new, slot_mapping, *, tp: int = 1):
     fn, kw = _pick("paged_attention", "write_kv", attn_ref.write_kv)
-    return fn(k_pages, v_pages, k_new, v_new, slot_mapping, **kw)
+    run = _per_device(lambda *a: fn(*a, **kw), tp, (_PAGES, _PAGES, _TOK3, _TOK3, _R), (_PAGES, _PAGES))
+    return run(k_pages, v_pages, k_new, v_new, slot_mapping)
 
 
 def paged_attention(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, *, sm_scale, mask_mode="causal",
-                    custom_mask=None):
+                    custom_mask=None, tp: int = 1):
     fn, kw = _pick("paged_attention", "paged_attention", attn_ref.paged_attention)
-    return fn(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, sm_scale=sm_scale, mask_mode=mask_mode,
-              custom_mask=custom_mask, **kw)
+
+    def attend(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, *mask):
+        return fn(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, sm_scale=sm_scale, mask_mode=mask_mode,
+                  custom_mask=mask[0] if mask else None, **kw)
+
+    mask = () if custom_mask is None else (custom_mask,)
+    run = _per_device(attend, tp, (_TOK3, _PAGES, _PAGES, _R, _R, _R) + (_R,) * len(mask), _TOK3)
+    return run(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, *mask)
 
 
-def paged_decode(q, k_pages, v_pages, page_table, seq_lens, *, sm_scale):
+def paged_decode(q, k_pages, v_pages, page_table, seq_lens, *, sm_scale, tp: int = 1):
     fn, kw = _pick("paged_attention", "paged_decode", attn_ref.paged_decode)
-    return fn(q, k_pages, v_pages, page_table, seq_lens, sm_scale=sm_scale, **kw)
+    run = _per_device(lambda *a: fn(*a, sm_scale=sm_scale, **kw), tp, (_TOK3, _PAGES, _PAGES, _R, _R), _TOK3)
+    return run(q, k_pages, v_pages, page_table, seq_lens)
 
 
 # ----------------------------------------------------------------------------- gated deltanet
 
 
-def causal_conv1d(x, weight, conv_pool, cu_seqlens, slots, has_initial):
+# Channels of the conv `[T, C]` / weight `[C, K]` / pool `[S, C, K-1]`, heads of q, k, v `[T, H, d]`,
+# gates `[T, Hv]` and states `[S, Hv, dk, dv]`.
+_CONV_IN = (_TOK2, P(TP, None), _TOK3)
+_QKVGB = (_TOK3, _TOK3, _TOK3, _TOK2, _TOK2)
+
+
+def causal_conv1d(x, weight, conv_pool, cu_seqlens, slots, has_initial, *, tp: int = 1):
     fn, kw = _pick("gdn", "causal_conv1d", gdn_ref.causal_conv1d)
-    return fn(x, weight, conv_pool, cu_seqlens, slots, has_initial, **kw)
+    run = _per_device(lambda *a: fn(*a, **kw), tp, _CONV_IN + (_R, _R, _R), (_TOK2, _TOK3))
+    return run(x, weight, conv_pool, cu_seqlens, slots, has_initial)
 
 
-def gated_delta_rule(q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initial, *, decode: bool):
+def gated_delta_rule(q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initial, *, decode: bool, tp: int = 1):
     """decode=True promises one token per request (T == B): the recurrent kernel; else chunked."""
     name = "gated_delta_rule_decode" if decode else "gated_delta_rule"
     fn, kw = _pick("gdn", name, gdn_ref.gated_delta_rule)
-    return fn(q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initial, **kw)
+    run = _per_device(lambda *a: fn(*a, **kw), tp, _QKVGB + (_SSM, _R, _R, _R), (_TOK3, _SSM))
+    return run(q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initial)
 
 
-def causal_conv1d_verify(x, weight, conv_pool, slots, parents):
+def causal_conv1d_verify(x, weight, conv_pool, slots, parents, *, tp: int = 1):
     fn, kw = _pick("gdn", "causal_conv1d_verify", gdn_ref.causal_conv1d_verify)
-    return fn(x, weight, conv_pool, slots, parents, **kw)
+    run = _per_device(lambda *a: fn(*a, **kw), tp, _CONV_IN + (_R, _R), (_TOK2, P(None, None, TP, None)))
+    return run(x, weight, conv_pool, slots, parents)
 
 
-def gated_delta_rule_verify(q, k, v, g, beta, state_pool, slots, parents):
+def gated_delta_rule_verify(q, k, v, g, beta, state_pool, slots, parents, *, tp: int = 1):
     fn, kw = _pick("gdn", "gated_delta_rule_verify", gdn_ref.gated_delta_rule_verify)
-    return fn(q, k, v, g, beta, state_pool, slots, parents, **kw)
+    run = _per_device(lambda *a: fn(*a, **kw), tp, _QKVGB + (_SSM, _R, _R), _TOK3)
+    return run(q, k, v, g, beta, state_pool, slots, parents)
 
 
-def gdn_commit(state_pool, conv_pool, conv_scratch, replay, slots, path, accepted):
+def gdn_commit(state_pool, conv_pool, conv_scratch, replay, slots, path, accepted, *, tp: int = 1):
     """replay: the verified tokens' (k, v, g, beta); path `[B, N]`: `gdn_ref.accepted_path`."""
     fn, kw = _pick("gdn", "commit", gdn_ref.commit)
-    return fn(state_pool, conv_pool, conv_scratch, *replay, slots, path, accepted, **kw)
+    in_specs = (_SSM, _TOK3, P(None, None, TP, None), _TOK3, _TOK3, _TOK2, _TOK2, _R, _R, _R)
+    run = _per_device(lambda *a: fn(*a, **kw), tp, in_specs, (_SSM, _TOK3))
+    return run(state_pool, conv_pool, conv_scratch, *replay, slots, path, accepted)
 
 
 # ----------------------------------------------------------------------------- mixture of experts
 
 
-def moe_gather(x, experts, weights, gate_up, down):
+def moe_gather(x, experts, weights, gate_up, down, *, tp: int = 1):
     """Routed experts of decode / verify batches: the expert-tiled gather kernels read each routed
     expert about once per tile of up to 16 of its (token, k) pairs.
-    x [T, E], experts / weights [T, K], gate_up [X, E, 2I], down [X, I, E] -> [T, E]."""
+    x [T, E], experts / weights [T, K], gate_up [X, E, 2I], down [X, I, E] -> [T, E]. Split tp ways,
+    each device runs its slice of every expert's intermediate dimension (its gate_up columns are
+    [gate | up] of that slice, the shard-major layout) and the partial outputs are summed."""
     fn, kw = _pick("moe", "moe_gather", moe_ref.moe_gather)
-    return fn(x, experts, weights, gate_up, down, **kw)
+    if tp == 1:
+        return fn(x, experts, weights, gate_up, down, **kw)
+
+    def partial(x, experts, weights, gate_up, down):
+        return jax.lax.psum(fn(x, experts, weights, gate_up, down, **kw), TP)
+
+    run = _per_device(partial, tp, (_R, _R, _R, P(None, None, TP), _TOK3), _R)
+    return run(x, experts, weights, gate_up, down)

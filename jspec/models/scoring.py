@@ -13,8 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax.sharding import NamedSharding
+
 from jspec.errors import InvalidRequestError
-from jspec.cache.pool import Caches, allocate_caches
+from jspec.cache.pool import Caches, allocate_caches, pool_specs
+from jspec.models import ops
 from jspec.models.batch import ForwardBatch, ForwardMode
 
 SCORE_PAGE_SIZE = 16
@@ -39,7 +42,8 @@ def jitted_forward(graphdef):
 
 
 def forward(model, caches: Caches, batch: ForwardBatch, logits_indices=None, capture_layers=()):
-    return jitted_forward(model.graphdef)(model.params, caches, batch, logits_indices, tuple(capture_layers))
+    with ops.tensor_parallel(model.mesh):  # a split model's kernels map over its mesh when traced
+        return jitted_forward(model.graphdef)(model.params, caches, batch, logits_indices, tuple(capture_layers))
 
 
 def _bucket(n: int, minimum: int = 16) -> int:
@@ -78,6 +82,8 @@ def score_sequence(model, token_ids) -> np.ndarray:
     padded = _bucket(ids.size)
     batch = single_sequence_batch(ids, page_size=SCORE_PAGE_SIZE, padded_len=padded)
     caches = allocate_caches(cfg, num_pages=padded // SCORE_PAGE_SIZE, page_size=SCORE_PAGE_SIZE,
-                             num_state_slots=1, dtype=model.dtype)
+                             num_state_slots=1, dtype=model.dtype, tp_size=model.tp_size)
+    if model.mesh is not None:
+        caches = jax.device_put(caches, jax.tree.map(lambda s: NamedSharding(model.mesh, s), pool_specs(caches)))
     out, _ = forward(model, caches, batch)
     return np.asarray(out.logits[: ids.size], dtype=np.float32)

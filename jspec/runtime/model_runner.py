@@ -3,6 +3,11 @@
 All buckets are compiled ahead of time at start-up ("capture"); afterwards a step only ever calls
 a compiled executable, so a shape outside the buckets is an error, never a silent recompilation.
 A speculative engine's DECODE buckets run its algorithm's speculative step (`Drafting`).
+
+Everything lives on one mesh (`jspec.sharding`; one device unless the target is split): the
+target's parameters as loaded, its pools split with them (`pool_specs`), everything else (drafter,
+page table, sampler buffers, packed inputs, outputs) replicated. A step is one program; XLA inserts
+the collectives.
 """
 
 from __future__ import annotations
@@ -17,11 +22,15 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from jspec.cache.pool import PoolLayout, allocate_caches
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jspec.cache.pool import PoolLayout, allocate_caches, pool_specs
+from jspec.models import ops
 from jspec.models.batch import ForwardMode
 from jspec.runtime.scheduler import StepPlan
 from jspec.runtime.step import Drafting, make_step
 from jspec.runtime.step_inputs import Bucket, DeviceState, pack
+from jspec.sharding import make_mesh
 
 
 @dataclasses.dataclass
@@ -66,6 +75,8 @@ class ModelRunner:
             self.buckets.append(Bucket(ForwardMode.EXTEND, t, b, t // page_size + b * (1 + ahead_pages) + 1,
                                        next_ids=drafting is not None and drafting.extend_next_ids))
         self.layout = layout
+        self.mesh = model.mesh if model.mesh is not None else make_mesh(1)
+        self._replicated = NamedSharding(self.mesh, P())
         draft_model = None if drafting is None else drafting.draft_model
         self.params = model.params if draft_model is None else (model.params, draft_model.params)
         self.compiled: dict[Bucket, object] = {}
@@ -80,7 +91,8 @@ class ModelRunner:
         An engine whose pool is sized from the device's memory builds the runner with
         compile=False, measures (`state_bytes`, `workspace_bytes`), then captures."""
         self.layout = layout
-        self.state = self.allocate_state(layout)
+        shapes = jax.eval_shape(lambda: self.allocate_state(layout))
+        self.state = jax.jit(lambda: self.allocate_state(layout), out_shardings=self.state_shardings(shapes))()
         self._compile_all(self._progress)
 
     def allocate_state(self, layout: PoolLayout) -> DeviceState:
@@ -91,7 +103,7 @@ class ModelRunner:
         pools = dict(num_pages=layout.num_pages, page_size=layout.page_size, num_state_slots=layout.num_slots)
         num_slots = layout.num_slots
         return DeviceState(
-            caches=allocate_caches(cfg, dtype=model.dtype, **pools),
+            caches=allocate_caches(cfg, dtype=model.dtype, tp_size=model.tp_size, **pools),
             req_to_page=jnp.zeros((num_slots, layout.pages_per_seq), jnp.int32),
             last_token=jnp.zeros((num_slots,), jnp.int32),
             output_counts=jnp.zeros((num_slots, cfg.vocab_size), jnp.int32),
@@ -103,25 +115,38 @@ class ModelRunner:
             seq_lens=None if self.drafting is None else jnp.zeros((num_slots,), jnp.int32),
         )
 
+    def state_shardings(self, state) -> DeviceState:
+        """NamedShardings of a (possibly abstract) device state: the target's pools split as the
+        target is, everything else replicated."""
+        shardings = jax.tree.map(lambda _: self._replicated, state)
+        if self.model.tp_size > 1:
+            split = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), pool_specs(state.caches))
+            shardings = dataclasses.replace(shardings, caches=split)
+        return shardings
+
+    def _abstract_state(self, layout: PoolLayout) -> DeviceState:
+        shapes = jax.eval_shape(lambda: self.allocate_state(layout))
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
+                            self.state_shardings(shapes))
+
     def state_bytes(self, num_pages: int) -> int:
-        """Device bytes of the state with num_pages pages (computed from shapes, nothing allocated)."""
-        shapes = jax.eval_shape(lambda: self.allocate_state(dataclasses.replace(self.layout, num_pages=num_pages)))
-        return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+        """Bytes of the state with num_pages pages on one device (its shard of split pools),
+        computed from shapes, nothing allocated."""
+        state = self._abstract_state(dataclasses.replace(self.layout, num_pages=num_pages))
+        return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize for x in jax.tree.leaves(state))
 
     def workspace_bytes(self) -> int:
         """The largest temporary buffer set of the compiled steps, measured by compiling the largest
         prompt and decode buckets against a pool of `layout.min_pages` (the workspace does not grow
         with the pool: the pools are donated arguments, updated in place)."""
-        layout = dataclasses.replace(self.layout, num_pages=self.layout.min_pages)
-        state = jax.eval_shape(lambda: self.allocate_state(layout))
+        state = self._abstract_state(dataclasses.replace(self.layout, num_pages=self.layout.min_pages))
         largest = {}
         for b in self.buckets:
             if b.mode not in largest or (b.num_tokens, b.sort) > (largest[b.mode].num_tokens, largest[b.mode].sort):
                 largest[b.mode] = b
         temp = 0
         for bucket in largest.values():
-            packed = jax.ShapeDtypeStruct((bucket.size,), jnp.int32)
-            exe = jax.jit(self.step_fn(bucket), donate_argnums=(1,)).lower(self.params, state, packed).compile()
+            exe = self._lower(bucket, state).compile()
             stats = exe.memory_analysis()
             temp = max(temp, 0 if stats is None else int(stats.temp_size_in_bytes))
         return temp
@@ -149,12 +174,19 @@ class ModelRunner:
         return make_step(self.model.graphdef, bucket, page_size=self.page_size, num_top_logprobs=self.num_top,
                          drafting=self.drafting)
 
+    def _lower(self, bucket: Bucket, state):
+        """Trace and lower a bucket's step against `state` (arrays or shardings-carrying shapes)."""
+        packed = jax.ShapeDtypeStruct((bucket.size,), jnp.int32, sharding=self._replicated)
+        out_shardings = (self.state_shardings(state), self._replicated)
+        with ops.tensor_parallel(self.mesh):
+            return jax.jit(self.step_fn(bucket), donate_argnums=(1,), out_shardings=out_shardings).lower(
+                self.params, state, packed)
+
     def _compile_all(self, progress: bool) -> None:
         t0 = time.perf_counter()
         lowered = {}
         for bucket in tqdm(self.buckets, desc="capture (trace buckets)", disable=not progress, unit="bucket"):
-            packed = jax.ShapeDtypeStruct((bucket.size,), jnp.int32)
-            lowered[bucket] = jax.jit(self.step_fn(bucket), donate_argnums=(1,)).lower(self.params, self.state, packed)
+            lowered[bucket] = self._lower(bucket, self.state)
         # Tracing holds the GIL; XLA's compilation releases it, so the buckets compile side by side.
         with ThreadPoolExecutor(max_workers=max(1, min(len(lowered), os.cpu_count() or 1))) as pool:
             done = pool.map(lambda b: (b, lowered[b].compile()), list(lowered))
@@ -174,7 +206,7 @@ class ModelRunner:
         for bucket in self.buckets:
             if bucket.mode is not ForwardMode.DECODE or bucket.sort:
                 continue
-            packed = jax.device_put(pack(StepPlan(ForwardMode.DECODE, [], []), bucket))
+            packed = jax.device_put(pack(StepPlan(ForwardMode.DECODE, [], []), bucket), self._replicated)
             samples = []
             for i in range(repeats + 1):  # the first run pays for loading the executable
                 t0 = time.perf_counter()
@@ -203,7 +235,7 @@ class ModelRunner:
         # Named in profiler traces (a no-op otherwise): the host side of a step, which with
         # overlap runs while the device still executes the step before it.
         with jax.profiler.TraceAnnotation(f"jspec.dispatch {bucket.mode.value} B{bucket.batch_size}"):
-            packed = jax.device_put(pack(plan, bucket))
+            packed = jax.device_put(pack(plan, bucket), self._replicated)
             self.state, out = self.compiled[bucket](self.params, self.state, packed)
             out.copy_to_host_async()
         return StepHandle(plan, bucket, out, time.perf_counter())

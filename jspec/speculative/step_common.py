@@ -120,7 +120,8 @@ def accept_chain(c: SpecStep, *, q=None, simulate_accept_length: float | None = 
         c.n, c.bonus = accept.simulated(logits, c.key_fn, simulate_accept_length, c.drafts.shape[1], c.sb, c.greedy,
                                         sort=c.bucket.sort)
     c.kept = c.drafts
-    c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, c.n, -1))
+    c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, c.n, -1),
+                                tp=c.target.tp_size)
 
 
 def compose(start, phases: list[Phase]):

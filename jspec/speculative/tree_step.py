@@ -122,7 +122,7 @@ def phases(*, num_steps: int, topk: int, num_draft_tokens: int,
         c.caches = move_kv(c.caches, c.page_table, c.l0, path, c.n, c.valid, c.page_size)
         last_node = jnp.take_along_axis(path, c.n[:, None], axis=1)[:, 0]
         c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, last_node, -1),
-                                 parents)
+                                 parents, tp=c.target.tp_size)
         c.kept = jnp.take_along_axis(vt, path, axis=1)[:, 1:]  # [B, S] accepted draft tokens (valid up to n)
         c.scratch["path"] = path
 

@@ -61,9 +61,9 @@ def decode_batch(tokens, pos, valid, page_table, slots, page_size: int) -> Forwa
     )
 
 
-def commit(caches: Caches, scratch, slots, accepted, parents=None) -> Caches:
+def commit(caches: Caches, scratch, slots, accepted, parents=None, *, tp: int = 1) -> Caches:
     """Make node `accepted[b]` the committed GDN state of slot `slots[b]` (negative: keep).
-    parents `[B, N]` of a tree; None for a chain."""
+    parents `[B, N]` of a tree; None for a chain. tp: the target's tensor-parallel size."""
     if not scratch:
         return caches
     if parents is None:
@@ -71,5 +71,5 @@ def commit(caches: Caches, scratch, slots, accepted, parents=None) -> Caches:
     path = gdn_ref.accepted_path(parents, accepted)  # once for every layer
     conv, ssm = list(caches.conv), list(caches.ssm)
     for i, (conv_scr, replay) in enumerate(scratch):
-        ssm[i], conv[i] = ops.gdn_commit(ssm[i], conv[i], conv_scr, replay, slots, path, accepted)
+        ssm[i], conv[i] = ops.gdn_commit(ssm[i], conv[i], conv_scr, replay, slots, path, accepted, tp=tp)
     return Caches(kv=caches.kv, conv=conv, ssm=ssm)

@@ -1,0 +1,191 @@
+"""Tensor parallelism: how a target's parameters and pools split over the mesh axis `tp`.
+
+Megatron-style splits, written as one `PartitionSpec` per parameter name (`param_spec`):
+- attention by heads: the fused q/k/v projection column-parallel, o_proj row-parallel. With fewer
+  KV heads G than `tp_size` each KV head is replicated tp/G times (`kv_heads`), so every device owns
+  exactly one, as vLLM and SGLang do;
+- SwiGLU (dense MLP, shared expert) column-parallel gate/up, row-parallel down;
+- MoE by each expert's intermediate dimension: every device holds every expert, a 1/tp slice of
+  each, so any expert count works and routing needs no all-to-all;
+- Gated DeltaNet by key/value heads: projections, conv channels, gates and the state pool split
+  with them, out_proj row-parallel;
+- vocabulary-parallel embedding and lm_head, the vocabulary padded to a multiple of tp
+  (`padded_vocab`; the pad rows are zero and `CausalLM.compute_logits` drops their columns).
+
+A fused projection concatenates several outputs ([q | k | v], [gate | up], conv [q | k | v]), so a
+contiguous split of its rows would hand device 0 all of q and nothing of v. At tp > 1 those rows
+are stored *shard-major* instead: [q_0 k_0 v_0 | q_1 k_1 v_1 | ...], device s's rows contiguous.
+`to_tp_layout` permutes a checkpoint's (tp = 1) tensor into that order on the host, once, at load;
+the model splits its outputs with `split_shard_major`. At tp = 1 both are the identity.
+
+Only the target is split: drafters (one or two layers) are replicated on every device. The pools
+split with the layers that write them (`jspec.cache.pool.pool_specs`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jspec.config import ModelConfig
+from jspec.errors import ConfigError
+
+TP = "tp"  # the mesh axis name
+
+
+def make_mesh(tp_size: int, devices=None) -> Mesh:
+    """A one-axis mesh over the first tp_size local devices."""
+    devices = list(jax.devices() if devices is None else devices)
+    return Mesh(np.array(devices[:tp_size]), (TP,))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def kv_heads(num_kv_heads: int, tp_size: int) -> int:
+    """KV heads the target's pools and projection hold: G, or tp when G < tp (each replicated)."""
+    return num_kv_heads if num_kv_heads % tp_size == 0 else tp_size
+
+
+def padded_vocab(vocab_size: int, tp_size: int) -> int:
+    return -(-vocab_size // tp_size) * tp_size
+
+
+def check_tp(config: ModelConfig, tp_size, num_devices: int | None = None) -> int:
+    """ConfigError for a split that cannot work, naming the field and the numbers; returns tp_size."""
+    if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
+        raise ConfigError(f"tp_size must be a positive int, got {tp_size!r}")
+    num_devices = len(jax.devices()) if num_devices is None else num_devices
+    if tp_size > num_devices:
+        raise ConfigError(f"tp_size={tp_size} but only {num_devices} device(s) are visible "
+                          f"({jax.default_backend()}); lower tp_size")
+    if tp_size == 1:
+        return 1
+
+    def need(field: str, value: int) -> None:
+        if value % tp_size:
+            raise ConfigError(f"tp_size={tp_size} does not divide {field}={value}")
+
+    if config.attention_layer_ids:
+        need("num_attention_heads", config.num_attention_heads)
+        g = config.num_key_value_heads
+        if g % tp_size and tp_size % g:
+            raise ConfigError(f"tp_size={tp_size} and num_key_value_heads={g}: one must divide the other "
+                              "(KV heads split over devices, or each replicated on tp/G of them)")
+    if not all(config.moe_layers):
+        need("intermediate_size", config.intermediate_size)
+    if any(config.moe_layers):
+        need("moe_intermediate_size", config.moe_intermediate_size)
+        if config.shared_expert_intermediate_size:
+            need("shared_expert_intermediate_size", config.shared_expert_intermediate_size)
+    if config.gdn_layer_ids:
+        need("linear_num_key_heads", config.linear_num_key_heads)
+        need("linear_num_value_heads", config.linear_num_value_heads)
+    return tp_size
+
+
+# ------------------------------------------------------------------------------- parameter specs
+
+_COL, _ROW, _REP = P(TP, None), P(None, TP), P()
+# (name pattern, spec): the first match wins. Column-parallel weights `[out, in]` split rows, their
+# biases with them; row-parallel weights split columns and keep their bias whole (added once,
+# after the reduction).
+_RULES = (
+    (r"embed_tokens\.weight$|lm_head\.weight$", _COL),
+    (r"self_attn\.qkv_proj\.weight$", _COL),
+    (r"self_attn\.qkv_proj\.bias$", P(TP)),
+    (r"self_attn\.o_proj\.weight$", _ROW),
+    (r"(mlp|shared_expert)\.gate_up_proj\.weight$", _COL),
+    (r"(mlp|shared_expert)\.gate_up_proj\.bias$", P(TP)),
+    (r"(mlp|shared_expert)\.down_proj\.weight$", _ROW),
+    (r"mlp\.experts\.gate_up_proj$", P(None, None, TP)),  # [X, E, 2I]
+    (r"mlp\.experts\.down_proj$", P(None, TP, None)),  # [X, I, E]
+    (r"linear_attn\.in_proj_\w+\.weight$", _COL),
+    (r"linear_attn\.conv1d\.weight$", P(TP, None, None)),  # [C, 1, K]
+    (r"linear_attn\.(dt_bias|A_log)$", P(TP)),
+    (r"linear_attn\.out_proj\.weight$", _ROW),
+    # Replicated: norms, the router, the shared expert's gate, row-parallel biases.
+    (r"norm\.weight$|mlp\.gate\.weight$|shared_expert_gate\.weight$|(o_proj|down_proj)\.bias$", _REP),
+)
+_COMPILED = tuple((re.compile(p), s) for p, s in _RULES)
+
+
+def param_spec(name: str) -> P:
+    """The PartitionSpec of a target parameter (jspec name, e.g. `model.layers.0.mlp.down_proj.weight`)."""
+    for pattern, spec in _COMPILED:
+        if pattern.search(name):
+            return spec
+    raise KeyError(f"no tensor-parallel rule for parameter {name!r}")
+
+
+def param_shardings(abstract_state, mesh: Mesh):
+    """NamedShardings for a target's (abstract) nnx parameter state, as a pure dict tree."""
+    pure = abstract_state.to_pure_dict()
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: NamedSharding(mesh, param_spec(path_name(path))), pure)
+
+
+def path_name(path) -> str:
+    return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+# ------------------------------------------------------------------------------- layouts
+
+def _shard_major(arr: np.ndarray, sizes: list[int], tp: int, axis: int) -> np.ndarray:
+    """Parts of `sizes` along axis, each cut in tp chunks, regrouped device by device."""
+    parts = np.split(arr, np.cumsum(sizes)[:-1], axis=axis)
+    chunks = [np.split(p, tp, axis=axis) for p in parts]
+    return np.concatenate([c[s] for s in range(tp) for c in chunks], axis=axis)
+
+
+def to_tp_layout(name: str, arr: np.ndarray, config: ModelConfig, tp: int) -> np.ndarray:
+    """A checkpoint tensor (tp = 1 layout) in the layout of a tp-way target (see the module doc)."""
+    if tp == 1:
+        return arr
+    if re.search(r"embed_tokens\.weight$|lm_head\.weight$", name):
+        pad = padded_vocab(config.vocab_size, tp) - arr.shape[0]
+        return np.pad(arr, [(0, pad)] + [(0, 0)] * (arr.ndim - 1)) if pad else arr
+    if re.search(r"self_attn\.qkv_proj\.(weight|bias)$", name):
+        g, d = config.num_key_value_heads, config.head_dim
+        q_out = arr.shape[0] - 2 * g * d
+        q, k, v = np.split(arr, [q_out, q_out + g * d], axis=0)
+        g_tp = kv_heads(g, tp)
+        if g_tp != g:  # each KV head replicated on the tp/G devices whose query heads read it
+            k = np.repeat(k.reshape(g, d, *k.shape[1:]), g_tp // g, axis=0).reshape(g_tp * d, *k.shape[1:])
+            v = np.repeat(v.reshape(g, d, *v.shape[1:]), g_tp // g, axis=0).reshape(g_tp * d, *v.shape[1:])
+        return _shard_major(np.concatenate([q, k, v]), [q_out, g_tp * d, g_tp * d], tp, axis=0)
+    if re.search(r"(mlp|shared_expert)\.gate_up_proj\.(weight|bias)$", name):
+        half = arr.shape[0] // 2
+        return _shard_major(arr, [half, half], tp, axis=0)
+    if re.search(r"mlp\.experts\.gate_up_proj$", name):
+        half = arr.shape[-1] // 2
+        return _shard_major(arr, [half, half], tp, axis=arr.ndim - 1)
+    if re.search(r"linear_attn\.(conv1d|in_proj_qkv)\.weight$", name):
+        kd = config.gdn_key_dim
+        return _shard_major(arr, [kd, kd, config.gdn_value_dim], tp, axis=0)
+    return arr
+
+
+def split_shard_major(y, sizes: list[int], tp: int) -> list:
+    """Split the last axis of a fused projection's output `[..., sum(sizes)]` into its parts, each
+    `[..., size]` in its own canonical order; at tp > 1 the axis is shard-major (module doc)."""
+    if tp == 1:
+        return jnp.split(y, np.cumsum(sizes)[:-1].tolist(), axis=-1)
+    lead = y.shape[:-1]
+    local = [s // tp for s in sizes]
+    parts = jnp.split(y.reshape(*lead, tp, sum(local)), np.cumsum(local)[:-1].tolist(), axis=-1)
+    return [p.reshape(*lead, s) for p, s in zip(parts, sizes)]
+
+
+def concat_shard_major(parts: list, tp: int):
+    """The inverse of `split_shard_major`: parts `[..., n_i]` -> `[..., sum n_i]`, shard-major."""
+    if tp == 1:
+        return jnp.concatenate(parts, axis=-1)
+    lead = parts[0].shape[:-1]
+    local = [p.reshape(*lead, tp, p.shape[-1] // tp) for p in parts]
+    return jnp.concatenate(local, axis=-1).reshape(*lead, sum(p.shape[-1] for p in parts))
