@@ -16,6 +16,7 @@ args.PyTreeSave / PyTreeRestore, RestoreArgs, metadata().item_metadata.tree).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +27,7 @@ from tqdm import tqdm
 from checkpoints.errors import CheckpointError
 
 PARAMS_ITEM = "params"
+META_FILE = "jspec_checkpoint.json"  # beside the item: source, dtype, tensor count, tp_size of the layout
 # Written by orbax's PyTree handler once the item is complete; an unfinished save
 # lives in a `params.orbax-checkpoint-tmp-*` folder and is renamed at the end.
 _TREE_METADATA_FILE = "_METADATA"
@@ -71,8 +73,19 @@ def save_params(params: Mapping[str, object], out_dir: str | os.PathLike, *, pro
         checkpointer.close()
 
 
-def load_params(directory: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Read back what save_params wrote in `directory`, as host numpy arrays."""
+def read_meta(directory: str | os.PathLike) -> dict:
+    """The META_FILE written beside the params by `jspec convert` ({} when there is none)."""
+    path = Path(directory) / META_FILE
+    if not path.is_file():
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_params(directory: str | os.PathLike, shardings: Mapping | None = None) -> dict:
+    """Read back what save_params wrote in `directory`, as host numpy arrays; tensors named in
+    `shardings` (name -> jax.sharding.Sharding) are restored straight onto their devices instead,
+    each device reading only its own slice from the store."""
     import orbax.checkpoint as ocp
 
     directory = Path(directory).resolve()
@@ -88,7 +101,9 @@ def load_params(directory: str | os.PathLike) -> dict[str, np.ndarray]:
             raise CheckpointError("holds a nested tree, not a flat dict of parameters", file=str(item_dir))
         # Ask for numpy explicitly: otherwise orbax follows the saved metadata and,
         # for a checkpoint written from jax arrays, would rebuild sharded device arrays.
-        restore_args = {name: ocp.RestoreArgs(restore_type=np.ndarray) for name in tree}
+        shardings = shardings or {}
+        restore_args = {name: (ocp.ArrayRestoreArgs(sharding=shardings[name]) if name in shardings
+                               else ocp.RestoreArgs(restore_type=np.ndarray)) for name in tree}
         restored = checkpointer.restore(item_dir, args=ocp.args.PyTreeRestore(restore_args=restore_args))
     except CheckpointError:
         raise
@@ -96,4 +111,4 @@ def load_params(directory: str | os.PathLike) -> dict[str, np.ndarray]:
         raise CheckpointError(f"cannot restore orbax params: {type(e).__name__}: {e}", file=str(directory)) from e
     finally:
         checkpointer.close()
-    return {name: np.asarray(value) for name, value in restored.items()}
+    return {name: value if name in shardings else np.asarray(value) for name, value in restored.items()}

@@ -10,7 +10,7 @@ import sys
 def _cmd_convert(args) -> int:
     from jspec.convert import convert_checkpoint
 
-    meta = convert_checkpoint(args.hf, args.out, dtype=args.dtype, progress=not args.quiet)
+    meta = convert_checkpoint(args.hf, args.out, dtype=args.dtype, progress=not args.quiet, tp_size=args.tp_size)
     print(f"wrote {meta['num_tensors']} tensors ({meta['dtype']}) to {args.out}")
     return 0
 
@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True, help="output directory")
     c.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     c.add_argument("--quiet", action="store_true", help="no progress bars")
+    c.add_argument("--tp-size", type=int, default=1,
+                   help="store the layout of a target split that many ways (restores straight to its devices)")
     c.set_defaults(func=_cmd_convert)
 
     g = sub.add_parser("generate", help="generate text with the engine")

@@ -14,23 +14,31 @@ from checkpoints.safetensors_reader import SafetensorsCheckpoint
 from jspec.config import load_config
 from jspec.errors import CheckpointError
 from jspec.models.loader import abstract_model, flat_names, is_hf_dir, read_params, resolve_dtype
+from jspec.sharding import check_tp, to_tp_layout
 
 # Files that travel with the weights so the converted directory is self-contained.
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
               "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja")
-META_FILE = "jspec_checkpoint.json"
+META_FILE = orbax_io.META_FILE
 
 
-def convert_checkpoint(hf_dir: str, out_dir: str, *, dtype: str = "bfloat16", progress: bool = True) -> dict:
-    """Read an HF checkpoint as jspec parameters (cast to `dtype`) and write them with orbax."""
+def convert_checkpoint(hf_dir: str, out_dir: str, *, dtype: str = "bfloat16", progress: bool = True,
+                       tp_size: int = 1) -> dict:
+    """Read an HF checkpoint as jspec parameters (cast to `dtype`) and write them with orbax.
+    tp_size: store the target's tensors in that split's layout (`jspec.sharding.to_tp_layout`), so
+    an engine with the same tp_size restores every tensor straight onto its devices, each reading
+    its own slice (any other tp_size still loads it, through host memory)."""
     if not is_hf_dir(hf_dir):
         raise CheckpointError("no *.safetensors files here", file=hf_dir)
     config = load_config(hf_dir)
     dt = resolve_dtype(dtype)
+    tp = check_tp(config, tp_size, num_devices=tp_size)  # the layout only: no devices needed here
     _, abstract = abstract_model(config, dt)
     bar = tqdm(total=len(flat_names(abstract)), desc="reading", unit="tensor", disable=not progress)
-    params, extras = read_params(hf_dir, config, dt, progress=lambda _: bar.update(1))
+    params, extras, _ = read_params(hf_dir, config, dt, progress=lambda _: bar.update(1))
     bar.close()
+    for name in list(params):  # one tensor at a time: the permuted copy replaces the original
+        params[name] = to_tp_layout(name, np.asarray(params[name]), config, tp)
     if extras:  # MTP layers and the like: kept (in the chosen dtype) for the drafters that read them
         ckpt = SafetensorsCheckpoint(hf_dir)
         for name, hf_name in extras.items():
@@ -42,7 +50,7 @@ def convert_checkpoint(hf_dir: str, out_dir: str, *, dtype: str = "bfloat16", pr
         if os.path.exists(src):
             shutil.copyfile(src, os.path.join(out_dir, f))
     meta = {"source": os.path.abspath(hf_dir), "dtype": str(np.dtype(dt)), "num_tensors": len(params),
-            "architecture": config.architecture}
+            "architecture": config.architecture, "tp_size": tp}
     with open(os.path.join(out_dir, META_FILE), "w") as f:
         json.dump(meta, f, indent=2)
     return meta

@@ -143,32 +143,68 @@ def _shard_major(arr: np.ndarray, sizes: list[int], tp: int, axis: int) -> np.nd
     return np.concatenate([c[s] for s in range(tp) for c in chunks], axis=axis)
 
 
+def _unshard_major(arr: np.ndarray, sizes: list[int], tp: int, axis: int) -> np.ndarray:
+    """The inverse of `_shard_major` (sizes: the parts' whole sizes)."""
+    per_device = np.split(arr, tp, axis=axis)
+    local = [s // tp for s in sizes]
+    chunks = [np.split(d, np.cumsum(local)[:-1], axis=axis) for d in per_device]
+    return np.concatenate([np.concatenate([c[i] for c in chunks], axis=axis) for i in range(len(sizes))], axis=axis)
+
+
+_VOCAB = re.compile(r"embed_tokens\.weight$|lm_head\.weight$")
+_QKV = re.compile(r"self_attn\.qkv_proj\.(weight|bias)$")
+
+
+def _fused_parts(name: str, shape, config: ModelConfig) -> tuple[int, list[int]] | None:
+    """(axis, part sizes) of a fused tensor stored shard-major at tp > 1 (q/k/v excepted), or None."""
+    if re.search(r"(mlp|shared_expert)\.gate_up_proj\.(weight|bias)$", name):
+        return 0, [shape[0] // 2] * 2
+    if re.search(r"mlp\.experts\.gate_up_proj$", name):
+        return len(shape) - 1, [shape[-1] // 2] * 2
+    if re.search(r"linear_attn\.(conv1d|in_proj_qkv)\.weight$", name):
+        return 0, [config.gdn_key_dim, config.gdn_key_dim, config.gdn_value_dim]
+    return None
+
+
+def _kv_rows(arr: np.ndarray, heads: int, d: int) -> np.ndarray:
+    return arr.reshape(heads, d, *arr.shape[1:])
+
+
 def to_tp_layout(name: str, arr: np.ndarray, config: ModelConfig, tp: int) -> np.ndarray:
     """A checkpoint tensor (tp = 1 layout) in the layout of a tp-way target (see the module doc)."""
     if tp == 1:
         return arr
-    if re.search(r"embed_tokens\.weight$|lm_head\.weight$", name):
+    if _VOCAB.search(name):
         pad = padded_vocab(config.vocab_size, tp) - arr.shape[0]
         return np.pad(arr, [(0, pad)] + [(0, 0)] * (arr.ndim - 1)) if pad else arr
-    if re.search(r"self_attn\.qkv_proj\.(weight|bias)$", name):
+    if _QKV.search(name):
         g, d = config.num_key_value_heads, config.head_dim
-        q_out = arr.shape[0] - 2 * g * d
+        g_tp, q_out = kv_heads(g, tp), arr.shape[0] - 2 * g * d
         q, k, v = np.split(arr, [q_out, q_out + g * d], axis=0)
-        g_tp = kv_heads(g, tp)
-        if g_tp != g:  # each KV head replicated on the tp/G devices whose query heads read it
-            k = np.repeat(k.reshape(g, d, *k.shape[1:]), g_tp // g, axis=0).reshape(g_tp * d, *k.shape[1:])
-            v = np.repeat(v.reshape(g, d, *v.shape[1:]), g_tp // g, axis=0).reshape(g_tp * d, *v.shape[1:])
+        # Each KV head replicated on the tp/G devices whose query heads read it.
+        k, v = (np.repeat(_kv_rows(x, g, d), g_tp // g, axis=0).reshape(g_tp * d, *x.shape[1:]) for x in (k, v))
         return _shard_major(np.concatenate([q, k, v]), [q_out, g_tp * d, g_tp * d], tp, axis=0)
-    if re.search(r"(mlp|shared_expert)\.gate_up_proj\.(weight|bias)$", name):
-        half = arr.shape[0] // 2
-        return _shard_major(arr, [half, half], tp, axis=0)
-    if re.search(r"mlp\.experts\.gate_up_proj$", name):
-        half = arr.shape[-1] // 2
-        return _shard_major(arr, [half, half], tp, axis=arr.ndim - 1)
-    if re.search(r"linear_attn\.(conv1d|in_proj_qkv)\.weight$", name):
-        kd = config.gdn_key_dim
-        return _shard_major(arr, [kd, kd, config.gdn_value_dim], tp, axis=0)
-    return arr
+    fused = _fused_parts(name, arr.shape, config)
+    return arr if fused is None else _shard_major(arr, fused[1], tp, axis=fused[0])
+
+
+def from_tp_layout(name: str, arr: np.ndarray, config: ModelConfig, tp: int) -> np.ndarray:
+    """The inverse of `to_tp_layout`: a tensor stored in a tp-way layout back in the tp = 1 one
+    (a checkpoint converted for one split, loaded at another)."""
+    if tp == 1:
+        return arr
+    if _VOCAB.search(name):
+        return arr[: config.vocab_size]
+    if _QKV.search(name):
+        g, d = config.num_key_value_heads, config.head_dim
+        g_tp = kv_heads(g, tp)
+        q_out = arr.shape[0] - 2 * g_tp * d
+        q, k, v = np.split(_unshard_major(arr, [q_out, g_tp * d, g_tp * d], tp, axis=0), [q_out, q_out + g_tp * d])
+        # The first copy of each replicated KV head.
+        k, v = (_kv_rows(x, g_tp, d)[:: g_tp // g].reshape(g * d, *x.shape[1:]) for x in (k, v))
+        return np.concatenate([q, k, v])
+    fused = _fused_parts(name, arr.shape, config)
+    return arr if fused is None else _unshard_major(arr, fused[1], tp, axis=fused[0])
 
 
 def split_shard_major(y, sizes: list[int], tp: int) -> list:

@@ -6,6 +6,8 @@ into CPU code changes (results may differ in float rounding, as between XLA vers
 still passes):
 - `--xla_backend_optimization_level=1`: LLVM's -O1 instead of -O2 for the generated CPU code;
 - `--xla_cpu_use_fusion_emitters=false`: XLA's classic emitters for CPU fusions.
+- `--xla_force_host_platform_device_count=4`: four CPU devices, for the tensor-parallel tests
+  (a mesh of 2 or 4); everything else runs on the first, as before.
 Level 0 compiles faster still but makes generated code much slower (`jspec demo`). A persistent
 compilation cache shared by the session does not pay: the test files' tiny models differ, so almost
 no compile would hit it. Timings: bench/README.md, "Test suite timing".
@@ -17,7 +19,8 @@ because its 10 engines generate enough tokens that -O1 code costs more than it s
 
 import os
 
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=1 --xla_cpu_use_fusion_emitters=false"
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=1 --xla_cpu_use_fusion_emitters=false "
+                  "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JSPEC_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
 os.environ["XLA_FLAGS"] = f"{TEST_XLA_FLAGS} {os.environ['JSPEC_USER_XLA_FLAGS']}".strip()
 

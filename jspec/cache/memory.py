@@ -32,7 +32,7 @@ def device_memory(device=None) -> DeviceMemory | None:
     """The allocator's view of a device (default: the first), or None where the backend reports
     no limit (the CPU), in which case pools are sized from the engine's limits alone."""
     try:
-        stats = (device or jax.devices()[0]).memory_stats()
+        stats = (device or jax.local_devices()[0]).memory_stats()
     except Exception:  # noqa: BLE001 - backends without memory statistics
         return None
     if not stats or "bytes_limit" not in stats:

@@ -25,7 +25,7 @@ from checkpoints.safetensors_reader import SafetensorsCheckpoint
 from jspec.config import ModelConfig, load_config
 from jspec.errors import CheckpointError, ConfigError
 from jspec.models.causal_lm import CausalLM
-from jspec.sharding import check_tp, make_mesh, param_spec, path_name, to_tp_layout
+from jspec.sharding import check_tp, from_tp_layout, make_mesh, param_spec, path_name, to_tp_layout
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -91,13 +91,19 @@ def is_hf_dir(path: str) -> bool:
     return os.path.isdir(path) and any(f.endswith(".safetensors") for f in os.listdir(path))
 
 
-def read_params(path: str, config: ModelConfig, dtype, *, progress=None) -> tuple[dict, dict]:
-    """(params: name -> host array in `dtype`, extras: names set aside such as `mtp.*`)."""
-    _, abstract = abstract_model(config, dtype)
-    expected = flat_names(abstract)
+def read_params(path: str, config: ModelConfig, dtype, *, progress=None, mesh=None) -> tuple[dict, dict, bool]:
+    """(params: name -> array in `dtype`, extras: names set aside such as `mtp.*`, placed).
+
+    Arrays are host arrays in the tp = 1 layout, except for an orbax checkpoint converted for the
+    mesh's split (`jspec convert --tp-size N`): then every tensor is restored straight onto the
+    mesh in that layout, each device reading its own slice, and `placed` is True."""
     np_dtype = np.dtype(dtype)
     if orbax_io.is_orbax_dir(path):
-        flat = orbax_io.load_params(path)
+        stored_tp = int(orbax_io.read_meta(path).get("tp_size", 1))
+        placed = mesh is not None and mesh.size == stored_tp > 1
+        expected = flat_names(abstract_model(config, dtype, stored_tp)[1])
+        shardings = {n: NamedSharding(mesh, param_spec(n)) for n in expected} if placed else None
+        flat = orbax_io.load_params(path, shardings)
         params = {k: v for k, v in flat.items() if not k.startswith(hf_mapping.EXTRA_PREFIXES)}
         extras = {k: k for k in flat if k.startswith(hf_mapping.EXTRA_PREFIXES)}
         for name in sorted(set(expected) - set(params)):
@@ -106,22 +112,21 @@ def read_params(path: str, config: ModelConfig, dtype, *, progress=None) -> tupl
             raise CheckpointError("unexpected tensor", tensor=name)
         for name, shape in expected.items():
             if tuple(params[name].shape) != shape:
-                raise CheckpointError(f"shape {tuple(params[name].shape)} does not match expected {shape}",
-                                      tensor=name)
+                raise CheckpointError(f"shape {tuple(params[name].shape)} does not match expected {shape}"
+                                      + (f" (stored for tp_size={stored_tp})" if stored_tp > 1 else ""), tensor=name)
             if params[name].dtype != np_dtype:
                 params[name] = params[name].astype(np_dtype)
-        return params, extras
+            if not placed:
+                params[name] = from_tp_layout(name, params[name], config, stored_tp)
+        return params, extras, placed
     if not is_hf_dir(path):
         raise CheckpointError(f"{path!r} holds neither safetensors files nor an orbax checkpoint", file=path)
     ckpt = SafetensorsCheckpoint(path)
-    return hf_mapping.load_params(
-        ckpt,
-        expected,
-        weight_prefix=config.weight_prefix,
-        tied_lm_head=config.tie_word_embeddings,
-        dtype=np_dtype,
-        progress=progress,
-    )
+    _, abstract = abstract_model(config, dtype)
+    expected = flat_names(abstract)
+    params, extras = hf_mapping.load_params(ckpt, expected, weight_prefix=config.weight_prefix,
+                                            tied_lm_head=config.tie_word_embeddings, dtype=np_dtype, progress=progress)
+    return params, extras, False
 
 
 def load_tokenizer(path: str):
@@ -174,10 +179,13 @@ def load_model(path: str | os.PathLike, dtype="float32", *, progress=None, tp_si
     config = load_config(path)
     dt = resolve_dtype(dtype)
     tp = check_tp(config, tp_size)
-    params, extras = read_params(path, config, dt, progress=progress)
     mesh = make_mesh(tp) if tp > 1 else None
+    params, extras, placed = read_params(path, config, dt, progress=progress, mesh=mesh)
     graphdef, abstract = abstract_model(config, dt, tp)
-    state = fill_state(abstract, params, dt, config=config, mesh=mesh)
+    if placed:
+        state = _with_leaves(abstract, lambda name: params[name])
+    else:
+        state = fill_state(abstract, params, dt, config=config, mesh=mesh)
     return Model(config=config, graphdef=graphdef, params=state, dtype=dt, path=path,
                  tokenizer=load_tokenizer(path), extras=extras, tp_size=tp, mesh=mesh)
 

@@ -20,6 +20,7 @@ import importlib
 import os
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from jspec.sharding import TP
@@ -200,3 +201,23 @@ def moe_gather(x, experts, weights, gate_up, down, *, tp: int = 1):
 
     run = _per_device(partial, tp, (_R, _R, _R, P(None, None, TP), _TOK3), _R)
     return run(x, experts, weights, gate_up, down)
+
+
+# ----------------------------------------------------------------------------- vocabulary
+
+
+def vocab_top_k(x, k: int, *, tp: int = 1):
+    """`lax.top_k` over the vocabulary of x `[B, V]`. On a vocabulary split tp ways, each device
+    takes the top k of its slice and only the tp x k candidates cross devices (XLA's own top_k
+    over a split axis gathers whole rows first). Same values, ids and tie order (lower id first)."""
+    v = x.shape[-1]
+    if tp == 1 or v % tp or k > v // tp:
+        return jax.lax.top_k(x, k)
+
+    def local(x):
+        vals, ids = jax.lax.top_k(x, k)
+        return vals, ids + jax.lax.axis_index(TP) * x.shape[-1]
+
+    vals, ids = _per_device(local, tp, (_TOK2,), (_TOK2, _TOK2))(x)  # [B, tp * k], device-major
+    best, pos = jax.lax.top_k(vals, k)
+    return best, jnp.take_along_axis(ids, pos, axis=-1)

@@ -49,7 +49,27 @@ PRESETS = {
                            rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
                                                 partial_rotary_factor=0.25),
                            tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645),
+    # Llama-3.1-70B (140 GB of bf16 weights: tensor parallelism over at least 2 x H200).
+    "llama-3.1-70b": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=8192,
+                          intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                          head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5, hidden_act="silu",
+                          rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                                 high_freq_factor=4.0,
+                                                                 original_max_position_embeddings=8192),
+                          tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001),
 }
+# Qwen3-Next-80B-A3B: the 12-layer preset at its full depth (48 layers, 160 GB of bf16 weights).
+PRESETS["qwen3-next-80b-a3b"] = dict(PRESETS["qwen3-next-12l"], num_hidden_layers=48)
+# Qwen3.5-397B-A17B (hybrid, 512 experts, split GDN projections): dimensions that give its 397B
+# total / 17B active parameters; random weights, so only the shape matters.
+PRESETS["qwen3.5-397b-a17b"] = dict(
+    architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe", vocab_size=248320, hidden_size=4096,
+    num_hidden_layers=60, num_attention_heads=32, num_key_value_heads=2, head_dim=256, max_position_embeddings=262144,
+    rms_norm_eps=1e-6, hidden_act="silu", full_attention_interval=4, num_experts=512, num_experts_per_tok=10,
+    moe_intermediate_size=1024, shared_expert_intermediate_size=1024, norm_topk_prob=True,
+    linear_num_key_heads=16, linear_num_value_heads=64, linear_key_head_dim=128, linear_value_head_dim=128,
+    linear_conv_kernel_dim=4, rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25),
+    tie_word_embeddings=False, bos_token_id=248044, eos_token_id=248046)
 
 
 def preset_config(name: str) -> dict:

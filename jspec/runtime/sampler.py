@@ -30,6 +30,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jspec.models import ops
 from jspec.runtime.sampling_params import GREEDY_TEMPERATURE
 
 
@@ -164,9 +165,10 @@ def sample(
     *,
     num_top_logprobs: int,
     sort: bool | None = None,
+    vocab_shards: int = 1,
 ) -> SampleOutput:
-    """Penalise, filter and draw one token per row. `num_top_logprobs` and `sort` (see `_filter`)
-    are static."""
+    """Penalise, filter and draw one token per row. `num_top_logprobs`, `sort` (see `_filter`) and
+    `vocab_shards` (the target's tensor-parallel split of the vocabulary) are static."""
     logits = apply_penalties(logits.astype(jnp.float32), batch, output_counts, prompt_mask)
     logprobs = _processed_logprobs(logits, batch)
     probs = _filter(logprobs, logits, batch, sort)
@@ -178,7 +180,7 @@ def sample(
     chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=1)[:, 0]
     if num_top_logprobs > 0:
         # lax.top_k lists equal values lower index first, like every other tie here.
-        top_logprobs, top_ids = jax.lax.top_k(logprobs, num_top_logprobs)
+        top_logprobs, top_ids = ops.vocab_top_k(logprobs, num_top_logprobs, tp=vocab_shards)
     else:
         top_logprobs = jnp.zeros((logits.shape[0], 0), jnp.float32)
         top_ids = jnp.zeros((logits.shape[0], 0), jnp.int32)

@@ -120,7 +120,7 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
             counts = sampling.update_counts(counts, tok_slot, input_ids, kind == TOKEN_REFED_OUTPUT)
 
         so = sampling.sample(out.logits, sampling_batch(x), counts[slots], prompt_mask[slots],
-                             num_top_logprobs=num_top_logprobs, sort=bucket.sort)
+                             num_top_logprobs=num_top_logprobs, sort=bucket.sort, vocab_shards=target.tp_size)
         sampled = x["sample_mask"] > 0
         counts = sampling.update_counts(counts, slots, so.tokens, sampled)
         write_slot = jnp.where(sampled, slots, state.last_token.shape[0])

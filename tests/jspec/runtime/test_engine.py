@@ -164,7 +164,7 @@ def test_construction_errors(qwen3_dir, tmp_path):
     with pytest.raises(ConfigError, match="max_total_tokens"):
         Engine(qwen3_dir[0], max_total_tokens=4, page_size=4, context_length=64, **SMALL)
     with pytest.raises(ConfigError, match="unknown Engine argument"):
-        Engine(qwen3_dir[0], tp_size=2, **SMALL)
+        Engine(qwen3_dir[0], pp_size=2, **SMALL)
 
 
 # --------------------------------------------------------------------------- compilation

@@ -1,0 +1,83 @@
+"""All-reduce latency inside one jitted program, as a tensor-parallel decode step pays it.
+
+A split decode step does two all-reduces per layer (after o_proj / out_proj and after the MLP's
+down_proj), each of batch x hidden elements, one after another: their latency, not their
+bandwidth, is what a batch-1 step pays. This times a chain of `--chain` dependent all-reduces
+(`psum` under `shard_map`, which XLA lowers to NCCL on GPU) per message size and reports
+microseconds per all-reduce and the bus bandwidth (NCCL's definition: 2 (n-1)/n x bytes / time), so
+it can be set beside `nccl-tests`' all_reduce_perf for the same bytes.
+
+    python3 bench/allreduce.py --out $OUT/allreduce.json [--sizes 8192,262144,2097152] [--chain 72]
+
+Run it under different XLA / NCCL settings (e.g. NCCL_PROTO=LL, NCCL_ALGO=Ring|Tree,
+--xla_gpu_enable_nccl_user_buffers) to compare; each run records its environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jspec.bench.record import environment
+from jspec.sharding import TP, make_mesh
+
+
+def chain_fn(mesh, chain: int):
+    """x `[n * rows, cols]` sharded by rows -> after `chain` all-reduces, each fed the previous."""
+
+    def body(x):
+        for _ in range(chain):
+            x = jax.lax.psum(x, TP) * (1.0 / mesh.size)  # keeps the values bounded
+        return x
+
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(TP), out_specs=P(TP)))
+
+
+def time_chain(fn, x, reps: int = 20) -> float:
+    fn(x).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn(x).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tp-size", type=int, default=len(jax.devices()))
+    p.add_argument("--sizes", default="8192,65536,262144,2097152,16777216", help="bytes per all-reduce")
+    p.add_argument("--chain", type=int, default=72, help="dependent all-reduces per program (Qwen3-8B: 72)")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--out")
+    args = p.parse_args()
+    mesh = make_mesh(args.tp_size)
+    dtype = jnp.dtype(args.dtype)
+    records = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        cols = max(1, size // dtype.itemsize)
+        x = jax.device_put(jnp.ones((args.tp_size, cols), dtype), NamedSharding(mesh, P(TP)))
+        sec = time_chain(chain_fn(mesh, args.chain), x) / args.chain
+        n = args.tp_size
+        rec = {"bytes": cols * dtype.itemsize, "us_per_allreduce": sec * 1e6,
+               "bus_bandwidth_gb_s": 2 * (n - 1) / n * cols * dtype.itemsize / sec / 1e9}
+        records.append(rec)
+        print(f"{rec['bytes']:>10} B  {rec['us_per_allreduce']:8.1f} us  {rec['bus_bandwidth_gb_s']:8.1f} GB/s bus")
+    out = {"command": "python3 bench/allreduce.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
+                                                              vars(args).items() if k != "out" and v is not None),
+           **environment(), "tp_size": args.tp_size, "chain": args.chain,
+           "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "XLA_"))}, "records": records}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Tensor-parallel benchmarks of bench/README.md ("Tensor parallelism"), one stage per call so each
+# fits a 10-minute device command; results (JSONL / JSON + printed tables) under OUT.
+#   bench/tp_sweep.sh OUT allreduce | step-8b | next80b | llama70b
+# allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size, XLA's defaults and
+#   NCCL's low-latency protocol, beside the figure a TP decode step pays per layer.
+# step-8b (nvidia-h200-x2): Qwen3-8B decode step at batch 1 / 32, TP1 vs TP2, with a profile each.
+# next80b (nvidia-h200-x2): Qwen3-Next-80B-A3B, no spec vs NEXTN 3/1/4 (simulated accept 3), v1 and
+#   v2, concurrency 1 / 32, TP2.
+# llama70b (the largest kind lent; on 2 x H200 the 140 GB of weights leave a small KV pool):
+#   Llama-3.1-70B, no spec vs EAGLE3 3/1/4 at concurrency 1, TP = all visible GPUs.
+set -euo pipefail
+out=$1; stage=$2
+ngpu=$(python3 -c "import jax; print(jax.device_count())")
+serve=(--chunked-prefill-size 2048 --speculative-draft-model-path random --quiet --disable-top-k-top-p
+       --dataset-name random --random-input-len 1024 --random-output-len 256 --random-range-ratio 1
+       --prompts-per-concurrency 2 --speculative-num-steps-list 3 --speculative-eagle-topk-list 1
+       --speculative-num-draft-tokens-list 4 --speculative-simulate-accept-length-list 3
+       --speculative-adaptive off)
+case $stage in
+  allreduce)
+    PYTHONPATH=. python3 bench/allreduce.py --out "$out/allreduce_default.json"
+    NCCL_PROTO=LL PYTHONPATH=. python3 bench/allreduce.py --out "$out/allreduce_nccl_ll.json" ;;
+  step-8b)
+    for tp in 1 2; do
+      PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:qwen3-8b --batch-sizes 1,32 \
+          --context-lens 1024 --tp-size $tp --profile "$out/profile_tp$tp" --output-file "$out/step_tp.jsonl"
+    done ;;
+  next80b)
+    PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:qwen3-next-80b-a3b --tp-size 2 "${serve[@]}" \
+        --cuda-graph-bs 1,32 --max-concurrency-list 1,32 --speculative-algorithm-list none,NEXTN \
+        --overlap-list off,on --output-file "$out/serve_next80b_tp2.jsonl" 2>&1 | tee "$out/serve_next80b_tp2.log" ;;
+  llama70b)
+    PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:llama-3.1-70b --tp-size "$ngpu" "${serve[@]}" \
+        --cuda-graph-bs 1 --max-concurrency-list 1 --speculative-algorithm-list none,EAGLE3 --overlap-list on \
+        --context-length 4096 --output-file "$out/serve_llama70b_tp$ngpu.jsonl" 2>&1 | tee "$out/serve_llama70b.log" ;;
+  *) echo "unknown stage $stage" >&2; exit 2 ;;
+esac

@@ -1,0 +1,196 @@
+"""Tensor-parallel layouts (`jspec.sharding`) without an engine: every parameter of every family
+has a split rule; the shard-major layout of fused projections gives each device exactly its own
+q/k/v (gate/up, conv channels) rows, replicating KV heads when there are fewer than devices; a
+split that cannot work is a ConfigError naming the field before any weight is read; a split model
+puts about 1/N of the weights on each device; a split model's forward (the Pallas kernels in
+interpret mode, mapped per device) equals the unsplit one. The test session runs on 4 CPU devices
+(tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from jspec import Engine
+from jspec.config import load_config, parse_hf_config
+from jspec.errors import ConfigError
+from jspec.models import load_model
+from jspec.models import ops
+from jspec.models.loader import abstract_model, flat_names, shard_model
+from jspec.models.presets import preset_config
+from jspec.sharding import (check_tp, from_tp_layout, kv_heads, padded_vocab, param_spec, split_shard_major,
+                            to_tp_layout)
+from tests.support import models as tm
+
+FAMILIES = ("llama", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+
+
+def test_four_cpu_devices():
+    assert len(jax.devices()) >= 4, "tests/conftest.py forces 4 host devices for the tensor-parallel tests"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_parameter_has_a_split_rule(tiny_checkpoint, family):
+    cfg = load_config(tiny_checkpoint(family, 3))
+    for tp in (1, 2):
+        _, abstract = abstract_model(cfg, np.float32, tp)
+        for name, shape in flat_names(abstract).items():
+            spec = param_spec(name)
+            for axis, part in enumerate(spec):
+                if part is not None:
+                    assert shape[axis] % tp == 0, (name, shape, spec)
+
+
+@pytest.mark.parametrize("g,tp", [(2, 2), (4, 2), (2, 4), (1, 4)])
+def test_fused_qkv_rows_are_shard_major_with_replicated_kv_heads(g, tp):
+    """Device s's contiguous rows of the fused projection, split with `split_shard_major`, are the
+    query heads s*H/tp.. and the KV head each of them reads (GQA: head h reads h // (H/G))."""
+    h, d, e = 8, 4, 5
+    cfg = parse_hf_config({**preset_config("tiny-llama"), "num_attention_heads": h, "num_key_value_heads": g,
+                           "head_dim": d, "hidden_size": e})
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal(((h + 2 * g) * d, e)).astype(np.float32)
+    x = rng.standard_normal((2, e)).astype(np.float32)
+    q_ref, k_ref, v_ref = np.split(x @ w.T, [h * d, (h + g) * d], axis=-1)
+    w_tp = to_tp_layout("model.layers.0.self_attn.qkv_proj.weight", w, cfg, tp)
+    g_tp = kv_heads(g, tp)
+    assert w_tp.shape == ((h + 2 * g_tp) * d, e)
+    q, k, v = (np.asarray(a) for a in split_shard_major(x @ w_tp.T, [h * d, g_tp * d, g_tp * d], tp))
+    np.testing.assert_allclose(q, q_ref, rtol=1e-6)
+    k, k_ref = k.reshape(2, g_tp, d), k_ref.reshape(2, g, d)
+    for head in range(h):  # every query head finds its own KV head under the split's GQA grouping
+        np.testing.assert_allclose(k[:, head // (h // g_tp)], k_ref[:, head // (h // g)], rtol=1e-6)
+    rows_per_device = w_tp.shape[0] // tp
+    for s in range(tp):  # device s holds its query heads' rows first
+        np.testing.assert_array_equal(w_tp[s * rows_per_device: s * rows_per_device + h * d // tp],
+                                      w[s * h * d // tp: (s + 1) * h * d // tp])
+    assert v.shape[-1] == g_tp * d and v_ref.shape[-1] == g * d
+    np.testing.assert_array_equal(from_tp_layout("model.layers.0.self_attn.qkv_proj.weight", w_tp, cfg, tp), w)
+
+
+def test_gate_up_expert_and_conv_layouts_invert():
+    cfg = parse_hf_config(preset_config("tiny-qwen3-next"))
+    rng = np.random.default_rng(1)
+    tp = 2
+    gate_up = rng.standard_normal((2 * 8, 4)).astype(np.float32)
+    parts = split_shard_major(to_tp_layout("model.layers.0.mlp.gate_up_proj.weight", gate_up, cfg, tp).T, [8, 8], tp)
+    np.testing.assert_array_equal(np.concatenate([np.asarray(p) for p in parts], -1), gate_up.T)
+    experts = rng.standard_normal((3, 4, 2 * 6)).astype(np.float32)
+    parts = split_shard_major(to_tp_layout("model.layers.1.mlp.experts.gate_up_proj", experts, cfg, tp), [6, 6], tp)
+    np.testing.assert_array_equal(np.concatenate([np.asarray(p) for p in parts], -1), experts)
+    kd, vd = cfg.gdn_key_dim, cfg.gdn_value_dim
+    conv = rng.standard_normal((2 * kd + vd, 1, 4)).astype(np.float32)
+    conv_tp = to_tp_layout("model.layers.0.linear_attn.conv1d.weight", conv, cfg, tp)
+    parts = split_shard_major(conv_tp[:, 0, :].T, [kd, kd, vd], tp)
+    np.testing.assert_array_equal(np.concatenate([np.asarray(p) for p in parts], -1), conv[:, 0, :].T)
+    embed = rng.standard_normal((cfg.vocab_size, 4)).astype(np.float32)
+    padded = to_tp_layout("model.embed_tokens.weight", embed, cfg, 3)
+    assert padded.shape[0] == padded_vocab(cfg.vocab_size, 3) and not padded[cfg.vocab_size:].any()
+
+
+@pytest.mark.parametrize("family,changes,tp,match", [
+    ("llama", {}, 8, "only 4 device"),
+    ("llama", {"num_attention_heads": 6, "num_key_value_heads": 6, "head_dim": 16}, 4, "num_attention_heads=6"),
+    ("llama", {"num_key_value_heads": 4, "num_attention_heads": 12, "head_dim": 8}, 3,
+     "num_key_value_heads=4"),
+    ("llama", {"intermediate_size": 98}, 4, "intermediate_size=98"),
+    ("qwen3_moe", {"moe_intermediate_size": 30}, 4, "moe_intermediate_size=30"),
+    ("qwen3_next", {}, 4, "linear_num_key_heads=2"),
+    ("llama", {}, 0, "positive int"),
+])
+def test_impossible_splits_are_config_errors_before_loading(tmp_path, tiny_checkpoint, family, changes, tp, match):
+    """The directory holds config.json only: the error must come before any tensor is read."""
+    with open(os.path.join(tiny_checkpoint(family, 3), "config.json")) as f:
+        raw = {**json.load(f), **changes}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=match):
+        check_tp(load_config(tmp_path), tp)
+    with pytest.raises(ConfigError, match=match):
+        Engine(str(tmp_path), tp_size=tp, dtype="float32", show_progress=False)
+
+
+def test_a_split_model_must_match_tp_size(tiny_checkpoint):
+    model = load_model(tiny_checkpoint("qwen3", 3), dtype="float32")
+    split = shard_model(model, 2)
+    with pytest.raises(ConfigError, match="split 2 ways"):
+        Engine(split, tp_size=4, show_progress=False)
+    with pytest.raises(ConfigError, match="unsplit"):
+        shard_model(split, 4)
+
+
+def _device0_bytes() -> int:
+    dev = jax.devices()[0]
+    return sum(s.data.nbytes for a in jax.live_arrays() for s in a.addressable_shards if s.device == dev)
+
+
+def test_device_zero_holds_a_quarter_of_the_weights(tiny_checkpoint):
+    """Loaded 4 ways straight from the safetensors files, device 0 holds about 1/4 of the
+    weights (norms, the router and row-parallel biases are replicated; KV heads repeat)."""
+    path = tiny_checkpoint("qwen3_moe", 3)
+    before = _device0_bytes()
+    model = load_model(path, dtype="float32", tp_size=4)
+    on_device0 = _device0_bytes() - before
+    total = model.num_bytes()
+    assert model.tp_size == 4 and total / 4 <= on_device0 < 0.3 * total, (on_device0, total)
+    for leaf in jax.tree.leaves(model.params):
+        assert len(leaf.sharding.device_set) == 4
+
+
+@pytest.mark.parametrize("family,tp", [("qwen3_next", 2), ("qwen3_5_moe", 2), ("llama", 4)])
+def test_split_forward_with_pallas_kernels_matches_unsplit(tiny_checkpoint, family, tp):
+    """Every kernel of the prompt path (KV write, paged attention, causal conv, chunked gated delta
+    rule, MoE gather) in interpret mode under shard_map, against the unsplit reference forward."""
+    path = tiny_checkpoint(family, 3)
+    ids = tm.random_ids(21, seed=5)
+    ref = load_model(path, dtype="float32").score(ids)
+    split = load_model(path, dtype="float32", tp_size=tp)
+    with ops.use_backend("interpret"):
+        got = split.score(ids)
+    np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_vocab_top_k_stays_on_each_device(tp):
+    """The top-k of a vocabulary-split row (top logprobs) equals one lax.top_k, ties included, and
+    the compiled program moves only tp x k candidates between devices, never a whole row."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from jspec.sharding import TP, make_mesh
+
+    rng = np.random.default_rng(tp)
+    x = rng.integers(0, 6, (3, 64)).astype(np.float32)  # many ties
+    mesh = make_mesh(tp)
+    xs = jax.device_put(x, NamedSharding(mesh, P(None, TP)))
+    with ops.tensor_parallel(mesh):
+        fn = jax.jit(lambda v: ops.vocab_top_k(v, 5, tp=tp))
+        hlo = fn.lower(xs).compile().as_text()
+        vals, ids = fn(xs)
+    want_vals, want_ids = jax.lax.top_k(x, 5)
+    np.testing.assert_array_equal(np.asarray(vals), np.asarray(want_vals))
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(want_ids))
+    gathers = [line for line in hlo.splitlines() if "all-gather" in line and "[3,64]" in line]
+    assert not gathers, gathers[:1]
+
+
+def test_convert_for_a_split_restores_straight_to_the_devices(tmp_path, tiny_checkpoint):
+    """`jspec convert --tp-size 2` stores the split layout: a tp 2 load restores every tensor from
+    orbax onto the mesh (no host copy of the weights), a tp 1 load undoes the layout, and both
+    score like the HF checkpoint."""
+    from jspec.convert import convert_checkpoint
+    from jspec.models.loader import read_params
+    from jspec.sharding import make_mesh
+
+    src = tiny_checkpoint("qwen3_next", 3)
+    out = str(tmp_path / "tp2")
+    assert convert_checkpoint(src, out, dtype="float32", progress=False, tp_size=2)["tp_size"] == 2
+    cfg = load_config(out)
+    params, _, placed = read_params(out, cfg, np.float32, mesh=make_mesh(2))
+    assert placed and all(isinstance(a, jax.Array) and len(a.sharding.device_set) == 2 for a in params.values())
+    ids = tm.random_ids(17, seed=9)
+    want = load_model(src, dtype="float32").score(ids)
+    for tp in (2, 1):
+        np.testing.assert_allclose(load_model(out, dtype="float32", tp_size=tp).score(ids), want, rtol=1e-4, atol=1e-4)
