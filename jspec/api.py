@@ -90,13 +90,15 @@ class Engine:
                                   num_top_logprobs=cfg.max_top_logprobs_num, progress=cfg.show_progress,
                                   drafting=drafting, top_k_top_p=not cfg.disable_top_k_top_p, compile=False,
                                   plain_decode=self.spec is not None and (self.spec.adaptive or
-                                                                          self.spec.disable_by_batch_size is not None))
+                                                                          self.spec.disable_by_batch_size is not None),
+                                  shorter_chains=self.spec is not None and self.spec.adaptive)
         if cfg.layout.num_pages is None:
             cfg = self.engine_config = cfg.with_memory_plan(self._plan_memory())
         self.runner.capture(cfg.layout)
         self.policy = None
         if self.spec is not None:
-            self.policy = SpecPolicy(adaptive=self.spec.adaptive, disable_by_batch_size=self.spec.disable_by_batch_size)
+            self.policy = SpecPolicy(adaptive=self.spec.adaptive, disable_by_batch_size=self.spec.disable_by_batch_size,
+                                     max_drafts=drafting.max_accept - 1)
             if self.spec.adaptive:
                 self.policy.step_times = self.runner.time_decode_steps()
         layout = cfg.layout

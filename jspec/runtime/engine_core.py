@@ -75,7 +75,8 @@ class EngineCore:
         if plan is not None:
             if plan.mode is ForwardMode.DECODE and self.policy is not None:
                 n = len(plan.reqs)
-                plan.speculate = self.policy.speculate(self.runner.decode_batch_size(n), n)
+                k = self.policy.choose(self.runner.decode_batch_size(n), n)
+                plan.speculate, plan.draft_steps = k > 0, (k if 0 < k < self.policy.max_drafts else 0)
             handle = self.runner.dispatch(plan)
             self.num_steps[self._step_kind(handle)] += 1
         if self.overlap:
@@ -145,7 +146,8 @@ class EngineCore:
         now = time.perf_counter()
         speculated = handle.bucket.speculate  # else a plain step: one token per row, same row format
         if speculated and self.policy is not None:
-            self.policy.observe([int(c) for c in out[:len(handle.plan.reqs), 0] if c > 0])
+            self.policy.observe([int(c) for c in out[:len(handle.plan.reqs), 0] if c > 0],
+                                handle.bucket.draft_steps or None)
         for i, s in enumerate(handle.plan.reqs):
             req = s.req
             if req.finished or req.slot is None:

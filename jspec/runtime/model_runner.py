@@ -49,7 +49,7 @@ class ModelRunner:
     def __init__(self, model, *, layout: PoolLayout, decode_batch_sizes: list[int], extend_token_sizes: list[int],
                  max_extend_requests: int, num_top_logprobs: int = 20, progress: bool = True,
                  drafting: Drafting | None = None, top_k_top_p: bool = True, compile: bool = True,
-                 plain_decode: bool = False):
+                 plain_decode: bool = False, shorter_chains: bool = False):
         self.model = model
         self.drafting = drafting
         self.page_size = page_size = layout.page_size
@@ -61,14 +61,18 @@ class ModelRunner:
         sorts = (False, True) if top_k_top_p else (False,)
         # A speculative step writes kv_ahead positions past each request's length.
         updates_per_req = 1 if drafting is None else _pages(drafting.kv_ahead, page_size) + 1
-        # plain_decode: a speculative engine also compiles each decode bucket's plain step, which it
-        # runs when speculating would not pay (jspec.runtime.adaptive).
-        variants = (True, False) if drafting is not None and plain_decode else (True,)
+        # plain_decode / shorter_chains: a speculative engine also compiles each decode bucket's plain
+        # step / its drafter's shorter chains, which it runs when they pay better (runtime.adaptive).
+        variants = [(True, 0)]
+        if drafting is not None and plain_decode:
+            variants.append((False, 0))
+        if drafting is not None and shorter_chains:
+            variants += [(True, k) for k in drafting.shorter_chains]
         for b in sorted(set(decode_batch_sizes)):
             for sort in sorts:
-                for speculate in variants:
+                for speculate, steps in variants:
                     self.buckets.append(Bucket(ForwardMode.DECODE, b, b, b * updates_per_req, sort=sort,
-                                               speculate=speculate))
+                                               speculate=speculate, draft_steps=steps))
         ahead_pages = 0 if drafting is None else _pages(drafting.prefill_ahead, page_size)
         for t in sorted(set(extend_token_sizes)):
             b = min(t, max_extend_requests)
@@ -198,11 +202,13 @@ class ModelRunner:
         """The batch bucket a decode step of num_requests requests is padded to."""
         return min(b.batch_size for b in self.buckets if b.mode is ForwardMode.DECODE and b.batch_size >= num_requests)
 
-    def time_decode_steps(self, repeats: int = 3) -> dict[int, tuple[float, float]]:
-        """Seconds per decode step of each batch bucket, (plain, speculative), measured now on
-        padding rows (every weight read and every matmul at the bucket's shape; attention over an
-        empty context). Runs at start-up only: it waits for the device."""
-        times: dict[int, list[float]] = {}
+    def time_decode_steps(self, repeats: int = 3) -> dict[int, dict[int, float]]:
+        """Seconds per decode step of each batch bucket and variant, {B: {drafts per request: s}}
+        (0: the plain step), measured now on padding rows (every weight read and every matmul at
+        the bucket's shape; attention over an empty context). Runs at start-up only: it waits for
+        the device."""
+        full = self.drafting.max_accept - 1
+        times: dict[int, dict[int, float]] = {}
         for bucket in self.buckets:
             if bucket.mode is not ForwardMode.DECODE or bucket.sort:
                 continue
@@ -214,8 +220,9 @@ class ModelRunner:
                 out.block_until_ready()
                 if i:
                     samples.append(time.perf_counter() - t0)
-            times.setdefault(bucket.batch_size, [0.0, 0.0])[int(bucket.speculate)] = min(samples)
-        return {b: (t[0], t[1]) for b, t in times.items()}
+            k = 0 if not bucket.speculate else bucket.draft_steps or full
+            times.setdefault(bucket.batch_size, {})[k] = min(samples)
+        return times
 
     def bucket_for(self, plan: StepPlan) -> Bucket:
         n_tok, n_req = plan.num_tokens, len(plan.reqs)
@@ -225,7 +232,8 @@ class ModelRunner:
             sort = any(s.req.sampling.needs_sort(vocab) for s in plan.reqs)
         for b in self.buckets:
             if (b.mode is plan.mode and b.num_tokens >= n_tok and b.batch_size >= n_req
-                    and (sort is None or b.sort == sort) and b.speculate == plan.speculate):
+                    and (sort is None or b.sort == sort) and b.speculate == plan.speculate
+                    and b.draft_steps == plan.draft_steps):
                 return b
         raise AssertionError(f"no {plan.mode.value} bucket for {n_tok} tokens / {n_req} requests")
 

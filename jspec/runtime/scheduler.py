@@ -46,6 +46,7 @@ class StepPlan:
     reqs: list[ScheduledReq]
     page_updates: list[tuple[int, int, int]]  # (slot, page index in the request, page id)
     speculate: bool = True  # a speculative engine's DECODE step: False decodes plainly (runtime.adaptive)
+    draft_steps: int = 0  # ... and > 0 drafts that many tokens, fewer than configured (0: as configured)
 
     @property
     def num_tokens(self) -> int:

@@ -54,6 +54,7 @@ class Drafting(Protocol):
     prefill_ahead: int  # KV indices past a finished prompt that its last prefill step writes
     max_accept: int  # the most tokens one speculative step produces per request
     extend_next_ids: bool  # prompt-chunk buckets carry the token after each token
+    shorter_chains: tuple[int, ...]  # draft lengths below the configured one it can also run (adaptive)
 
     def init_state(self, num_slots: int, max_kv_len: int) -> dict | None:
         """The per-slot state the drafter carries between steps (`DeviceState.spec_state`);
@@ -67,7 +68,8 @@ class Drafting(Protocol):
 
     def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int):
         """The decode step for a DECODE bucket: (params, state, packed) -> (state, out); the
-        speculative step, or with `bucket.speculate` False a plain one that keeps the drafter current."""
+        speculative step (`bucket.draft_steps` drafts per request when > 0), or with
+        `bucket.speculate` False a plain one that keeps the drafter current."""
 
 
 def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int, drafting: Drafting | None = None):

@@ -64,8 +64,10 @@ class Bucket:
     sort: bool | None = None  # sampler variant: None decides on device; True / False static
     next_ids: bool = False  # extend steps for a hidden-state drafter: the token after each token
     # A speculative engine's DECODE bucket: False runs the plain step that keeps the drafter
-    # current instead of drafting and verifying (see jspec.runtime.adaptive).
+    # current instead of drafting and verifying (see jspec.runtime.adaptive); draft_steps > 0 a
+    # shorter chain than configured (0: the configured one).
     speculate: bool = True
+    draft_steps: int = 0
 
     def fields(self):
         t, b, u = self.num_tokens, self.batch_size, self.num_page_updates

@@ -53,6 +53,8 @@ class _Drafting:
         step of a draft model or NGRAM samples drafts too, the others only accept."""
         return 2 * self.spec.num_steps + 2 if self.spec.draft_kind in ("model", "ngram") else self.spec.num_steps + 1
 
+    shorter_chains = ()  # drafts per request of the shorter variants compiled for adaptivity
+
     def _draft_graphdef(self):
         return None if self.draft_model is None else self.draft_model.graphdef
 
@@ -97,11 +99,23 @@ class EagleDrafting(_Drafting):
         return eagle_draft.prefill_draft(draft, ctx.target, draft_caches, ctx.batch, ctx.out, next_ids, ctx.sampled,
                                          ctx.last_idx, spec_state, self.spec.topk)
 
+    @property
+    def shorter_chains(self) -> tuple[int, ...]:
+        """A chain (topk 1) of S drafts also compiles shorter ones: every length below S up to
+        S = 4, else 1 and S // 2. Trees keep their configured shape."""
+        s = self.spec.num_steps
+        if self.spec.topk > 1 or s < 2:
+            return ()
+        return tuple(range(1, s)) if s <= 4 else (1, s // 2)
+
     def _speculative_step(self, graphdef, bucket: Bucket, *, page_size: int):
         if self.spec.topk > 1:
             return make_tree_spec_step(graphdef, self._draft_graphdef(), bucket, topk=self.spec.topk,
                                        num_draft_tokens=self.spec.num_draft_tokens, **self._step_kw(page_size))
-        return make_eagle_spec_step(graphdef, self._draft_graphdef(), bucket, **self._step_kw(page_size))
+        kw = self._step_kw(page_size)
+        if bucket.draft_steps:
+            kw.update(num_steps=bucket.draft_steps, full_steps=self.spec.num_steps)
+        return make_eagle_spec_step(graphdef, self._draft_graphdef(), bucket, **kw)
 
 
 class DFlashDrafting(_Drafting):

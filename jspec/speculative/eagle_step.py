@@ -55,6 +55,18 @@ def phases(*, num_steps: int, simulate_accept_length: float | None = None) -> li
 
 
 def make_eagle_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int,
-                         simulate_accept_length: float | None = None):
-    start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=num_steps + 1)
-    return compose(start, phases(num_steps=num_steps, simulate_accept_length=simulate_accept_length))
+                         simulate_accept_length: float | None = None, full_steps: int | None = None):
+    """full_steps: the engine's configured chain when this one is shorter (an adaptive variant):
+    keys are indexed and output rows padded as the full chain's, so the host and the key stream
+    cannot tell the variants apart."""
+    full = num_steps if full_steps is None else full_steps
+    start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=full + 1)
+    step = compose(start, phases(num_steps=num_steps, simulate_accept_length=simulate_accept_length))
+    if full == num_steps:
+        return step
+
+    def padded(params, state, packed):
+        state, rows = step(params, state, packed)
+        return state, jnp.pad(rows, ((0, 0), (0, full - num_steps)), constant_values=-1)
+
+    return padded

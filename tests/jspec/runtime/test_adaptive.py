@@ -4,6 +4,8 @@ output stays the target's and drafting after a pause is as good as without one."
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -76,23 +78,58 @@ def test_adaptive_engine_measures_and_reports_its_choices(plain_outputs):
     assert got == plain_outputs[path]
     assert policy["speculative_adaptive"] is True
     assert set(policy["step_times_ms"]) == {1, 2, 4}
-    assert all(t["plain"] > 0 and t["spec"] > 0 for t in policy["step_times_ms"].values())
+    assert all(t["plain"] > 0 and t["spec"] > 0 and t["drafts_1"] > 0 and t["drafts_2"] > 0
+               for t in policy["step_times_ms"].values())  # EAGLE3 3/1/4: chains of 1 and 2 as well
     assert policy["num_spec_steps"] + policy["num_plain_steps"] == sum(
-        c["spec"] + c["plain"] for c in policy["choices_by_batch"].values())
+        sum(c.values()) for c in policy["choices_by_batch"].values())
 
 
 def test_policy_speculates_only_where_it_pays():
-    p = SpecPolicy(step_times={1: (1.0, 1.2), 32: (2.0, 7.0)}, probe_every=4)
+    p = SpecPolicy(step_times={1: {0: 1.0, 3: 1.2}, 32: {0: 2.0, 3: 7.0}}, probe_every=4, max_drafts=3)
     assert p.speculate(32, 30)  # nothing observed yet: speculate
     p.observe([3, 3, 2, 4])
-    assert p.accept_length == 3.0
+    assert p.accept_length == 3.0 and p.kept_at_least == [1.0, 0.75, 0.25]
     assert p.speculate(1, 1)  # 3 tokens in 1.2 beat 1 token in 1.0
     assert [p.speculate(32, 30) for _ in range(8)] == [False, False, False, True] * 2  # 3 * 2.0 < 7.0; every 4th probes
     p.observe([1] * 8)  # the drafts stopped being accepted: the running mean moves towards 1
     assert p.accept_length == pytest.approx(0.9 * 3 + 0.1 * 1)
-    capped = SpecPolicy(adaptive=False, disable_by_batch_size=8)
-    assert capped.speculate(4, 7) and not capped.speculate(8, 8)
-    assert SpecPolicy(adaptive=False).speculate(256, 256)
+    capped = SpecPolicy(adaptive=False, disable_by_batch_size=8, max_drafts=3)
+    assert capped.choose(4, 7) == 3 and capped.choose(8, 8) == 0
+    assert SpecPolicy(adaptive=False, max_drafts=3).speculate(256, 256)
+
+
+def test_policy_picks_the_draft_length_with_the_most_tokens_per_second():
+    """E(k) = 1 + P(n >= 1) + ... + P(n >= k): with the first draft kept 90% of the time and the
+    later ones rarely, one draft beats three where verifying tokens costs time, and a step that
+    drafted one token updates P(n >= 1) only."""
+    times = {1: {0: 1.0, 1: 1.02, 2: 1.04, 3: 1.06}, 64: {0: 1.0, 1: 1.5, 2: 2.0, 3: 2.5}}
+    p = SpecPolicy(step_times=times, max_drafts=3, probe_every=3)
+    p.observe([2] * 9 + [1])  # n = 1 for nine requests, 0 for one: P(n>=1) .9, P(n>=2) = P(n>=3) = 0
+    assert p.expected_tokens(1) == pytest.approx(1.9) and p.expected_tokens(3) == pytest.approx(1.9)
+    assert p.best(1) == 1  # 1.9 / 1.02 is the best rate at batch 1 (extra drafts cost, never pay)
+    assert p.best(64) == 1  # 1.9 / 1.5 > 1 / 1.0 > 1.9 / 2.0
+    assert [p.choose(64, 60) for _ in range(3)] == [1, 1, 3]  # the third probes the full chain
+    p.observe([1] * 10, num_drafts=1)  # one-draft steps: nothing kept -> only P(n>=1) moves
+    assert p.kept_at_least[0] == pytest.approx(0.9 * 0.9) and p.kept_at_least[1:] == [0.0, 0.0]
+    p.kept_at_least = [0.9, 0.8, 0.7]  # a drafter the target agrees with: the longest chain pays
+    assert p.best(1) == 3 and p.best(64) == 3  # 3.4 / 2.5 > 2.7 / 2.0 > 1.9 / 1.5 > 1
+    assert p.info()["step_times_ms"][64] == {"plain": 1000.0, "drafts_1": 1500.0, "drafts_2": 2000.0,
+                                             "spec": 2500.0, "speculate": True, "best_num_drafts": 3}
+
+
+@pytest.mark.parametrize("name", ["eagle3", "nextn_hybrid"])
+def test_every_draft_length_keeps_greedy_output(name, plain_outputs):
+    """Decode steps that cycle through plain, one, two and three drafts per request (the variants an
+    adaptive engine compiles for a 3-step chain) give the target's greedy text, and each variant
+    ran (the policy's own choice is replaced by the cycle)."""
+    path, spec = DRAFTERS[name]
+    with Engine(path, **{**SMALL, "cuda_graph_bs": [4]}, **spec) as eng:
+        cycle = itertools.cycle([0, 1, 2, 3])
+        eng.policy.choose = lambda b, n: next(cycle)
+        got = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=SP)]
+        kinds = {(b.speculate, b.draft_steps) for b in eng.runner.buckets if b.mode.value == "decode"}
+    assert kinds == {(False, 0), (True, 0), (True, 1), (True, 2)}
+    assert got == plain_outputs[path]
 
 
 def test_policy_knobs_are_validated():
