@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Tensor-parallel benchmarks of bench/README.md ("Tensor parallelism"), one stage per call so each
 # fits a 10-minute device command; results (JSONL / JSON + printed tables) under OUT.
-#   bench/tp_sweep.sh OUT allreduce | step-8b | next80b | llama70b
+#   bench/tp_sweep.sh OUT allreduce | step-8b | next80b | next80b-ep | llama70b
 # allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size, XLA's defaults and
 #   NCCL's low-latency protocol, beside the figure a TP decode step pays per layer.
 # step-8b (nvidia-h200-x2): Qwen3-8B decode step at batch 1 / 32, TP1 vs TP2, with a profile each.
 # next80b (nvidia-h200-x2): Qwen3-Next-80B-A3B, no spec vs NEXTN 3/1/4 (simulated accept 3), v1 and
 #   v2, concurrency 1 / 32, TP2.
+# next80b-ep (nvidia-h200-x2): the same with expert parallelism (256 whole experts per GPU instead of
+#   every expert's half), v2 only: which MoE split serves the 512-expert model faster.
 # llama70b (the largest kind lent; on 2 x H200 the 140 GB of weights leave a small KV pool):
 #   Llama-3.1-70B, no spec vs EAGLE3 3/1/4 at concurrency 1, TP = all visible GPUs.
 set -euo pipefail
@@ -30,6 +32,10 @@ case $stage in
     PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:qwen3-next-80b-a3b --tp-size 2 "${serve[@]}" \
         --cuda-graph-bs 1,32 --max-concurrency-list 1,32 --speculative-algorithm-list none,NEXTN \
         --overlap-list off,on --output-file "$out/serve_next80b_tp2.jsonl" 2>&1 | tee "$out/serve_next80b_tp2.log" ;;
+  next80b-ep)
+    PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:qwen3-next-80b-a3b --tp-size 2 --ep-size 2 \
+        "${serve[@]}" --cuda-graph-bs 1,32 --max-concurrency-list 1,32 --speculative-algorithm-list none,NEXTN \
+        --overlap-list on --output-file "$out/serve_next80b_tp2_ep2.jsonl" 2>&1 | tee "$out/serve_next80b_tp2_ep2.log" ;;
   llama70b)
     PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:llama-3.1-70b --tp-size "$ngpu" "${serve[@]}" \
         --cuda-graph-bs 1 --max-concurrency-list 1 --speculative-algorithm-list none,EAGLE3 --overlap-list on \

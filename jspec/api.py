@@ -54,7 +54,8 @@ class Engine:
         self.spec = cfg.spec
         self.context_length = cfg.context_length
         self.model = (model_path if isinstance(model_path, Model)
-                      else load_model(model_path, dtype=cfg.dtype, tp_size=cfg.tp_size))
+                      else load_model(model_path, dtype=cfg.dtype, tp_size=cfg.tp_size,
+                                      expert_parallel=cfg.ep_size > 1))
         self.config = self.model.config
         self.tokenizer = None if cfg.skip_tokenizer_init else self.model.tokenizer
         self.eos_token_ids = set(self.config.eos_token_ids)

@@ -10,7 +10,8 @@ import sys
 def _cmd_convert(args) -> int:
     from jspec.convert import convert_checkpoint
 
-    meta = convert_checkpoint(args.hf, args.out, dtype=args.dtype, progress=not args.quiet, tp_size=args.tp_size)
+    meta = convert_checkpoint(args.hf, args.out, dtype=args.dtype, progress=not args.quiet, tp_size=args.tp_size,
+                              expert_parallel=args.ep_size > 1)
     print(f"wrote {meta['num_tensors']} tensors ({meta['dtype']}) to {args.out}")
     return 0
 
@@ -58,6 +59,8 @@ def _cmd_generate(args) -> int:
         kw["chunked_prefill_size"] = args.chunked_prefill_size
     if args.tp_size:
         kw["tp_size"] = args.tp_size
+    if args.ep_size:
+        kw["ep_size"] = args.ep_size
     with Engine(args.model_path, **kw) as engine:
         startup = time.perf_counter() - t0
         sp = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
@@ -122,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quiet", action="store_true", help="no progress bars")
     c.add_argument("--tp-size", type=int, default=1,
                    help="store the layout of a target split that many ways (restores straight to its devices)")
+    c.add_argument("--ep-size", type=int, default=1, help="= --tp-size: the layout with MoE experts split whole")
     c.set_defaults(func=_cmd_convert)
 
     g = sub.add_parser("generate", help="generate text with the engine")
@@ -143,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chunked-prefill-size", type=int)
     g.add_argument("--cuda-graph-bs", help="comma-separated decode batch buckets")
     g.add_argument("--tp-size", type=int, help="devices the target is split over (tensor parallelism)")
+    g.add_argument("--ep-size", type=int, help="= --tp-size: MoE experts split whole (expert parallelism)")
     g.add_argument("--quiet", action="store_true")
     g.set_defaults(func=_cmd_generate)
 

@@ -57,6 +57,7 @@ class EngineConfig:
     mem_fraction_static: float | None = None
     memory_plan: MemoryPlan | None = None  # set when the pool was sized from the device's memory
     tp_size: int = 1  # devices the target is split over (jspec.sharding)
+    ep_size: int = 1  # tp_size: MoE experts split whole over those devices (expert parallelism)
 
     @property
     def max_extend_requests(self) -> int:
@@ -76,7 +77,7 @@ class EngineConfig:
                     disable_overlap_schedule=self.disable_overlap_schedule, random_seed=self.random_seed,
                     context_length=self.context_length, disable_top_k_top_p=self.disable_top_k_top_p,
                     enable_mixed_chunk=self.enable_mixed_chunk, mem_fraction_static=self.mem_fraction_static,
-                    tp_size=self.tp_size)
+                    tp_size=self.tp_size, ep_size=self.ep_size)
 
     @classmethod
     def create(cls, model_path, *, dtype: str = "bfloat16", page_size: int = 16,
@@ -86,13 +87,14 @@ class EngineConfig:
                mem_fraction_static: float | None = None, prefill_token_buckets: list[int] | None = None,
                max_top_logprobs_num: int = 20, skip_tokenizer_init: bool = False, show_progress: bool = True,
                enable_mixed_chunk: bool = False, transfer_guard: str | None = None,
-               disable_top_k_top_p: bool = False, tp_size: int | None = None, **speculative) -> EngineConfig:
+               disable_top_k_top_p: bool = False, tp_size: int | None = None, ep_size: int | None = None,
+               **speculative) -> EngineConfig:
         """Validate SGLang-style keyword settings; `speculative` holds the speculative_* keys."""
         unknown = sorted(k for k in speculative if not k.startswith("speculative_") or k not in SPEC_KEYS)
         if unknown:
             raise ConfigError(f"unknown Engine argument(s): {', '.join(unknown)}")
         config = _target_config(model_path, dtype)
-        tp = _tp_size(model_path, config, tp_size)
+        tp, ep = _tp_size(model_path, config, tp_size, ep_size)
         if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
             raise ConfigError(f"page_size must be a positive int, got {page_size!r}")
         on_gpu = jax.default_backend() == "gpu"
@@ -131,7 +133,7 @@ class EngineConfig:
                    enable_mixed_chunk=bool(enable_mixed_chunk), disable_top_k_top_p=bool(disable_top_k_top_p),
                    max_top_logprobs_num=int(max_top_logprobs_num), skip_tokenizer_init=bool(skip_tokenizer_init),
                    show_progress=bool(show_progress), transfer_guard=transfer_guard, spec=spec, spec_extra=spec_extra,
-                   mem_fraction_static=mem_fraction_static, tp_size=tp)
+                   mem_fraction_static=mem_fraction_static, tp_size=tp, ep_size=ep)
 
     def with_memory_plan(self, plan: MemoryPlan) -> EngineConfig:
         """This config with the pool sized by `plan` (see `Engine`, which measures it)."""
@@ -158,15 +160,22 @@ def _target_config(model_path, dtype) -> ModelConfig:
     return load_config(model_path)
 
 
-def _tp_size(model_path, config: ModelConfig, tp_size) -> int:
-    """The split of the target: tp_size (checked against the config and the visible devices), or a
-    loaded model's own; a loaded model split otherwise is a ConfigError."""
+def _tp_size(model_path, config: ModelConfig, tp_size, ep_size) -> tuple[int, int]:
+    """(tp_size, ep_size) of the target: as asked (checked against the config and the visible
+    devices), or a loaded model's own; a loaded model split otherwise is a ConfigError. ep_size is
+    1 (experts split by their intermediate dimension) or tp_size (split whole)."""
     if isinstance(model_path, Model):
-        if tp_size is not None and tp_size != model_path.tp_size:
-            raise ConfigError(f"tp_size={tp_size} but the model passed in is split {model_path.tp_size} ways "
-                              "(jspec.models.loader.shard_model / load_model(..., tp_size=N) split a model)")
-        return model_path.tp_size
-    return check_tp(config, 1 if tp_size is None else tp_size)
+        have_ep = model_path.tp_size if model_path.expert_parallel else 1
+        if (tp_size is not None and tp_size != model_path.tp_size) or (ep_size is not None and ep_size != have_ep):
+            raise ConfigError(f"tp_size={tp_size}, ep_size={ep_size} but the model passed in is split "
+                              f"{model_path.tp_size} ways with ep_size={have_ep} (jspec.models.loader.shard_model / "
+                              "load_model(..., tp_size=N, expert_parallel=True) split a model)")
+        return model_path.tp_size, have_ep
+    tp = 1 if tp_size is None else tp_size
+    ep = 1 if ep_size is None else ep_size
+    if ep not in (1, tp):
+        raise ConfigError(f"ep_size={ep_size} must be 1 or equal to tp_size={tp} (experts split over the same devices)")
+    return check_tp(config, tp, ep=ep > 1), ep
 
 
 def _dflash_block(speculative: dict) -> int | None:

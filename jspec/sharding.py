@@ -6,7 +6,9 @@ Megatron-style splits, written as one `PartitionSpec` per parameter name (`param
   exactly one, as vLLM and SGLang do;
 - SwiGLU (dense MLP, shared expert) column-parallel gate/up, row-parallel down;
 - MoE by each expert's intermediate dimension: every device holds every expert, a 1/tp slice of
-  each, so any expert count works and routing needs no all-to-all;
+  each, so any expert count works and routing needs no all-to-all; or, with expert parallelism
+  (`ep`, SGLang's ep_size = tp_size), by whole experts: each device holds X/tp experts and runs the
+  routed pairs that fall on them (the others masked), and the partial outputs are summed;
 - Gated DeltaNet by key/value heads: projections, conv channels, gates and the state pool split
   with them, out_proj row-parallel;
 - vocabulary-parallel embedding and lm_head, the vocabulary padded to a multiple of tp
@@ -56,8 +58,9 @@ def padded_vocab(vocab_size: int, tp_size: int) -> int:
     return -(-vocab_size // tp_size) * tp_size
 
 
-def check_tp(config: ModelConfig, tp_size, num_devices: int | None = None) -> int:
-    """ConfigError for a split that cannot work, naming the field and the numbers; returns tp_size."""
+def check_tp(config: ModelConfig, tp_size, num_devices: int | None = None, *, ep: bool = False) -> int:
+    """ConfigError for a split that cannot work, naming the field and the numbers; returns tp_size.
+    ep: experts split whole (expert parallelism) rather than by their intermediate dimension."""
     if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
         raise ConfigError(f"tp_size must be a positive int, got {tp_size!r}")
     num_devices = len(jax.devices()) if num_devices is None else num_devices
@@ -79,7 +82,9 @@ def check_tp(config: ModelConfig, tp_size, num_devices: int | None = None) -> in
                               "(KV heads split over devices, or each replicated on tp/G of them)")
     if not all(config.moe_layers):
         need("intermediate_size", config.intermediate_size)
-    if any(config.moe_layers):
+    if any(config.moe_layers) and ep:
+        need("num_experts", config.num_experts)
+    elif any(config.moe_layers):
         need("moe_intermediate_size", config.moe_intermediate_size)
         if config.shared_expert_intermediate_size:
             need("shared_expert_intermediate_size", config.shared_expert_intermediate_size)
@@ -115,19 +120,18 @@ _RULES = (
 _COMPILED = tuple((re.compile(p), s) for p, s in _RULES)
 
 
-def param_spec(name: str) -> P:
-    """The PartitionSpec of a target parameter (jspec name, e.g. `model.layers.0.mlp.down_proj.weight`)."""
+_EXPERTS = re.compile(r"mlp\.experts\.(gate_up|down)_proj$")
+
+
+def param_spec(name: str, *, ep: bool = False) -> P:
+    """The PartitionSpec of a target parameter (jspec name, e.g. `model.layers.0.mlp.down_proj.weight`);
+    ep: experts split whole (`[X, ...]` by X)."""
+    if ep and _EXPERTS.search(name):
+        return P(TP, None, None)
     for pattern, spec in _COMPILED:
         if pattern.search(name):
             return spec
     raise KeyError(f"no tensor-parallel rule for parameter {name!r}")
-
-
-def param_shardings(abstract_state, mesh: Mesh):
-    """NamedShardings for a target's (abstract) nnx parameter state, as a pure dict tree."""
-    pure = abstract_state.to_pure_dict()
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: NamedSharding(mesh, param_spec(path_name(path))), pure)
 
 
 def path_name(path) -> str:
@@ -170,9 +174,10 @@ def _kv_rows(arr: np.ndarray, heads: int, d: int) -> np.ndarray:
     return arr.reshape(heads, d, *arr.shape[1:])
 
 
-def to_tp_layout(name: str, arr: np.ndarray, config: ModelConfig, tp: int) -> np.ndarray:
-    """A checkpoint tensor (tp = 1 layout) in the layout of a tp-way target (see the module doc)."""
-    if tp == 1:
+def to_tp_layout(name: str, arr: np.ndarray, config: ModelConfig, tp: int, *, ep: bool = False) -> np.ndarray:
+    """A checkpoint tensor (tp = 1 layout) in the layout of a tp-way target (see the module doc);
+    ep: experts split whole, so their tensors keep the tp = 1 layout."""
+    if tp == 1 or (ep and _EXPERTS.search(name)):
         return arr
     if _VOCAB.search(name):
         pad = padded_vocab(config.vocab_size, tp) - arr.shape[0]
@@ -188,10 +193,10 @@ def to_tp_layout(name: str, arr: np.ndarray, config: ModelConfig, tp: int) -> np
     return arr if fused is None else _shard_major(arr, fused[1], tp, axis=fused[0])
 
 
-def from_tp_layout(name: str, arr: np.ndarray, config: ModelConfig, tp: int) -> np.ndarray:
+def from_tp_layout(name: str, arr: np.ndarray, config: ModelConfig, tp: int, *, ep: bool = False) -> np.ndarray:
     """The inverse of `to_tp_layout`: a tensor stored in a tp-way layout back in the tp = 1 one
     (a checkpoint converted for one split, loaded at another)."""
-    if tp == 1:
+    if tp == 1 or (ep and _EXPERTS.search(name)):
         return arr
     if _VOCAB.search(name):
         return arr[: config.vocab_size]

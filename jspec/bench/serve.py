@@ -18,7 +18,7 @@ from jspec.bench.record import append_jsonl, environment, make_record, serve_tab
 ENGINE_FLAGS = ("dtype", "page_size", "max_running_requests", "max_total_tokens", "chunked_prefill_size",
                 "cuda_graph_bs", "prefill_token_buckets", "context_length", "mem_fraction_static",
                 "compilation_cache_dir", "disable_top_k_top_p", "speculative_adaptive",
-                "speculative_disable_by_batch_size", "tp_size")
+                "speculative_disable_by_batch_size", "tp_size", "ep_size")
 # Speculative keywords, passed to the Engine only when an algorithm is set, so that runs without
 # speculation work on engines that do not know them yet.
 SPEC_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
@@ -120,7 +120,8 @@ def open_model(args):
     if name not in PRESETS:
         raise ConfigError(f"--model-path random:{name}: unknown preset; choose from {', '.join(sorted(PRESETS))}")
     return random_model(parse_hf_config(preset_config(name)), dtype=args.dtype, seed=args.seed,
-                        tp_size=getattr(args, "tp_size", None) or 1)
+                        tp_size=getattr(args, "tp_size", None) or 1,
+                        expert_parallel=(getattr(args, "ep_size", None) or 1) > 1)
 
 
 def with_draft(kw: dict, model, args) -> dict:

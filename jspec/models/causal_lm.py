@@ -29,7 +29,7 @@ from jspec.sharding import padded_vocab
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, *, dtype, tp_size: int = 1):
+    def __init__(self, cfg: ModelConfig, layer_id: int, *, dtype, tp_size: int = 1, expert_parallel: bool = False):
         norm = dict(eps=cfg.rms_norm_eps, zero_centred=cfg.zero_centred_norm, dtype=dtype)
         self.is_attention = cfg.layer_types[layer_id] == FULL_ATTENTION
         self.input_layernorm = RMSNorm(cfg.hidden_size, **norm)
@@ -39,15 +39,15 @@ class DecoderLayer(nnx.Module):
         else:
             self.linear_attn = GatedDeltaNet(cfg, dtype=dtype, tp_size=tp_size)
         if cfg.moe_layers[layer_id]:
-            self.mlp = SparseMoE(cfg, dtype=dtype, tp_size=tp_size)
+            self.mlp = SparseMoE(cfg, dtype=dtype, tp_size=tp_size, expert_parallel=expert_parallel)
         else:
             self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, dtype=dtype, tp_size=tp_size)
 
 
 class DecoderStack(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, dtype, tp_size: int = 1):
+    def __init__(self, cfg: ModelConfig, *, dtype, tp_size: int = 1, expert_parallel: bool = False):
         self.embed_tokens = Embedding(padded_vocab(cfg.vocab_size, tp_size), cfg.hidden_size, dtype=dtype)
-        self.layers = nnx.List([DecoderLayer(cfg, i, dtype=dtype, tp_size=tp_size)
+        self.layers = nnx.List([DecoderLayer(cfg, i, dtype=dtype, tp_size=tp_size, expert_parallel=expert_parallel)
                                 for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, zero_centred=cfg.zero_centred_norm, dtype=dtype)
 
@@ -72,12 +72,13 @@ jax.tree_util.register_dataclass(ForwardOutput, data_fields=["logits", "final_hi
 
 
 class CausalLM(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, tp_size: int = 1):
+    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, tp_size: int = 1, expert_parallel: bool = False):
         """tp_size: the layout of a target split over that many devices (`jspec.sharding`):
-        heads and intermediate dimensions are cut tp ways, the vocabulary padded to a multiple of it."""
+        heads and intermediate dimensions are cut tp ways, the vocabulary padded to a multiple of it;
+        expert_parallel: MoE experts split whole instead."""
         self.config = cfg
         self.tp_size = tp_size
-        self.model = DecoderStack(cfg, dtype=dtype, tp_size=tp_size)
+        self.model = DecoderStack(cfg, dtype=dtype, tp_size=tp_size, expert_parallel=expert_parallel)
         vocab = padded_vocab(cfg.vocab_size, tp_size)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, vocab, bias=False, dtype=dtype)
 

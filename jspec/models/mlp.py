@@ -58,10 +58,14 @@ def _grouped_matmul(x, w, group_sizes):
 
 
 class SparseMoE(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, dtype, tp_size: int = 1):
-        """tp_size: each expert's intermediate dimension split over that many devices."""
+    def __init__(self, cfg: ModelConfig, *, dtype, tp_size: int = 1, expert_parallel: bool = False):
+        """tp_size: each expert's intermediate dimension split over that many devices, or with
+        expert_parallel the experts themselves (X / tp whole experts per device)."""
         e = cfg.hidden_size
         self.tp_size = tp_size
+        self.expert_parallel = expert_parallel
+        # The experts' gate_up columns are shard-major only when their intermediate dimension is split.
+        self.expert_layout_tp = 1 if expert_parallel else tp_size
         self.intermediate = cfg.moe_intermediate_size
         self.top_k = cfg.num_experts_per_tok
         self.num_experts = cfg.num_experts
@@ -107,7 +111,7 @@ class SparseMoE(nnx.Module):
         weights, experts = self.route(x)
         combine = jnp.sum(jax.nn.one_hot(experts, self.num_experts, dtype=x.dtype) * weights[..., None], axis=-2)
         gate_up = jnp.einsum("...e,xef->...xf", x, self.experts.gate_up_proj[...])
-        gate, up = split_shard_major(gate_up, [self.intermediate] * 2, self.tp_size)
+        gate, up = split_shard_major(gate_up, [self.intermediate] * 2, self.expert_layout_tp)
         down = jnp.einsum("...xi,xie->...xe", jax.nn.silu(gate) * up, self.experts.down_proj[...])
         routed = jnp.einsum("...xe,...x->...e", down, combine, preferred_element_type=jnp.float32)
         return self.add_shared(x, routed.astype(x.dtype))
@@ -120,7 +124,7 @@ class SparseMoE(nnx.Module):
         reads all X experts to use at most T*K of them; XLA's own gather + GEMV fusion reaches a
         fraction of the memory bandwidth. On CPU `ops.moe_gather` runs the jnp reference."""
         return ops.moe_gather(x, experts, weights, self.experts.gate_up_proj[...], self.experts.down_proj[...],
-                              tp=self.tp_size)
+                              tp=self.tp_size, expert_parallel=self.expert_parallel)
 
     def _routed_grouped(self, x, experts, weights):
         """Many tokens (prefill): one grouped GEMM over tokens sorted by expert."""
@@ -132,7 +136,7 @@ class SparseMoE(nnx.Module):
         rows = x[order // k]
         group_sizes = jnp.bincount(flat_experts, length=self.num_experts).astype(jnp.int32)
         gate_up = _grouped_matmul(rows, self.experts.gate_up_proj[...], group_sizes)
-        gate, up = split_shard_major(gate_up, [self.intermediate] * 2, self.tp_size)
+        gate, up = split_shard_major(gate_up, [self.intermediate] * 2, self.expert_layout_tp)
         hidden = jax.nn.silu(gate) * up
         down = _grouped_matmul(hidden, self.experts.down_proj[...], group_sizes)  # [T*K, E]
         down = down * weights.reshape(-1)[order][:, None]

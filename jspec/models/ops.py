@@ -186,20 +186,27 @@ def gdn_commit(state_pool, conv_pool, conv_scratch, replay, slots, path, accepte
 # ----------------------------------------------------------------------------- mixture of experts
 
 
-def moe_gather(x, experts, weights, gate_up, down, *, tp: int = 1):
+def moe_gather(x, experts, weights, gate_up, down, *, tp: int = 1, expert_parallel: bool = False):
     """Routed experts of decode / verify batches: the expert-tiled gather kernels read each routed
     expert about once per tile of up to 16 of its (token, k) pairs.
     x [T, E], experts / weights [T, K], gate_up [X, E, 2I], down [X, I, E] -> [T, E]. Split tp ways,
     each device runs its slice of every expert's intermediate dimension (its gate_up columns are
-    [gate | up] of that slice, the shard-major layout) and the partial outputs are summed."""
+    [gate | up] of that slice, the shard-major layout) and the partial outputs are summed. With
+    expert_parallel each device holds X / tp whole experts and runs the pairs routed to them (the
+    others weigh 0 on an expert it holds), and the partial outputs are summed the same way."""
     fn, kw = _pick("moe", "moe_gather", moe_ref.moe_gather)
     if tp == 1:
         return fn(x, experts, weights, gate_up, down, **kw)
 
     def partial(x, experts, weights, gate_up, down):
+        if expert_parallel:
+            local = experts - jax.lax.axis_index(TP) * gate_up.shape[0]
+            mine = (local >= 0) & (local < gate_up.shape[0])
+            experts, weights = jnp.where(mine, local, 0), jnp.where(mine, weights, jnp.zeros_like(weights))
         return jax.lax.psum(fn(x, experts, weights, gate_up, down, **kw), TP)
 
-    run = _per_device(partial, tp, (_R, _R, _R, P(None, None, TP), _TOK3), _R)
+    w_specs = (P(TP, None, None),) * 2 if expert_parallel else (P(None, None, TP), _TOK3)
+    run = _per_device(partial, tp, (_R, _R, _R) + w_specs, _R)
     return run(x, experts, weights, gate_up, down)
 
 

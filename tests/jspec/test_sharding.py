@@ -99,6 +99,7 @@ def test_gate_up_expert_and_conv_layouts_invert():
      "num_key_value_heads=4"),
     ("llama", {"intermediate_size": 98}, 4, "intermediate_size=98"),
     ("qwen3_moe", {"moe_intermediate_size": 30}, 4, "moe_intermediate_size=30"),
+    ("qwen3_moe", {"num_experts": 6}, -4, "num_experts=6"),  # -4: tp_size 4 with ep_size 4
     ("qwen3_next", {}, 4, "linear_num_key_heads=2"),
     ("llama", {}, 0, "positive int"),
 ])
@@ -107,10 +108,12 @@ def test_impossible_splits_are_config_errors_before_loading(tmp_path, tiny_check
     with open(os.path.join(tiny_checkpoint(family, 3), "config.json")) as f:
         raw = {**json.load(f), **changes}
     (tmp_path / "config.json").write_text(json.dumps(raw))
+    ep = tp < 0
+    tp = abs(tp)
     with pytest.raises(ConfigError, match=match):
-        check_tp(load_config(tmp_path), tp)
+        check_tp(load_config(tmp_path), tp, ep=ep)
     with pytest.raises(ConfigError, match=match):
-        Engine(str(tmp_path), tp_size=tp, dtype="float32", show_progress=False)
+        Engine(str(tmp_path), tp_size=tp, ep_size=tp if ep else None, dtype="float32", show_progress=False)
 
 
 def test_a_split_model_must_match_tp_size(tiny_checkpoint):
@@ -120,6 +123,8 @@ def test_a_split_model_must_match_tp_size(tiny_checkpoint):
         Engine(split, tp_size=4, show_progress=False)
     with pytest.raises(ConfigError, match="unsplit"):
         shard_model(split, 4)
+    with pytest.raises(ConfigError, match="ep_size=3 must be 1 or equal to tp_size=2"):
+        Engine(tiny_checkpoint("qwen3", 3), tp_size=2, ep_size=3, show_progress=False)
 
 
 def _device0_bytes() -> int:
@@ -140,14 +145,17 @@ def test_device_zero_holds_a_quarter_of_the_weights(tiny_checkpoint):
         assert len(leaf.sharding.device_set) == 4
 
 
-@pytest.mark.parametrize("family,tp", [("qwen3_next", 2), ("qwen3_5_moe", 2), ("llama", 4)])
-def test_split_forward_with_pallas_kernels_matches_unsplit(tiny_checkpoint, family, tp):
+@pytest.mark.parametrize("family,tp,ep", [("qwen3_next", 2, False), ("qwen3_5_moe", 2, False), ("llama", 4, False),
+                                         ("qwen3_moe", 4, True)])
+def test_split_forward_with_pallas_kernels_matches_unsplit(tiny_checkpoint, family, tp, ep):
     """Every kernel of the prompt path (KV write, paged attention, causal conv, chunked gated delta
-    rule, MoE gather) in interpret mode under shard_map, against the unsplit reference forward."""
+    rule, MoE gather, with experts split by intermediate dimension or whole) in interpret mode under
+    shard_map, against the unsplit reference forward."""
     path = tiny_checkpoint(family, 3)
     ids = tm.random_ids(21, seed=5)
     ref = load_model(path, dtype="float32").score(ids)
-    split = load_model(path, dtype="float32", tp_size=tp)
+    split = load_model(path, dtype="float32", tp_size=tp, expert_parallel=ep)
+    assert split.expert_parallel == ep
     with ops.use_backend("interpret"):
         got = split.score(ids)
     np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4)

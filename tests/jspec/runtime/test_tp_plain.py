@@ -1,7 +1,8 @@
 """Tensor parallelism in the engine, no speculation: greedy output at tp_size 2 and 4 equals the
 unsplit engine's for every target family (dense, MoE with an expert count that does not divide,
 hybrid Gated DeltaNet with fused and split projections), with an odd vocabulary (97, padded) and
-fewer KV heads than devices (replicated); seeded sampling repeats; NGRAM runs on a split target;
+fewer KV heads than devices (replicated), experts split by intermediate dimension or whole
+(expert parallelism); seeded sampling repeats; NGRAM runs on a split target;
 nothing leaks and the loop runs under the transfer guard. Speculative algorithms on split targets:
 tests/jspec/speculative/test_tp_spec.py. The session has 4 CPU devices (tests/conftest.py)."""
 
@@ -19,19 +20,21 @@ GREEDY = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
 SAMPLED = {"max_new_tokens": 10, "temperature": 0.9, "seed": 3, "ignore_eos": True}
 
 
-@pytest.mark.parametrize("family,seed,tps", [
-    ("llama", 44, (2, 4)),  # 2 KV heads: replicated at tp 4; untied lm_head, vocabulary 97 -> 100
-    ("qwen3_moe", 3, (4,)),  # 8 experts of 24 -> 6 per device; a dense layer beside the MoE ones
-    ("qwen3_next", 5, (2,)),  # hybrid: GDN by key / value heads, conv channels, MoE + shared expert
-    ("qwen3_5_moe", 3, (2,)),  # hybrid with split GDN projections (in_proj_qkv permuted on load)
+@pytest.mark.parametrize("family,seed,tps,ep", [
+    ("llama", 44, (2, 4), False),  # 2 KV heads: replicated at tp 4; untied lm_head, vocabulary 97 -> 100
+    ("qwen3_moe", 3, (4,), False),  # 8 experts of 24 -> 6 per device; a dense layer beside the MoE ones
+    ("qwen3_moe", 3, (4,), True),  # expert parallelism: 2 whole experts per device
+    ("qwen3_next", 5, (2,), False),  # hybrid: GDN by key / value heads, conv channels, MoE + shared expert
+    ("qwen3_5_moe", 3, (2,), True),  # hybrid with split GDN projections (in_proj_qkv permuted on load), EP
 ])
-def test_split_target_greedy_equals_unsplit(tiny_checkpoint, greedy_reference, family, seed, tps):
+def test_split_target_greedy_equals_unsplit(tiny_checkpoint, greedy_reference, family, seed, tps, ep):
     path = tiny_checkpoint(family, seed)
     want = greedy_reference(path, PROMPTS, GREEDY, page_size=4, settings=SPEC_BS4)
     for tp in tps:
-        eng = Engine(path, page_size=4, tp_size=tp, **BASE)
+        eng = Engine(path, page_size=4, tp_size=tp, ep_size=tp if ep else None, **BASE)
         try:
-            assert eng.get_server_info()["tp_size"] == tp
+            info = eng.get_server_info()
+            assert info["tp_size"] == tp and info["ep_size"] == (tp if ep else 1)
             generates(eng, PROMPTS, GREEDY, want)
             check_no_leaks(eng)
         finally:
