@@ -58,8 +58,26 @@ def test_speculation_on_a_split_target_equals_target_greedy(models, greedy_refer
         if target in ("bigram", "bigram_next", "block_bigram"):  # agreeing drafters: drafts are kept
             assert max(info["spec_accept_length_histogram"]) >= 3, info["spec_accept_length_histogram"]
         check_no_leaks(eng)
+        if algo == "EAGLE3":  # greedy / temperature acceptance never moves whole vocabulary rows
+            assert not _vocab_collectives(eng)
     finally:
         eng.shutdown()
+
+
+def _vocab_collectives(eng) -> list[str]:
+    """Collectives of the decode steps whose operand has a vocabulary-sized axis (whole or split)."""
+    v = eng.config.vocab_size
+    sizes = {v, -(-v // eng.runner.model.tp_size) * eng.runner.model.tp_size, -(-v // eng.runner.model.tp_size)}
+    found = []
+    for bucket, exe in eng.runner.compiled.items():
+        if bucket.mode.value != "decode":
+            continue
+        for line in exe.as_text().splitlines():
+            head = line.split("(", 1)[0]
+            if any(op in line for op in ("all-gather", "all-to-all", "collective-permute")) and any(
+                    f",{n}]" in head or f"[{n}]" in head or f",{n}," in head for n in sizes):
+                found.append(line.strip()[:160])
+    return found
 
 
 def test_retraction_on_a_split_target(models, greedy_reference):
