@@ -1,0 +1,85 @@
+"""The prefix cache's tree (`jspec.cache.radix_cache`) over a real page allocator: page-aligned
+matches capped where the caller asks, shared pages counted by the allocator, duplicates kept once,
+LRU eviction of unlocked leaves only, flush refused while a request holds a path, and every page
+back on the free list at the end."""
+
+from __future__ import annotations
+
+import pytest
+
+from jspec.cache.allocator import PageAllocator
+from jspec.cache.radix_cache import RadixCache
+
+PS = 4
+
+
+def _request(pages: PageAllocator, tokens: list[int]) -> list[int]:
+    """Pages a request computed its tokens into (as the scheduler allocates them)."""
+    return pages.alloc(pages.pages_for(len(tokens)))
+
+
+def test_match_is_page_aligned_capped_and_shares_pages():
+    pages = PageAllocator(32, PS)
+    cache = RadixCache(pages)
+    a = list(range(10))  # two full pages and a partial one
+    a_pages = _request(pages, a)
+    assert cache.insert(a, a_pages) == 2  # only full pages are cached
+    pages.free(a_pages)  # the request ends: its partial page is free, the cached two are not
+    assert pages.num_free == 31 - 2 and cache.num_cached_pages == 2
+    m = cache.match_prefix(a + [99])
+    assert m.pages == a_pages[:2] and m.num_tokens == 8
+    assert cache.match_prefix(a[:8], max_tokens=7).num_tokens == 4  # keep the last token to compute
+    assert cache.match_prefix([0, 1, 2, 9, 9]).num_tokens == 0  # first page differs
+    assert cache.match_prefix(a[:6]).num_tokens == 4
+    assert cache.hit_rate == pytest.approx((8 + 4 + 0 + 4) / (11 + 8 + 5 + 6))
+
+
+def test_duplicates_keep_the_cached_copy_and_branches_share_their_prefix():
+    pages = PageAllocator(32, PS)
+    cache = RadixCache(pages)
+    a, b = [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9]
+    pa, pb = _request(pages, a), _request(pages, b)
+    assert cache.insert(a, pa) == 2
+    assert cache.insert(b, pb) == 1  # the first page is cached already (pa[0] kept)
+    pages.free(pa)
+    pages.free(pb)
+    assert cache.num_cached_pages == 3 and pages.num_free == 31 - 3  # pb[0] went back to the pool
+    assert cache.match_prefix(b).pages == [pa[0], pb[1]]
+
+
+def test_eviction_is_lru_over_unlocked_leaves():
+    pages = PageAllocator(16, PS)
+    cache = RadixCache(pages)
+    seqs = [[s] * 8 for s in range(3)]  # three two-page sequences, no shared prefix
+    for s in seqs:
+        p = _request(pages, s)
+        cache.insert(s, p)
+        pages.free(p)
+    assert pages.num_free == 15 - 6
+    held = cache.match_prefix(seqs[0])
+    cache.lock(held.node)  # a running request reads sequence 0
+    cache.match_prefix(seqs[2])  # sequence 2 used more recently than 1
+    assert cache.num_evictable_pages == 4
+    assert cache.evict(1) == 1  # the least recently used leaf: sequence 1's second page
+    assert cache.match_prefix(seqs[1]).num_tokens == 4
+    assert cache.evict(100) == 3  # everything unlocked; sequence 0 stays
+    assert cache.match_prefix(seqs[0]).num_tokens == 8 and cache.num_cached_pages == 2
+    assert not cache.flush()  # refused while a request holds a path
+    cache.unlock(held.node)
+    assert cache.flush() and cache.num_cached_pages == 0
+    pages.check_all_free()
+    with pytest.raises(ValueError, match="not locked"):
+        cache.unlock(held.node)
+
+
+def test_a_page_a_request_still_holds_is_not_counted_as_freed():
+    pages = PageAllocator(8, PS)
+    cache = RadixCache(pages)
+    s = list(range(8))
+    p = _request(pages, s)
+    cache.insert(s, p)
+    pages.share(p[:1])  # another request reuses the first page (without locking: a misuse)
+    pages.free(p)
+    assert cache.evict(2) == 1  # the second page is free again; the first is still referenced
+    pages.free(p[:1])
+    pages.check_all_free()
