@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from jspec.cache.allocator import PageAllocator, SlotAllocator
+from jspec.cache.radix_cache import RadixCache
 from jspec.cache import memory
 from jspec.config import generation_eos_token_ids
 from jspec.engine_config import EngineConfig, draft_source
@@ -92,7 +93,8 @@ class Engine:
                                   drafting=drafting, top_k_top_p=not cfg.disable_top_k_top_p, compile=False,
                                   plain_decode=self.spec is not None and (self.spec.adaptive or
                                                                           self.spec.disable_by_batch_size is not None),
-                                  shorter_chains=self.spec is not None and self.spec.adaptive)
+                                  shorter_chains=self.spec is not None and self.spec.adaptive,
+                                  prefix_pages=cfg.prefix_pages_per_step)
         if cfg.layout.num_pages is None:
             cfg = self.engine_config = cfg.with_memory_plan(self._plan_memory())
         self.runner.capture(cfg.layout)
@@ -104,6 +106,7 @@ class Engine:
                 self.policy.step_times = self.runner.time_decode_steps()
         layout = cfg.layout
         self.pages = PageAllocator(layout.num_pages, layout.page_size)
+        self.radix_cache = RadixCache(self.pages) if cfg.radix_cache_enabled else None
         self.slots = SlotAllocator(layout.num_slots)
         self.scheduler = Scheduler(self.pages, self.slots, max_running_requests=cfg.max_running_requests,
                                    chunked_prefill_size=cfg.chunked_prefill_size,
@@ -111,7 +114,8 @@ class Engine:
                                    max_decode_requests=cfg.cuda_graph_bs[-1], enable_mixed_chunk=cfg.enable_mixed_chunk,
                                    spec_tokens=0 if drafting is None else drafting.kv_ahead,
                                    spec_max_accept=0 if drafting is None else drafting.max_accept,
-                                   prefill_ahead=0 if drafting is None else drafting.prefill_ahead)
+                                   prefill_ahead=0 if drafting is None else drafting.prefill_ahead,
+                                   radix_cache=self.radix_cache, prefix_pages_per_step=cfg.prefix_pages_per_step)
         self.core = EngineCore(self.runner, self.scheduler, tokenizer=self.tokenizer,
                                eos_token_ids=self.eos_token_ids, overlap=self.overlap, policy=self.policy)
         self.limits = RequestLimits(vocab_size=self.config.vocab_size, context_length=cfg.context_length,
@@ -231,7 +235,7 @@ class Engine:
             "id": req.rid,
             "prompt_tokens": len(req.input_ids),
             "completion_tokens": len(req.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": req.cached_tokens,
             "finish_reason": req.finish_reason,
             "e2e_latency": (req.finish_time or time.perf_counter()) - req.arrival_time,
         }
@@ -265,6 +269,22 @@ class Engine:
             if final:
                 return
 
+    def flush_cache(self, timeout: float = 30.0) -> bool:
+        """Drop every cached prefix (SGLang's flush_cache): True when done; False while requests
+        run or wait (nothing is dropped then) or without a prefix cache."""
+        if self._stopped:
+            raise EngineShutdownError("flush_cache: this engine was shut down; build a new Engine")
+        if self.radix_cache is None:
+            return False
+        return self.core.request_flush(timeout, wake=self._notify)
+
+    def _cache_info(self) -> dict:
+        cache = self.radix_cache
+        if cache is None:
+            return {"radix_cache": False}
+        return {"radix_cache": True, "cache_hit_rate": cache.hit_rate, "num_cached_pages": cache.num_cached_pages,
+                "num_evictable_pages": cache.num_evictable_pages}
+
     def abort(self, rid: str) -> bool:
         ok = self.core.abort(rid)
         self._notify()
@@ -275,6 +295,7 @@ class Engine:
             **self.engine_config.server_args(),
             "num_total_pages": self.pages.num_usable,
             "num_free_pages": self.pages.num_free,
+            **self._cache_info(),
             "num_total_slots": self.slots.num_slots - 1,
             "num_free_slots": self.slots.num_free,
             "num_running_requests": len(self.scheduler.running),

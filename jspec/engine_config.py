@@ -58,6 +58,7 @@ class EngineConfig:
     memory_plan: MemoryPlan | None = None  # set when the pool was sized from the device's memory
     tp_size: int = 1  # devices the target is split over (jspec.sharding)
     ep_size: int = 1  # tp_size: MoE experts split whole over those devices (expert parallelism)
+    disable_radix_cache: bool = False  # the prefix cache (on where supported, see radix_cache_enabled)
 
     @property
     def max_extend_requests(self) -> int:
@@ -77,7 +78,19 @@ class EngineConfig:
                     disable_overlap_schedule=self.disable_overlap_schedule, random_seed=self.random_seed,
                     context_length=self.context_length, disable_top_k_top_p=self.disable_top_k_top_p,
                     enable_mixed_chunk=self.enable_mixed_chunk, mem_fraction_static=self.mem_fraction_static,
-                    tp_size=self.tp_size, ep_size=self.ep_size)
+                    tp_size=self.tp_size, ep_size=self.ep_size, disable_radix_cache=self.disable_radix_cache,
+                    radix_cache=self.radix_cache_enabled)
+
+    @property
+    def radix_cache_enabled(self) -> bool:
+        """The prefix cache runs unless disabled, for targets without Gated-DeltaNet layers and without
+        speculation (hybrid state snapshots and drafter context are not cached yet)."""
+        return not self.disable_radix_cache and self.spec is None and not self.model_config.is_hybrid
+
+    @property
+    def prefix_pages_per_step(self) -> int:
+        """Cached pages one prompt step may map: as many as the step could compute (chunk size)."""
+        return -(-self.chunked_prefill_size // self.page_size) if self.radix_cache_enabled else 0
 
     @classmethod
     def create(cls, model_path, *, dtype: str = "bfloat16", page_size: int = 16,
@@ -88,7 +101,7 @@ class EngineConfig:
                max_top_logprobs_num: int = 20, skip_tokenizer_init: bool = False, show_progress: bool = True,
                enable_mixed_chunk: bool = False, transfer_guard: str | None = None,
                disable_top_k_top_p: bool = False, tp_size: int | None = None, ep_size: int | None = None,
-               **speculative) -> EngineConfig:
+               disable_radix_cache: bool = False, **speculative) -> EngineConfig:
         """Validate SGLang-style keyword settings; `speculative` holds the speculative_* keys."""
         unknown = sorted(k for k in speculative if not k.startswith("speculative_") or k not in SPEC_KEYS)
         if unknown:
@@ -133,7 +146,8 @@ class EngineConfig:
                    enable_mixed_chunk=bool(enable_mixed_chunk), disable_top_k_top_p=bool(disable_top_k_top_p),
                    max_top_logprobs_num=int(max_top_logprobs_num), skip_tokenizer_init=bool(skip_tokenizer_init),
                    show_progress=bool(show_progress), transfer_guard=transfer_guard, spec=spec, spec_extra=spec_extra,
-                   mem_fraction_static=mem_fraction_static, tp_size=tp, ep_size=ep)
+                   mem_fraction_static=mem_fraction_static, tp_size=tp, ep_size=ep,
+                   disable_radix_cache=bool(disable_radix_cache))
 
     def with_memory_plan(self, plan: MemoryPlan) -> EngineConfig:
         """This config with the pool sized by `plan` (see `Engine`, which measures it)."""

@@ -41,6 +41,13 @@ class PrefixMatch:
     num_tokens: int
     node: _Node
 
+    def truncated(self, num_pages: int) -> PrefixMatch:
+        """The same match cut to its first num_pages pages."""
+        node = self.node
+        for _ in range(len(self.pages) - num_pages):
+            node = node.parent
+        return PrefixMatch(self.pages[:num_pages], self.num_tokens * num_pages // max(len(self.pages), 1), node)
+
 
 class RadixCache:
     def __init__(self, pages: PageAllocator):
@@ -71,9 +78,12 @@ class RadixCache:
             child.last_access = now
             node = child
             pages.append(child.page)
-        self.query_tokens += len(token_ids)
-        self.hit_tokens += len(pages) * self.page_size
         return PrefixMatch(pages, len(pages) * self.page_size, node)
+
+    def count(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """An admitted prompt and how much of it the cache served (the hit rate's terms)."""
+        self.query_tokens += prompt_tokens
+        self.hit_tokens += cached_tokens
 
     def lock(self, node: _Node) -> None:
         while node is not None:

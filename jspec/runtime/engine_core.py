@@ -36,12 +36,22 @@ class EngineCore:
         self.num_steps = {"extend": 0, "decode": 0, "spec": 0}
         self.num_generated = 0
         self.accept_histogram: dict[int, int] = {}  # tokens produced per verify -> how often
+        self.flush_waiters: list[tuple[threading.Event, dict]] = []  # flush_cache calls to answer
 
     # ------------------------------------------------------------------ called from any thread
     def submit(self, req: Request) -> None:
         with self.lock:
             self.requests[req.rid] = req
             self.inbox.append(req)
+
+    def request_flush(self, timeout: float, wake) -> bool:
+        """Ask the loop to drop the prefix cache (wake: rouses an idle loop); True once done,
+        False if requests were running (SGLang refuses a flush then too) or no answer in time."""
+        done, box = threading.Event(), {}
+        with self.lock:
+            self.flush_waiters.append((done, box))
+        wake()
+        return done.wait(timeout) and box.get("ok", False)
 
     def abort(self, rid: str, message: str = "aborted by user") -> bool:
         with self.lock:
@@ -53,9 +63,20 @@ class EngineCore:
 
     # ------------------------------------------------------------------ loop thread only
     def has_work(self) -> bool:
-        return bool(self.inbox) or self.sched.has_work() or self.pending is not None
+        return bool(self.inbox) or self.sched.has_work() or self.pending is not None or bool(self.flush_waiters)
+
+    def _answer_flushes(self) -> None:
+        with self.lock:
+            waiters, self.flush_waiters = self.flush_waiters, []
+        idle = not self.inbox and not self.sched.has_work() and self.pending is None
+        ok = idle and self.sched.cache is not None and self.sched.cache.flush()
+        for done, box in waiters:
+            box["ok"] = ok
+            done.set()
 
     def step(self) -> None:
+        if self.flush_waiters:
+            self._answer_flushes()
         with self.lock:
             while self.inbox:
                 req = self.inbox.popleft()

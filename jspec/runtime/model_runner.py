@@ -49,7 +49,7 @@ class ModelRunner:
     def __init__(self, model, *, layout: PoolLayout, decode_batch_sizes: list[int], extend_token_sizes: list[int],
                  max_extend_requests: int, num_top_logprobs: int = 20, progress: bool = True,
                  drafting: Drafting | None = None, top_k_top_p: bool = True, compile: bool = True,
-                 plain_decode: bool = False, shorter_chains: bool = False):
+                 plain_decode: bool = False, shorter_chains: bool = False, prefix_pages: int = 0):
         self.model = model
         self.drafting = drafting
         self.page_size = page_size = layout.page_size
@@ -76,7 +76,9 @@ class ModelRunner:
         ahead_pages = 0 if drafting is None else _pages(drafting.prefill_ahead, page_size)
         for t in sorted(set(extend_token_sizes)):
             b = min(t, max_extend_requests)
-            self.buckets.append(Bucket(ForwardMode.EXTEND, t, b, t // page_size + b * (1 + ahead_pages) + 1,
+            # prefix_pages: cached pages a prompt step may map into page-table rows (prefix cache).
+            updates = t // page_size + b * (1 + ahead_pages) + 1 + prefix_pages
+            self.buckets.append(Bucket(ForwardMode.EXTEND, t, b, updates,
                                        next_ids=drafting is not None and drafting.extend_next_ids))
         self.layout = layout
         self.mesh = model.mesh if model.mesh is not None else make_mesh(1)

@@ -52,6 +52,8 @@ class Request:
     num_retractions: int = 0
     spec_verify_ct: int = 0  # speculative verify steps this request took part in
     spec_inflight: int = 0  # speculative steps dispatched for it whose results are not read yet
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (SGLang's meta_info field)
+    cache_node: object = None  # the prefix-cache node it reads (locked while it runs)
 
     # Timing and streaming.
     arrival_time: float = dataclasses.field(default_factory=time.perf_counter)

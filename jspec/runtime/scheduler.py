@@ -9,8 +9,13 @@ Each call to `schedule` plans one step. Policy:
   steps use the decode kernel). With `enable_mixed_chunk` (SGLang's name) decodes instead ride
   along in every extend step as one-token rows.
 - Pages are allocated at dispatch for exactly the tokens a step writes; when decode needs a page
-  and none is free, the most recently admitted request is retracted (its pages and slot freed, its
-  prompt + outputs re-queued to be prefilled again) instead of failing.
+  and none is free, unused prefix-cache pages are evicted first, then the most recently admitted
+  request is retracted (its pages and slot freed, its prompt + outputs re-queued to be prefilled
+  again) instead of failing.
+- Prefix cache (`jspec.cache.radix_cache`, when given): an admitted request reuses the cached pages
+  of its longest page-aligned prefix and prefills from there; finished and retracted requests put
+  the full pages they computed into the cache. At most `prefix_pages_per_step` cached pages are
+  mapped per step (the page-table updates an extend bucket carries).
 
 The scheduler never reads the device: in overlap mode a step is planned from host bookkeeping
 alone (lengths advance deterministically), and results arrive one step later.
@@ -22,6 +27,7 @@ import dataclasses
 from collections import deque
 
 from jspec.cache.allocator import PageAllocator, SlotAllocator
+from jspec.cache.radix_cache import RadixCache
 from jspec.models.batch import ForwardMode
 from jspec.runtime.request import Request, Status
 
@@ -61,7 +67,7 @@ class Scheduler:
     def __init__(self, pages: PageAllocator, slots: SlotAllocator, *, max_running_requests: int,
                  chunked_prefill_size: int, max_extend_requests: int, max_decode_requests: int,
                  enable_mixed_chunk: bool = False, spec_tokens: int = 0, spec_max_accept: int = 0,
-                 prefill_ahead: int = 0):
+                 prefill_ahead: int = 0, radix_cache: RadixCache | None = None, prefix_pages_per_step: int = 0):
         self.pages, self.slots = pages, slots
         self.max_running = max_running_requests
         self.chunk_budget = chunked_prefill_size
@@ -77,6 +83,8 @@ class Scheduler:
         # KV indices a prompt's last chunk writes past the prompt (DFlash drafts its first block there).
         self.prefill_ahead = prefill_ahead
         self.num_mixed_decode_rows = 0
+        self.cache = radix_cache
+        self.prefix_pages_per_step = prefix_pages_per_step
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._admitted = 0
@@ -109,12 +117,18 @@ class Scheduler:
             return self._plan_decode(decodable, inflight)
         return None
 
+    def _make_room(self, num_pages: int) -> bool:
+        """Whether num_pages pages are free, evicting unused prefix-cache pages if that helps."""
+        if num_pages > self.pages.num_free and self.cache is not None:
+            self.cache.evict(num_pages - self.pages.num_free)
+        return num_pages <= self.pages.num_free
+
     def _grow(self, req: Request, new_kv_len: int, updates: list) -> bool:
         """Give `req` pages for `new_kv_len` tokens; False (nothing allocated) if the pool is short."""
         need = self.pages.pages_for(new_kv_len) - len(req.pages)
         if need <= 0:
             return True
-        if need > self.pages.num_free:
+        if not self._make_room(need):
             return False
         for p in self.pages.alloc(need):
             updates.append((req.slot, len(req.pages), p))
@@ -143,12 +157,24 @@ class Scheduler:
                 if s is not None:
                     chosen.append(s)
                     budget -= s.num_tokens
+        prefix_budget, admitted = self.prefix_pages_per_step, 0
         while (self.waiting and budget > 0 and len(chosen) < self.max_extend_requests
                and len(self.running) < self.max_running):
             req = self.waiting[0]
-            first = min(req.prefill_target, budget)
+            match = self._match(req)
+            if match is not None and len(match.pages) > prefix_budget:
+                if admitted:
+                    break  # its cached pages do not fit this step's page-table updates: next step
+                match = match.truncated(prefix_budget) if prefix_budget else None
+            cached = 0 if match is None else match.num_tokens
+            first = cached + min(req.prefill_target - cached, budget)
             first += self.prefill_ahead if first == req.prefill_target else 0
-            if self.pages.pages_for(first) + reserve > self.pages.num_free or self.slots.num_free == 0:
+            need = self.pages.pages_for(first) - (0 if match is None else len(match.pages))
+            if match is not None:
+                self.cache.lock(match.node)  # not evicted while it makes room below
+            if self.slots.num_free == 0 or not self._make_room(need + reserve):
+                if match is not None:
+                    self.cache.unlock(match.node)
                 break  # FCFS: wait for room rather than let a later request jump ahead
             req.slot = self.slots.alloc()
             self.waiting.popleft()
@@ -156,6 +182,12 @@ class Scheduler:
             self._admitted += 1
             req.admit_order = self._admitted
             self.running.append(req)
+            admitted += 1
+            if self.cache is not None:
+                self.cache.count(req.prefill_target, 0 if match is None else match.num_tokens)
+            if match is not None:
+                self._reuse(req, match, updates)
+                prefix_budget -= len(match.pages)
             s = self._chunk(req, budget, updates, reset=True)
             assert s is not None
             chosen.append(s)
@@ -180,7 +212,7 @@ class Scheduler:
     def _plan_decode(self, decodable: list[Request], inflight: bool) -> StepPlan | None:
         decodable = sorted(decodable, key=lambda r: r.admit_order)[: self.max_decode_requests]
         need = sum(max(0, self.pages.pages_for(self._kv_bound(r)) - len(r.pages)) for r in decodable)
-        while need > self.pages.num_free:
+        while not self._make_room(need):
             if inflight:
                 raise NeedSync()
             victim = max(self.running, key=lambda r: r.admit_order)
@@ -207,8 +239,43 @@ class Scheduler:
         steps still in flight can accept, plus what the step itself writes ahead."""
         return req.kv_len + req.spec_inflight * self.spec_max_accept + self.ahead
 
+    # ----------------------------------------------------------------------------- prefix cache
+    def _match(self, req: Request):
+        """The cached prefix an admitted request can reuse, or None. Requests with penalties
+        compute their whole prompt: the penalty state is built from the tokens a step feeds."""
+        sp = req.sampling
+        if self.cache is None or sp.repetition_penalty != 1.0 or sp.frequency_penalty or sp.presence_penalty:
+            return None
+        # The last prompt token is always computed: its logits give the first output.
+        match = self.cache.match_prefix(req.all_ids[:req.prefill_target], max_tokens=req.prefill_target - 1)
+        return match if match.pages else None
+
+    def _reuse(self, req: Request, match, updates: list) -> None:
+        """Map the matched pages into the request's page-table row; it prefills from there."""
+        self.pages.share(match.pages)
+        for i, p in enumerate(match.pages):
+            updates.append((req.slot, i, p))
+        req.pages = list(match.pages)
+        req.kv_len = match.num_tokens
+        req.cached_tokens = max(req.cached_tokens, match.num_tokens)
+        req.cache_node = match.node
+
+    def _cache_computed(self, req: Request) -> None:
+        """Put the full pages of what the request computed into the cache (and drop its lock).
+        Only KV below the known length: with speculation in flight, positions past it may still
+        receive draft KV."""
+        if self.cache is None:
+            return
+        if req.pages and req.spec_inflight == 0:
+            n = min(req.kv_len, len(req.all_ids))
+            self.cache.insert(req.all_ids[:n], req.pages)
+        if req.cache_node is not None:
+            self.cache.unlock(req.cache_node)
+            req.cache_node = None
+
     # ----------------------------------------------------------------------------- resources
     def _release(self, req: Request) -> None:
+        self._cache_computed(req)
         if req.pages:
             self.pages.free(req.pages)
             req.pages = []
