@@ -142,6 +142,7 @@ class Scheduler:
         if n <= 0 or not self._grow(req, start + n + (self.prefill_ahead if sample else 0), updates):
             return None
         req.kv_len += n
+        self._cache_prefix(req)
         out_index = req.scheduled_outputs
         if sample:
             req.scheduled_outputs += 1
@@ -259,6 +260,20 @@ class Scheduler:
         req.kv_len = match.num_tokens
         req.cached_tokens = max(req.cached_tokens, match.num_tokens)
         req.cache_node = match.node
+
+    def _cache_prefix(self, req: Request) -> None:
+        """After a prompt chunk is dispatched, its full pages join the cache at once (SGLang caches
+        unfinished requests too), so requests admitted while this one still runs can share them;
+        the request locks the deepest node it now reads. Steps run in order on the device, so a
+        later request reading these pages reads them after this chunk wrote them."""
+        if self.cache is None or req.spec_inflight:
+            return
+        self.cache.insert(req.all_ids[:req.kv_len], req.pages)
+        node = self.cache.match_prefix(req.all_ids[:req.kv_len]).node
+        self.cache.lock(node)
+        if req.cache_node is not None:
+            self.cache.unlock(req.cache_node)
+        req.cache_node = node
 
     def _cache_computed(self, req: Request) -> None:
         """Put the full pages of what the request computed into the cache (and drop its lock).
