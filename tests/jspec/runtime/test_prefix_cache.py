@@ -70,3 +70,12 @@ def test_requests_with_penalties_compute_their_whole_prompt(target):
 def test_off_where_not_supported_yet(tiny_checkpoint):
     with Engine(tiny_checkpoint("qwen3_next", 5), page_size=4, **SETTINGS) as eng:
         assert eng.get_server_info()["radix_cache"] is False and eng.flush_cache() is False
+
+
+def test_page_size_one_reuses_all_but_the_last_token(target):
+    with Engine(target, page_size=1, **SETTINGS) as eng:
+        first = eng.generate(input_ids=PROMPTS[3], sampling_params=GREEDY)
+        second = eng.generate(input_ids=PROMPTS[3], sampling_params=GREEDY)
+        assert second["meta_info"]["cached_tokens"] == len(PROMPTS[3]) - 1
+        assert second["output_ids"] == first["output_ids"]
+        check_no_leaks(eng)
