@@ -106,7 +106,11 @@ class Engine:
                 self.policy.step_times = self.runner.time_decode_steps()
         layout = cfg.layout
         self.pages = PageAllocator(layout.num_pages, layout.page_size)
-        self.radix_cache = RadixCache(self.pages) if cfg.radix_cache_enabled else None
+        # EAGLE-family draft KV at p depends on token p + 1: such engines key the cache by token pairs.
+        # Hybrid targets keep GDN state snapshots in the state pool's rows past the slots.
+        self.radix_cache = (RadixCache(self.pages, bigram=self.spec is not None and self.spec.draft_kind == "eagle",
+                                       state_slots=layout.snapshot_rows if self.config.is_hybrid else None)
+                            if cfg.radix_cache_enabled else None)
         self.slots = SlotAllocator(layout.num_slots)
         self.scheduler = Scheduler(self.pages, self.slots, max_running_requests=cfg.max_running_requests,
                                    chunked_prefill_size=cfg.chunked_prefill_size,
@@ -115,7 +119,8 @@ class Engine:
                                    spec_tokens=0 if drafting is None else drafting.kv_ahead,
                                    spec_max_accept=0 if drafting is None else drafting.max_accept,
                                    prefill_ahead=0 if drafting is None else drafting.prefill_ahead,
-                                   radix_cache=self.radix_cache, prefix_pages_per_step=cfg.prefix_pages_per_step)
+                                   radix_cache=self.radix_cache, prefix_pages_per_step=cfg.prefix_pages_per_step,
+                                   schedule_policy=cfg.schedule_policy)
         self.core = EngineCore(self.runner, self.scheduler, tokenizer=self.tokenizer,
                                eos_token_ids=self.eos_token_ids, overlap=self.overlap, policy=self.policy)
         self.limits = RequestLimits(vocab_size=self.config.vocab_size, context_length=cfg.context_length,
@@ -282,8 +287,11 @@ class Engine:
         cache = self.radix_cache
         if cache is None:
             return {"radix_cache": False}
-        return {"radix_cache": True, "cache_hit_rate": cache.hit_rate, "num_cached_pages": cache.num_cached_pages,
+        info = {"radix_cache": True, "cache_hit_rate": cache.hit_rate, "num_cached_pages": cache.num_cached_pages,
                 "num_evictable_pages": cache.num_evictable_pages}
+        if cache.stateful:
+            info.update(num_cached_states=cache.num_cached_states, num_state_snapshots=cache.num_state_slots)
+        return info
 
     def abort(self, rid: str) -> bool:
         ok = self.core.abort(rid)

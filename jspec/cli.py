@@ -61,6 +61,8 @@ def _cmd_generate(args) -> int:
         kw["tp_size"] = args.tp_size
     if args.ep_size:
         kw["ep_size"] = args.ep_size
+    if args.disable_radix_cache:
+        kw["disable_radix_cache"] = True
     with Engine(args.model_path, **kw) as engine:
         startup = time.perf_counter() - t0
         sp = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
@@ -148,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cuda-graph-bs", help="comma-separated decode batch buckets")
     g.add_argument("--tp-size", type=int, help="devices the target is split over (tensor parallelism)")
     g.add_argument("--ep-size", type=int, help="= --tp-size: MoE experts split whole (expert parallelism)")
+    g.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache")
     g.add_argument("--quiet", action="store_true")
     g.set_defaults(func=_cmd_generate)
 

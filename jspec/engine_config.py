@@ -59,6 +59,8 @@ class EngineConfig:
     tp_size: int = 1  # devices the target is split over (jspec.sharding)
     ep_size: int = 1  # tp_size: MoE experts split whole over those devices (expert parallelism)
     disable_radix_cache: bool = False  # the prefix cache (on where supported, see radix_cache_enabled)
+    schedule_policy: str = "fcfs"  # admission order: "fcfs" or "lpm" (longest cached prefix first)
+    max_mamba_cache_size: int | None = None  # hybrid: GDN state rows, running requests + cached snapshots
 
     @property
     def max_extend_requests(self) -> int:
@@ -79,18 +81,22 @@ class EngineConfig:
                     context_length=self.context_length, disable_top_k_top_p=self.disable_top_k_top_p,
                     enable_mixed_chunk=self.enable_mixed_chunk, mem_fraction_static=self.mem_fraction_static,
                     tp_size=self.tp_size, ep_size=self.ep_size, disable_radix_cache=self.disable_radix_cache,
-                    radix_cache=self.radix_cache_enabled)
+                    radix_cache=self.radix_cache_enabled, schedule_policy=self.schedule_policy,
+                    max_mamba_cache_size=self.layout.num_slots - 1 + self.layout.num_snapshots
+                    if self.model_config.is_hybrid else None)
 
     @property
     def radix_cache_enabled(self) -> bool:
-        """The prefix cache runs unless disabled, for targets without Gated-DeltaNet layers and without
-        speculation (hybrid state snapshots and drafter context are not cached yet)."""
-        return not self.disable_radix_cache and self.spec is None and not self.model_config.is_hybrid
+        """The prefix cache runs unless disabled (hybrid targets: with room for state snapshots)."""
+        return not self.disable_radix_cache and (not self.model_config.is_hybrid or self.layout.num_snapshots > 0)
 
     @property
     def prefix_pages_per_step(self) -> int:
-        """Cached pages one prompt step may map: as many as the step could compute (chunk size)."""
-        return -(-self.chunked_prefill_size // self.page_size) if self.radix_cache_enabled else 0
+        """Cached pages one prompt step may map into page-table rows: a whole row's worth (so any one
+        request's match fits a step), or a chunk's worth where that is more."""
+        if not self.radix_cache_enabled:
+            return 0
+        return max(-(-self.chunked_prefill_size // self.page_size), self.layout.pages_per_seq)
 
     @classmethod
     def create(cls, model_path, *, dtype: str = "bfloat16", page_size: int = 16,
@@ -101,7 +107,8 @@ class EngineConfig:
                max_top_logprobs_num: int = 20, skip_tokenizer_init: bool = False, show_progress: bool = True,
                enable_mixed_chunk: bool = False, transfer_guard: str | None = None,
                disable_top_k_top_p: bool = False, tp_size: int | None = None, ep_size: int | None = None,
-               disable_radix_cache: bool = False, **speculative) -> EngineConfig:
+               disable_radix_cache: bool = False, schedule_policy: str = "fcfs",
+               max_mamba_cache_size: int | None = None, **speculative) -> EngineConfig:
         """Validate SGLang-style keyword settings; `speculative` holds the speculative_* keys."""
         unknown = sorted(k for k in speculative if not k.startswith("speculative_") or k not in SPEC_KEYS)
         if unknown:
@@ -134,11 +141,15 @@ class EngineConfig:
         spec_extra = 0
         if spec is not None:
             spec_extra = spec.kv_ahead + (0 if disable_overlap_schedule else spec.num_steps + 1)
+        if schedule_policy not in SCHEDULE_POLICIES:
+            raise ConfigError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, got {schedule_policy!r}")
         if mem_fraction_static is not None and not 0.0 < float(mem_fraction_static) <= 1.0:
             raise ConfigError(f"mem_fraction_static must be in (0, 1], got {mem_fraction_static!r}")
         layout = size_pools(page_size=page_size, context_length=context, kv_ahead=spec_extra,
                             max_running_requests=max_running, max_total_tokens=max_total_tokens,
                             from_device_memory=memory.device_memory() is not None)
+        if config.is_hybrid and not disable_radix_cache:
+            layout = dataclasses.replace(layout, num_snapshots=_num_snapshots(max_mamba_cache_size, max_running))
         return cls(model=model_path, model_config=config, dtype=dtype, page_size=page_size,
                    max_running_requests=max_running, cuda_graph_bs=bs, chunked_prefill_size=chunk,
                    prefill_token_buckets=buckets, context_length=context, layout=layout,
@@ -147,13 +158,30 @@ class EngineConfig:
                    max_top_logprobs_num=int(max_top_logprobs_num), skip_tokenizer_init=bool(skip_tokenizer_init),
                    show_progress=bool(show_progress), transfer_guard=transfer_guard, spec=spec, spec_extra=spec_extra,
                    mem_fraction_static=mem_fraction_static, tp_size=tp, ep_size=ep,
-                   disable_radix_cache=bool(disable_radix_cache))
+                   disable_radix_cache=bool(disable_radix_cache), schedule_policy=schedule_policy,
+                   max_mamba_cache_size=max_mamba_cache_size)
 
     def with_memory_plan(self, plan: MemoryPlan) -> EngineConfig:
         """This config with the pool sized by `plan` (see `Engine`, which measures it)."""
         return dataclasses.replace(self, layout=dataclasses.replace(self.layout, num_pages=plan.num_pages),
                                    memory_plan=plan)
 
+
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+
+
+def _num_snapshots(max_mamba_cache_size, max_running: int) -> int:
+    """GDN state snapshots the prefix cache of a hybrid target keeps: SGLang's max_mamba_cache_size
+    counts every state row, the running requests' included; by default as many snapshots as
+    running requests (the state pool doubles)."""
+    if max_mamba_cache_size is None:
+        return max_running
+    if isinstance(max_mamba_cache_size, bool) or not isinstance(max_mamba_cache_size, int) \
+            or max_mamba_cache_size <= max_running:
+        raise ConfigError(f"max_mamba_cache_size must be an int above max_running_requests={max_running} (the "
+                          f"running requests' state rows plus at least one prefix-cache snapshot), got "
+                          f"{max_mamba_cache_size!r}; disable_radix_cache=True runs without snapshots")
+    return max_mamba_cache_size - max_running
 
 SPEC_KEYS = {
     "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",

@@ -57,6 +57,10 @@ def _add_engine_flags(p) -> None:
     g.add_argument("--tp-size", type=int, help="devices the target is split over (tensor parallelism)")
     g.add_argument("--ep-size", type=int, help="= --tp-size: MoE experts split whole (expert parallelism)")
     g.add_argument("--disable-radix-cache", action="store_true", default=None, help="no prefix cache")
+    g.add_argument("--max-mamba-cache-size", type=int,
+                   help="hybrid targets: GDN state rows, running requests + prefix-cache snapshots")
+    g.add_argument("--schedule-policy", choices=("fcfs", "lpm"),
+                   help="admission order: arrival (fcfs) or longest cached prefix first (lpm)")
     g.add_argument("--cuda-graph-bs", type=_list(int, "ints"), help="decode batch buckets, e.g. 1,2,4,8")
     g.add_argument("--prefill-token-buckets", type=_list(int, "ints"), help="prefill token buckets, e.g. 64,512")
     g.add_argument("--compilation-cache-dir", help="persistent XLA cache ('none' to disable)")

@@ -18,7 +18,8 @@ from jspec.bench.record import append_jsonl, environment, make_record, serve_tab
 ENGINE_FLAGS = ("dtype", "page_size", "max_running_requests", "max_total_tokens", "chunked_prefill_size",
                 "cuda_graph_bs", "prefill_token_buckets", "context_length", "mem_fraction_static",
                 "compilation_cache_dir", "disable_top_k_top_p", "speculative_adaptive",
-                "speculative_disable_by_batch_size", "tp_size", "ep_size", "disable_radix_cache")
+                "speculative_disable_by_batch_size", "tp_size", "ep_size", "disable_radix_cache",
+                "schedule_policy", "max_mamba_cache_size")
 # Speculative keywords, passed to the Engine only when an algorithm is set, so that runs without
 # speculation work on engines that do not know them yet.
 SPEC_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",

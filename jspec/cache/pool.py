@@ -47,6 +47,17 @@ def allocate_caches(config, *, num_pages: int, page_size: int, num_state_slots: 
     return Caches(kv=kv, conv=conv, ssm=ssm)
 
 
+def copy_state_rows(caches: Caches, src, dst) -> Caches:
+    """Caches with row dst[i] of every GDN conv and recurrent state pool set to row src[i] (`[B]`
+    each; dst < 0: nothing). The prefix cache's snapshots: a cached state into a request's slot,
+    or a slot's state into a snapshot row."""
+    def copy(pool):
+        rows = pool.shape[0]
+        return pool.at[jnp.where(dst >= 0, dst, rows)].set(pool[jnp.clip(src, 0, rows - 1)], mode="drop")
+
+    return Caches(kv=caches.kv, conv=[copy(c) for c in caches.conv], ssm=[copy(s) for s in caches.ssm])
+
+
 def pool_specs(caches: Caches) -> Caches:
     """PartitionSpecs of a split target's pools: KV pages by KV head, GDN conv windows by channel,
     recurrent states by value head (the splits of the layers that write them)."""
@@ -58,12 +69,19 @@ def pool_specs(caches: Caches) -> Caches:
 @dataclasses.dataclass(frozen=True)
 class PoolLayout:
     """num_pages includes the sink page; num_slots the sink slot. pages_per_seq: the width of a
-    page-table row (the context length plus what a speculative step writes past it)."""
+    page-table row (the context length plus what a speculative step writes past it).
+    num_snapshots: extra rows of the GDN state pool, past the slots, that hold the prefix cache's
+    state snapshots (hybrid targets)."""
 
     page_size: int
     num_pages: int | None  # None until sized from the device's memory (`memory.plan_pages`)
     num_slots: int
     pages_per_seq: int
+    num_snapshots: int = 0
+
+    @property
+    def snapshot_rows(self) -> list[int]:
+        return list(range(self.num_slots, self.num_slots + self.num_snapshots))
 
     @property
     def pool_tokens(self) -> int:

@@ -10,6 +10,18 @@ ends, like any page it allocated. `lock` / `unlock` count the running requests t
 and its ancestors: a locked node is never evicted. `evict` frees unlocked leaves, least recently
 used first, until enough pages are free (the scheduler asks before it retracts anyone).
 
+With `bigram` (SGLang's EAGLE keys) position p is keyed by the pair (token p, token p + 1): an
+EAGLE-family drafter's KV at p is computed from the target's hidden at p and the token after it, so
+a page is reusable only where the next token matches too. A page then needs the token after it to be
+known before it can be cached, and a match never covers a prompt's last token either way.
+
+Hybrid targets (`state_slots` given): a Gated-DeltaNet layer's state at a prefix cannot be rebuilt
+from KV pages, so a node may also hold a state snapshot (the recurrent state and conv window after
+its last token), kept in extra rows of the state pool (`state_slots`: their indices). A match then
+stops at the deepest node with a snapshot; `PrefixMatch.branch` says how far the pages alone
+matched, so the scheduler can take a snapshot there while it recomputes. Snapshots have their own
+LRU: when none is free, the least recently used one of an unlocked node is dropped (its pages stay).
+
 Host bookkeeping only (page indices, never device arrays), so it works whatever the sharding.
 """
 
@@ -23,35 +35,45 @@ from jspec.cache.allocator import PageAllocator
 
 
 class _Node:
-    __slots__ = ("key", "page", "parent", "children", "lock_ref", "last_access")
+    __slots__ = ("key", "page", "parent", "children", "lock_ref", "last_access", "state", "depth")
 
     def __init__(self, key: tuple, page: int | None, parent: _Node | None):
         self.key, self.page, self.parent = key, page, parent
         self.children: dict[tuple, _Node] = {}
         self.lock_ref = 0
         self.last_access = 0
+        self.state: int | None = None  # a state-pool row holding the GDN state after this node (hybrid)
+        self.depth = 0 if parent is None else parent.depth + 1  # pages from the root
 
 
 @dataclasses.dataclass
 class PrefixMatch:
-    """pages: the cached pages of the longest matched prefix, in order; num_tokens: the tokens
-    they hold (len(pages) * page_size); node: the deepest matched node (lock it while in use)."""
+    """pages: the cached pages of the longest usable prefix, in order; num_tokens: the tokens
+    they hold (len(pages) * page_size); node: the deepest matched node (lock it while in use).
+    Hybrid caches: state, the snapshot row of `node` (None at the root); branch, the tokens that
+    the pages alone matched (>= num_tokens)."""
 
     pages: list[int]
     num_tokens: int
     node: _Node
+    state: int | None = None
+    branch: int = 0
 
-    def truncated(self, num_pages: int) -> PrefixMatch:
-        """The same match cut to its first num_pages pages."""
-        node = self.node
-        for _ in range(len(self.pages) - num_pages):
-            node = node.parent
-        return PrefixMatch(self.pages[:num_pages], self.num_tokens * num_pages // max(len(self.pages), 1), node)
+    def ancestor(self, node: _Node) -> PrefixMatch:
+        """The same match cut at `node`, one of its nodes."""
+        ps = self.num_tokens // max(len(self.pages), 1)
+        return PrefixMatch(self.pages[:node.depth], ps * node.depth, node, node.state, self.branch)
 
 
 class RadixCache:
-    def __init__(self, pages: PageAllocator):
+    def __init__(self, pages: PageAllocator, *, bigram: bool = False, state_slots: list[int] | None = None):
         self.pages = pages
+        self.bigram = bigram
+        self.stateful = state_slots is not None
+        self.free_states = list(state_slots or [])
+        self.num_state_slots = len(self.free_states)
+        self.stateful_nodes: set[_Node] = set()
+        self.fresh: set[_Node] = set()  # snapshots taken by the step being planned: not loadable in it
         self.page_size = pages.page_size
         self.root = _Node((), None, None)
         self.root.lock_ref = 1  # never evicted
@@ -62,15 +84,23 @@ class RadixCache:
 
     # ----------------------------------------------------------------------------- lookup
     def _keys(self, token_ids, limit: int):
+        """The keys of the full pages among the first `limit` positions that have one."""
         ps = self.page_size
+        if self.bigram:
+            limit = min(limit, len(token_ids) - 1)
+            for i in range(max(limit, 0) // ps):
+                yield tuple(zip(token_ids[i * ps:(i + 1) * ps], token_ids[i * ps + 1:(i + 1) * ps + 1]))
+            return
+        limit = min(limit, len(token_ids))
         for i in range(limit // ps):
             yield tuple(token_ids[i * ps:(i + 1) * ps])
 
     def match_prefix(self, token_ids, *, max_tokens: int | None = None) -> PrefixMatch:
         """The longest cached page-aligned prefix of token_ids, at most max_tokens long (a prompt
         must keep at least its last token to compute: pass len - 1)."""
-        limit = len(token_ids) if max_tokens is None else min(max_tokens, len(token_ids))
+        limit = len(token_ids) if max_tokens is None else max_tokens
         node, pages, now = self.root, [], next(self._clock)
+        usable = self.root  # hybrid: the deepest node whose snapshot a step may load
         for key in self._keys(token_ids, limit):
             child = node.children.get(key)
             if child is None:
@@ -78,7 +108,33 @@ class RadixCache:
             child.last_access = now
             node = child
             pages.append(child.page)
-        return PrefixMatch(pages, len(pages) * self.page_size, node)
+            if self._loadable(child):
+                usable = child
+        if not self.stateful:
+            return PrefixMatch(pages, len(pages) * self.page_size, node)
+        n = usable.depth
+        return PrefixMatch(pages[:n], n * self.page_size, usable, usable.state, len(pages) * self.page_size)
+
+    def path_end(self, token_ids, max_tokens: int) -> _Node:
+        """The deepest node along token_ids (at most max_tokens), whatever its snapshots."""
+        node = self.root
+        for key in self._keys(token_ids, max_tokens):
+            child = node.children.get(key)
+            if child is None:
+                break
+            node = child
+        return node
+
+    def truncate(self, match: PrefixMatch, num_pages: int) -> PrefixMatch:
+        """match cut to its first num_pages pages (hybrid: further, to the deepest node left with
+        a loadable snapshot)."""
+        node = match.node
+        while node.depth > num_pages or (self.stateful and node.parent is not None and not self._loadable(node)):
+            node = node.parent
+        return match.ancestor(node)
+
+    def _loadable(self, node: _Node) -> bool:
+        return node.state is not None and node not in self.fresh
 
     def count(self, prompt_tokens: int, cached_tokens: int) -> None:
         """An admitted prompt and how much of it the cache served (the hit rate's terms)."""
@@ -98,12 +154,17 @@ class RadixCache:
             node = node.parent
 
     # ----------------------------------------------------------------------------- insert
-    def insert(self, token_ids, pages: list[int]) -> int:
-        """Cache the full pages of a computed sequence: token_ids[: k * page_size] held by
-        pages[:k]. A page whose tokens are cached already keeps the cached copy (the caller's page
-        stays the caller's to free). Returns the pages newly added to the tree."""
+    def insert(self, token_ids, pages: list[int], num_computed: int | None = None) -> int:
+        """Cache the full pages of a computed sequence: pages[:k] hold the KV of its first
+        num_computed positions (default: every token of token_ids, which may run past them: with
+        `bigram` the token after the last computed one completes its key). A page whose key is
+        cached already keeps the cached copy (the caller's page stays the caller's to free).
+        Returns the pages newly added to the tree."""
         node, added, now = self.root, 0, next(self._clock)
-        for i, key in enumerate(self._keys(token_ids, min(len(token_ids), len(pages) * self.page_size))):
+        limit = len(pages) * self.page_size
+        if num_computed is not None:
+            limit = min(limit, num_computed)
+        for i, key in enumerate(self._keys(token_ids, limit)):
             child = node.children.get(key)
             if child is None:
                 child = _Node(key, pages[i], node)
@@ -145,6 +206,7 @@ class RadixCache:
             _, _, node = heapq.heappop(heap)
             parent = node.parent
             del parent.children[node.key]
+            self._drop_state(node)
             before = self.pages.num_free
             self.pages.free([node.page])
             freed += self.pages.num_free - before  # 0 while a request still holds the page
@@ -152,6 +214,44 @@ class RadixCache:
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return freed
+
+    # ----------------------------------------------------------------------------- snapshots (hybrid)
+    def begin_step(self) -> None:
+        """A new step is being planned: snapshots the previous one takes are loadable from now on
+        (steps run in order on the device)."""
+        self.fresh.clear()
+
+    def alloc_state(self) -> int | None:
+        """A free snapshot row, dropping the least recently used snapshot of an unlocked node if
+        none is free; None when every snapshot is in use."""
+        if not self.free_states:
+            victims = [n for n in self.stateful_nodes if n.lock_ref == 0 and n not in self.fresh]
+            if not victims:
+                return None
+            self._drop_state(min(victims, key=lambda n: n.last_access))
+        return self.free_states.pop()
+
+    def attach_state(self, node: _Node, row: int) -> bool:
+        """Give `node` the snapshot that the step being planned writes into `row`; False (row
+        freed) when the node has one already or is the root."""
+        if node.parent is None or node.state is not None:
+            self.free_states.append(row)
+            return False
+        node.state = row
+        self.stateful_nodes.add(node)
+        self.fresh.add(node)
+        return True
+
+    def _drop_state(self, node: _Node) -> None:
+        if node.state is not None:
+            self.free_states.append(node.state)
+            node.state = None
+            self.stateful_nodes.discard(node)
+            self.fresh.discard(node)
+
+    @property
+    def num_cached_states(self) -> int:
+        return len(self.stateful_nodes)
 
     def flush(self) -> bool:
         """Drop every cached page (SGLang's flush_cache); refused (False) while requests hold nodes."""

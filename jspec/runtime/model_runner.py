@@ -106,7 +106,8 @@ class ModelRunner:
         drafter), the page table, the sampler's per-slot buffers and the drafter's state."""
         cfg, model = self.model.config, self.model
         draft_model = None if self.drafting is None else self.drafting.draft_model
-        pools = dict(num_pages=layout.num_pages, page_size=layout.page_size, num_state_slots=layout.num_slots)
+        pools = dict(num_pages=layout.num_pages, page_size=layout.page_size,
+                     num_state_slots=layout.num_slots + layout.num_snapshots)
         num_slots = layout.num_slots
         return DeviceState(
             caches=allocate_caches(cfg, dtype=model.dtype, tp_size=model.tp_size, **pools),
@@ -116,8 +117,7 @@ class ModelRunner:
             prompt_mask=jnp.zeros((num_slots, cfg.vocab_size), bool),
             draft_caches=None if draft_model is None else allocate_caches(draft_model.config, dtype=draft_model.dtype,
                                                                           **pools),
-            spec_state=None if self.drafting is None else self.drafting.init_state(
-                num_slots, layout.pages_per_seq * layout.page_size),
+            spec_state=None if self.drafting is None else self.drafting.init_state(layout),
             seq_lens=None if self.drafting is None else jnp.zeros((num_slots,), jnp.int32),
         )
 

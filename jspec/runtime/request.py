@@ -54,6 +54,7 @@ class Request:
     spec_inflight: int = 0  # speculative steps dispatched for it whose results are not read yet
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (SGLang's meta_info field)
     cache_node: object = None  # the prefix-cache node it reads (locked while it runs)
+    branch_at: int = 0  # hybrid prefix cache: a prompt chunk ends here so that a snapshot is taken
 
     # Timing and streaming.
     arrival_time: float = dataclasses.field(default_factory=time.perf_counter)

@@ -2,7 +2,10 @@
 
 Each call to `schedule` plans one step. Policy:
 - FCFS: waiting requests are admitted in arrival order and never skipped (no starvation); a
-  retracted request goes back to the front of the queue.
+  retracted request goes back to the front of the queue. With `schedule_policy="lpm"` (SGLang's
+  longest-prefix-match) the queue is first ordered by how many prompt tokens the prefix cache holds,
+  longest first, arrival order among equals, so requests of one prefix group run together while
+  their pages are cached; the queue is then admitted in that order, never skipped.
 - Chunked prefill: a step's extend tokens stay within `chunked_prefill_size`; a prompt longer than
   that is fed over several steps, continuing before anything new is admitted.
 - Prefill and decode alternate while both have work, so neither starves the other (decode-only
@@ -15,7 +18,11 @@ Each call to `schedule` plans one step. Policy:
 - Prefix cache (`jspec.cache.radix_cache`, when given): an admitted request reuses the cached pages
   of its longest page-aligned prefix and prefills from there; finished and retracted requests put
   the full pages they computed into the cache. At most `prefix_pages_per_step` cached pages are
-  mapped per step (the page-table updates an extend bucket carries).
+  mapped per step (the page-table updates an extend bucket carries). Hybrid targets also need the
+  Gated-DeltaNet state at the matched prefix: a match stops at the deepest cached snapshot, which
+  the step copies into the request's slot, and a prompt chunk that ends on a page boundary leaves a
+  snapshot there; where the pages matched further than any snapshot (a branch point, e.g. the end
+  of a shared system prompt), the request's chunk is cut at that point so its snapshot is taken.
 
 The scheduler never reads the device: in overlap mode a step is planned from host bookkeeping
 alone (lengths advance deterministically), and results arrive one step later.
@@ -31,6 +38,10 @@ from jspec.cache.radix_cache import RadixCache
 from jspec.models.batch import ForwardMode
 from jspec.runtime.request import Request, Status
 
+# LPM orders the waiting queue by a tree walk per request each prompt step: beyond this many waiting
+# requests it costs more host time than it saves, and admission falls back to FCFS (as SGLang does).
+LPM_MAX_WAITING = 128
+
 
 @dataclasses.dataclass
 class ScheduledReq:
@@ -40,6 +51,8 @@ class ScheduledReq:
     sample: bool  # this step samples the request's next output token
     reset: bool  # first chunk after (re)admission: clear the slot's penalty state
     output_index: int  # index of the sampled token in the request's output
+    state_load: int = -1  # hybrid prefix cache: the snapshot row copied into the slot before the step
+    state_save: int = -1  # ... and the row the slot's state is copied to after it (a snapshot)
 
     @property
     def num_tokens(self) -> int:
@@ -67,7 +80,8 @@ class Scheduler:
     def __init__(self, pages: PageAllocator, slots: SlotAllocator, *, max_running_requests: int,
                  chunked_prefill_size: int, max_extend_requests: int, max_decode_requests: int,
                  enable_mixed_chunk: bool = False, spec_tokens: int = 0, spec_max_accept: int = 0,
-                 prefill_ahead: int = 0, radix_cache: RadixCache | None = None, prefix_pages_per_step: int = 0):
+                 prefill_ahead: int = 0, radix_cache: RadixCache | None = None, prefix_pages_per_step: int = 0,
+                 schedule_policy: str = "fcfs"):
         self.pages, self.slots = pages, slots
         self.max_running = max_running_requests
         self.chunk_budget = chunked_prefill_size
@@ -85,6 +99,7 @@ class Scheduler:
         self.num_mixed_decode_rows = 0
         self.cache = radix_cache
         self.prefix_pages_per_step = prefix_pages_per_step
+        self.lpm = schedule_policy == "lpm" and radix_cache is not None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._admitted = 0
@@ -135,9 +150,11 @@ class Scheduler:
             req.pages.append(p)
         return True
 
-    def _chunk(self, req: Request, budget: int, updates: list, *, reset: bool) -> ScheduledReq | None:
+    def _chunk(self, req: Request, budget: int, updates: list, *, reset: bool, load: int = -1) -> ScheduledReq | None:
         n = min(req.prefill_target - req.kv_len, budget)
         start = req.kv_len
+        if req.branch_at > start:  # hybrid: end this chunk where a snapshot is wanted
+            n = min(n, req.branch_at - start)
         sample = start + n == req.prefill_target
         if n <= 0 or not self._grow(req, start + n + (self.prefill_ahead if sample else 0), updates):
             return None
@@ -146,7 +163,23 @@ class Scheduler:
         out_index = req.scheduled_outputs
         if sample:
             req.scheduled_outputs += 1
-        return ScheduledReq(req, start, req.all_ids[start:start + n], sample, reset, out_index)
+        return ScheduledReq(req, start, req.all_ids[start:start + n], sample, reset, out_index,
+                            state_load=load, state_save=self._snapshot(req))
+
+    def _snapshot(self, req: Request) -> int:
+        """Hybrid: the snapshot row this chunk's end state goes to, or -1. Taken where the chunk
+        ends on a page boundary whose node (just cached) has none yet."""
+        cache, end = self.cache, req.kv_len
+        if cache is None or not cache.stateful or end % self.pages.page_size:
+            return -1
+        node = cache.path_end(req.all_ids, end)
+        if node.depth * self.pages.page_size != end or node.state is not None:
+            return -1
+        row = cache.alloc_state()
+        if row is None:
+            return -1
+        cache.attach_state(node, row)
+        return row
 
     def _plan_extend(self, decodable: list[Request]) -> StepPlan | None:
         budget, updates, chosen = self.chunk_budget, [], []
@@ -159,6 +192,10 @@ class Scheduler:
                     chosen.append(s)
                     budget -= s.num_tokens
         prefix_budget, admitted = self.prefix_pages_per_step, 0
+        if self.cache is not None:
+            self.cache.begin_step()
+        if self.lpm and 1 < len(self.waiting) <= LPM_MAX_WAITING:
+            self._order_by_prefix()
         while (self.waiting and budget > 0 and len(chosen) < self.max_extend_requests
                and len(self.running) < self.max_running):
             req = self.waiting[0]
@@ -166,7 +203,7 @@ class Scheduler:
             if match is not None and len(match.pages) > prefix_budget:
                 if admitted:
                     break  # its cached pages do not fit this step's page-table updates: next step
-                match = match.truncated(prefix_budget) if prefix_budget else None
+                match = self.cache.truncate(match, prefix_budget)
             cached = 0 if match is None else match.num_tokens
             first = cached + min(req.prefill_target - cached, budget)
             first += self.prefill_ahead if first == req.prefill_target else 0
@@ -186,10 +223,16 @@ class Scheduler:
             admitted += 1
             if self.cache is not None:
                 self.cache.count(req.prefill_target, 0 if match is None else match.num_tokens)
+            load = -1
             if match is not None:
-                self._reuse(req, match, updates)
-                prefix_budget -= len(match.pages)
-            s = self._chunk(req, budget, updates, reset=True)
+                req.branch_at = match.branch if match.branch > match.num_tokens else 0
+                if match.pages:
+                    self._reuse(req, match, updates)
+                    prefix_budget -= len(match.pages)
+                    load = -1 if match.state is None else match.state
+                else:
+                    self.cache.unlock(match.node)
+            s = self._chunk(req, budget, updates, reset=True, load=load)
             assert s is not None
             chosen.append(s)
             budget -= s.num_tokens
@@ -249,7 +292,14 @@ class Scheduler:
             return None
         # The last prompt token is always computed: its logits give the first output.
         match = self.cache.match_prefix(req.all_ids[:req.prefill_target], max_tokens=req.prefill_target - 1)
-        return match if match.pages else None
+        return match if match.pages or match.branch else None
+
+    def _order_by_prefix(self) -> None:
+        """LPM: the waiting queue by cached prefix length, longest first (a stable sort)."""
+        def cached(req: Request) -> int:
+            match = self._match(req)
+            return 0 if match is None else match.num_tokens
+        self.waiting = deque(sorted(self.waiting, key=cached, reverse=True))
 
     def _reuse(self, req: Request, match, updates: list) -> None:
         """Map the matched pages into the request's page-table row; it prefills from there."""
@@ -268,8 +318,8 @@ class Scheduler:
         later request reading these pages reads them after this chunk wrote them."""
         if self.cache is None or req.spec_inflight:
             return
-        self.cache.insert(req.all_ids[:req.kv_len], req.pages)
-        node = self.cache.match_prefix(req.all_ids[:req.kv_len]).node
+        self.cache.insert(req.all_ids, req.pages, req.kv_len)
+        node = self.cache.path_end(req.all_ids, req.kv_len)
         self.cache.lock(node)
         if req.cache_node is not None:
             self.cache.unlock(req.cache_node)
@@ -277,13 +327,13 @@ class Scheduler:
 
     def _cache_computed(self, req: Request) -> None:
         """Put the full pages of what the request computed into the cache (and drop its lock).
-        Only KV below the known length: with speculation in flight, positions past it may still
-        receive draft KV."""
+        Only KV below the known length: a speculative step in flight writes (target KV, draft KV,
+        NGRAM history) only at and past the device's length, which is never below kv_len, so the
+        pages below kv_len are final even then."""
         if self.cache is None:
             return
-        if req.pages and req.spec_inflight == 0:
-            n = min(req.kv_len, len(req.all_ids))
-            self.cache.insert(req.all_ids[:n], req.pages)
+        if req.pages:
+            self.cache.insert(req.all_ids, req.pages, min(req.kv_len, len(req.all_ids)))
         if req.cache_node is not None:
             self.cache.unlock(req.cache_node)
             req.cache_node = None
@@ -304,6 +354,7 @@ class Scheduler:
         self.running.remove(req)
         req.status = Status.WAITING
         req.kv_len = 0
+        req.branch_at = 0
         req.spec_inflight = 0
         req.prefill_target = len(req.all_ids)
         req.scheduled_outputs = len(req.output_ids)

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jspec.cache.pool import copy_state_rows
 from jspec.models.batch import ForwardBatch, ForwardMode
 from jspec.runtime import sampler as sampling
 from jspec.runtime.step_inputs import (TOKEN_FROM_DEVICE, TOKEN_PAD, TOKEN_PROMPT, TOKEN_REFED_OUTPUT, Bucket,
@@ -56,9 +57,9 @@ class Drafting(Protocol):
     extend_next_ids: bool  # prompt-chunk buckets carry the token after each token
     shorter_chains: tuple[int, ...]  # draft lengths below the configured one it can also run (adaptive)
 
-    def init_state(self, num_slots: int, max_kv_len: int) -> dict | None:
-        """The per-slot state the drafter carries between steps (`DeviceState.spec_state`);
-        max_kv_len: the most KV indices a request can reach."""
+    def init_state(self, layout) -> dict | None:
+        """The state the drafter carries between steps (`DeviceState.spec_state`), per slot or per
+        page of the pool `layout` (`jspec.cache.pool.PoolLayout`)."""
 
     def target_outputs(self) -> tuple[tuple[int, ...], bool]:
         """(capture_layers, all_hidden) the target's prompt forward must return for the drafter."""
@@ -109,8 +110,15 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
         )
         last_idx = jnp.maximum(cu[1:] - 1, 0)
         target = nnx.merge(graphdef, params)
-        out, caches = target(batch, state.caches, logits_indices=last_idx, capture_layers=capture_layers,
+        caches = state.caches
+        snapshots = bucket.mode is ForwardMode.EXTEND and bool(caches.conv)
+        if snapshots:  # hybrid prefix cache: a cached GDN state into the slot of a request that reuses it
+            load = x["state_load"]
+            caches = copy_state_rows(caches, load, jnp.where(load >= 0, slots, -1))
+        out, caches = target(batch, caches, logits_indices=last_idx, capture_layers=capture_layers,
                              all_hidden=all_hidden)
+        if snapshots:  # ... and the state a chunk ends with into a snapshot row
+            caches = copy_state_rows(caches, slots, x["state_save"])
 
         # Penalty state: reset on (re)admission, then count this step's prompt / re-fed tokens.
         # Only extend steps admit requests or feed prompts, so decode steps skip these [B, V] scatters.

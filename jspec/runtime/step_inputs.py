@@ -75,6 +75,8 @@ class Bucket:
         out.append(("cu_q_lens", (b + 1,)))
         out += [(name, (b,)) for name in INT_FIELDS_B + FLOAT_FIELDS_B]
         out.append(("page_updates", (u, 3)))
+        if self.mode is ForwardMode.EXTEND:  # GDN state snapshots of the prefix cache (rows, -1: none)
+            out += [("state_load", (b,)), ("state_save", (b,))]
         if self.next_ids:
             out.append(("next_ids", (t,)))
         return out
@@ -103,6 +105,10 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
     fl = {name: np.zeros((b_cap,), np.float32) for name in FLOAT_FIELDS_B}
     f["req_slots"][:] = SINK_SLOT
     f["top_k"][:] = -1
+    snapshots = "state_load" in f
+    if snapshots:
+        f["state_load"][:] = -1
+        f["state_save"][:] = -1
     fl["top_p"][:] = 1.0
     fl["repetition_penalty"][:] = 1.0
     t = 0
@@ -128,6 +134,9 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
         f["out_index"][i] = s.output_index
         f["seeds"][i] = req.seed
         f["top_k"][i] = sp.top_k
+        if snapshots:
+            f["state_load"][i] = s.state_load
+            f["state_save"][i] = s.state_save
         fl["temperature"][i] = 0.0 if sp.is_greedy else sp.temperature
         fl["top_p"][i] = sp.top_p
         fl["min_p"][i] = sp.min_p

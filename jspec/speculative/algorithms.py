@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from jspec.runtime.step import ExtendContext
 from jspec.runtime.step_inputs import Bucket
-from jspec.speculative import dflash_step, eagle_draft
+from jspec.speculative import dflash_step, eagle_draft, ngram
 from jspec.speculative.chain_step import make_chain_spec_step
 from jspec.speculative.config import SpecConfig
 from jspec.speculative.eagle_step import make_eagle_spec_step
@@ -65,7 +65,7 @@ class _Drafting:
     def target_outputs(self) -> tuple[tuple[int, ...], bool]:
         return (), False
 
-    def init_state(self, num_slots: int, max_kv_len: int) -> dict | None:
+    def init_state(self, layout) -> dict | None:
         return None
 
     def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int):
@@ -87,9 +87,9 @@ class EagleDrafting(_Drafting):
     def target_outputs(self):
         return self.draft_model.capture_layers, True
 
-    def init_state(self, num_slots: int, max_kv_len: int) -> dict:
+    def init_state(self, layout) -> dict:
         cfg = self.target.config
-        return eagle_draft.init_spec_state(num_slots, cfg.hidden_size, self.target.dtype, topk=self.spec.topk)
+        return eagle_draft.init_spec_state(layout.num_slots, cfg.hidden_size, self.target.dtype, topk=self.spec.topk)
 
     def after_extend(self, draft, ctx: ExtendContext, draft_caches, spec_state):
         # -1: the request's newest token, which this step just sampled (or an earlier one did).
@@ -124,8 +124,8 @@ class DFlashDrafting(_Drafting):
     def target_outputs(self):
         return self.draft_model.capture_layers, True
 
-    def init_state(self, num_slots: int, max_kv_len: int) -> dict:
-        return dflash_step.init_spec_state(num_slots, self.spec.num_steps)
+    def init_state(self, layout) -> dict:
+        return dflash_step.init_spec_state(layout.num_slots, self.spec.num_steps)
 
     def after_extend(self, draft, ctx: ExtendContext, draft_caches, spec_state):
         return dflash_step.prefill_dflash(draft, ctx.target, draft_caches, ctx.batch, ctx.out, ctx.sampled,
@@ -149,16 +149,16 @@ class StandaloneDrafting(_Drafting):
 
 
 class NgramDrafting(_Drafting):
-    """No weights: each slot keeps the token at every KV position it can reach, on the device."""
+    """No weights: the token at every KV position, on the device, in pages beside the KV (so a
+    prefix-cache hit brings its history along)."""
 
-    def init_state(self, num_slots: int, max_kv_len: int) -> dict:
-        return {"history": jnp.zeros((num_slots, max_kv_len), jnp.int32)}
+    def init_state(self, layout) -> dict:
+        return ngram.init_history(layout.num_pages, layout.page_size)
 
     def after_extend(self, draft, ctx: ExtendContext, draft_caches, spec_state):
-        # Every token fed here, at its position, into its slot's history.
-        history = spec_state["history"]
-        at = jnp.where(ctx.valid, ctx.tok_slot, history.shape[0])
-        return draft_caches, {"history": history.at[at, ctx.batch.positions].set(ctx.batch.input_ids, mode="drop")}
+        # Every token fed here, at its KV index.
+        return draft_caches, {"history": ngram.write_tokens(spec_state["history"], ctx.batch.slot_mapping,
+                                                            ctx.batch.input_ids)}
 
     def _speculative_step(self, graphdef, bucket: Bucket, *, page_size: int):
         return make_chain_spec_step(graphdef, None, bucket, ngram_windows=(self.spec.ngram_min_window,

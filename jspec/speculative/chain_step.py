@@ -32,8 +32,8 @@ def phases(*, num_steps: int, simulate_accept_length: float | None = None,
     def draft(c: SpecStep) -> None:
         if c.drafter is None:
             # The newest token sits at index l0 of the history: an earlier step sampled it.
-            history = ngram.write(c.spec_state["history"], c.slots, c.valid, c.l0, c.last[:, None])
-            c.drafts = ngram.propose(history[c.slots], c.l0, s, *ngram_windows)
+            history = ngram.write(c.spec_state["history"], c.page_table, c.valid, c.l0, c.last[:, None])
+            c.drafts = ngram.propose(ngram.gather(history, c.page_table), c.l0, s, *ngram_windows)
             c.scratch.update(history=history, q=None)  # point masses at the proposals
             return
         tok, drafts, qs = c.last, [], []
@@ -57,8 +57,9 @@ def phases(*, num_steps: int, simulate_accept_length: float | None = None,
     def accept_(c: SpecStep) -> None:
         accept_chain(c, q=c.scratch["q"], simulate_accept_length=simulate_accept_length)
         if c.drafter is None:  # the drafts (those past n are overwritten later), then the bonus
-            history = ngram.write(c.scratch["history"], c.slots, c.valid, c.l0 + 1, c.drafts)
-            c.spec_state = {"history": ngram.write(history, c.slots, c.valid, c.l0 + c.n + 1, c.bonus[:, None])}
+            history = ngram.write(c.scratch["history"], c.page_table, c.valid, c.l0 + 1, c.drafts)
+            c.spec_state = {"history": ngram.write(history, c.page_table, c.valid, c.l0 + c.n + 1,
+                                                   c.bonus[:, None])}
 
     return [("draft", draft), ("verify", verify_), ("accept", accept_)]
 

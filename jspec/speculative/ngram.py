@@ -1,10 +1,11 @@
 """NGRAM drafting on the device: propose the tokens that followed the latest earlier occurrence of
 the request's own most recent tokens (prompt + output), longest matching window first.
 
-Each request slot keeps its token history `[H]` on the device (`spec_state["history"]`: the token
-at every KV position, written by prefill and by each speculative step), so a step drafts from
-tokens the host has not read yet and the overlapped loop (spec v2) works for NGRAM as for the model
-drafters. Matching is a dense compare of the suffix against every earlier window, O(H x max_window)
+The token history lives on the device in pages beside the KV (`spec_state["history"]`
+`[num_pages, page_size]`: the token at every KV index, written by prefill and by each speculative
+step, read through the request's page-table row as `[H]`), so a step drafts from tokens the host has
+not read yet, the overlapped loop (spec v2) works for NGRAM as for the model drafters, and a request
+that reuses cached pages finds their tokens there. Matching is a dense compare of the suffix against every earlier window, O(H x max_window)
 per request and step: element-wise work that XLA fuses, far below the cost of the verify forward.
 
 Semantics (the host reference in tests/jspec/speculative/test_spec_ngram.py): with the newest token at index L, for n
@@ -38,11 +39,30 @@ def propose(history, last_index, num_tokens: int, min_window: int, max_window: i
     return jnp.take_along_axis(history, at, axis=1)
 
 
-def write(history, slots, valid, start, tokens):
-    """history with `tokens` `[B, T]` written at positions start .. start + T - 1 of each valid
-    request's slot (positions past H, and padding rows, are dropped)."""
-    oob = history.shape[0]
+def init_history(num_pages: int, page_size: int) -> dict:
+    return {"history": jnp.zeros((num_pages, page_size), jnp.int32)}
+
+
+def gather(history, page_table):
+    """Each request's history `[B, H]` (H = pages_per_seq * page_size) from the paged one."""
+    return history[page_table].reshape(page_table.shape[0], -1)
+
+
+def write_tokens(history, kv_index, tokens):
+    """The paged history with tokens `[T]` written at flat KV indices `[T]` (page * page_size +
+    offset; negative: dropped)."""
+    flat = history.reshape(-1)
+    at = jnp.where(kv_index >= 0, kv_index, flat.shape[0])
+    return flat.at[at].set(tokens.astype(flat.dtype), mode="drop").reshape(history.shape)
+
+
+def write(history, page_table, valid, start, tokens):
+    """The paged history with `tokens` `[B, T]` written at positions start .. start + T - 1 of each
+    valid request (positions past its page-table row, and padding rows, are dropped)."""
+    ps = history.shape[1]
     t = tokens.shape[1]
-    rows = jnp.where(valid, slots, oob)[:, None]
-    cols = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-    return history.at[jnp.broadcast_to(rows, cols.shape), cols].set(tokens.astype(history.dtype), mode="drop")
+    pos = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
+    width = page_table.shape[1] * ps
+    page = jnp.take_along_axis(page_table, jnp.minimum(pos, width - 1) // ps, axis=1)
+    at = jnp.where(valid[:, None] & (pos < width), page * ps + pos % ps, -1)
+    return write_tokens(history, at.reshape(-1), tokens.reshape(-1))

@@ -41,7 +41,8 @@ def phases(kind: str, *, num_drafts: int) -> list[Phase]:
             batch = verify.decode_batch(c.last, c.l0, c.valid, c.page_table, c.slots, c.page_size)
             _, c.draft_caches = c.drafter(batch, c.draft_caches, compute_logits=False)
         elif kind == "ngram":
-            c.spec_state = {"history": ngram.write(c.spec_state["history"], c.slots, c.valid, c.l0, c.last[:, None])}
+            c.spec_state = {"history": ngram.write(c.spec_state["history"], c.page_table, c.valid, c.l0,
+                                                   c.last[:, None])}
 
     def verify_(c: SpecStep) -> None:
         vbatch = verify.verify_batch(c.last[:, None], c.l0, c.valid, c.page_table, c.slots, c.page_size)

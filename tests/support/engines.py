@@ -22,6 +22,8 @@ def check_no_leaks(eng):
     assert eng.wait_idle(30)
     if eng.radix_cache is not None:  # cached prefixes hold pages by design: drop them, then count
         assert eng.flush_cache()
+        cache = eng.radix_cache
+        assert cache.num_cached_states == 0 and len(set(cache.free_states)) == cache.num_state_slots
     eng.pages.check_all_free()
     eng.slots.check_all_free()
     info = eng.get_server_info()

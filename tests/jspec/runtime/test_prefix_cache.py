@@ -1,14 +1,16 @@
 """The prefix cache in the engine (dense targets, no speculation): prompts that share a system
 prompt reuse its pages and give the same greedy text as without the cache; `cached_tokens`, the
 hit rate and evictable pages are reported; unused cached pages are evicted before anyone is
-retracted; requests with penalties compute their whole prompt; `flush_cache` empties it; where it
-is not supported yet (hybrid targets, speculation) it is off and says so."""
+retracted; requests with penalties compute their whole prompt; `flush_cache` empties it. Hybrid
+targets reuse pages up to a cached Gated-DeltaNet state snapshot, taken where prompt chunks end and
+at branch points. Under speculation: tests/jspec/speculative/test_spec_prefix_cache.py."""
 
 from __future__ import annotations
 
 import pytest
 
 from jspec import Engine
+from jspec.errors import ConfigError
 from tests.support import models as tm
 from tests.support.engines import SMALL, check_no_leaks, output_ids
 
@@ -67,9 +69,56 @@ def test_requests_with_penalties_compute_their_whole_prompt(target):
         check_no_leaks(eng)
 
 
-def test_off_where_not_supported_yet(tiny_checkpoint):
-    with Engine(tiny_checkpoint("qwen3_next", 5), page_size=4, **SETTINGS) as eng:
-        assert eng.get_server_info()["radix_cache"] is False and eng.flush_cache() is False
+@pytest.fixture(scope="module")
+def hybrid(tiny_checkpoint):
+    return tiny_checkpoint("qwen3_next", 5)
+
+
+@pytest.fixture(scope="module")
+def hybrid_no_cache(hybrid):
+    with Engine(hybrid, page_size=4, disable_radix_cache=True, **SETTINGS) as eng:
+        info = eng.get_server_info()
+        assert info["radix_cache"] is False and eng.flush_cache() is False
+        assert info["max_mamba_cache_size"] == 4  # no snapshot rows without the cache
+        return output_ids(eng.generate(input_ids=PROMPTS, sampling_params=GREEDY))
+
+
+def test_hybrid_snapshots_branch_points_and_exactness(hybrid, hybrid_no_cache):
+    """A Gated-DeltaNet target reuses pages only up to a cached state snapshot. The first prompt
+    leaves one at its end (40 tokens, one chunk); the second shares only the 37-token system prompt
+    with it: its pages match 36 tokens but no snapshot does, so it prefills everything with a chunk
+    cut at 36, which leaves a snapshot there; from the third on, 36 tokens are reused."""
+    with Engine(hybrid, page_size=4, transfer_guard="disallow", **SETTINGS) as eng:
+        info = eng.get_server_info()
+        assert info["radix_cache"] and info["num_state_snapshots"] == 4  # default: one per running request
+        cached = []
+        for i, p in enumerate(PROMPTS):
+            out = eng.generate(input_ids=p, sampling_params=GREEDY)
+            assert out["output_ids"] == hybrid_no_cache[i], i
+            cached.append(out["meta_info"]["cached_tokens"])
+        assert cached == [0, 0, 36, 36], cached
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)  # all at once, all cached
+        assert output_ids(outs) == hybrid_no_cache
+        assert all(o["meta_info"]["cached_tokens"] >= 36 for o in outs)
+        assert eng.get_server_info()["num_cached_states"] > 0
+        check_no_leaks(eng)  # every snapshot row is free again after the flush
+
+
+def test_hybrid_with_one_snapshot_row_stays_exact(hybrid, hybrid_no_cache):
+    """Snapshots evicted (LRU) at every turn, pages evicted under a small pool: still exact."""
+    with Engine(hybrid, page_size=4, max_mamba_cache_size=5, max_total_tokens=4 * 60, **SETTINGS) as eng:
+        assert eng.get_server_info()["num_state_snapshots"] == 1
+        for _ in range(2):
+            for i in (0, 2, 1, 3):
+                assert eng.generate(input_ids=PROMPTS[i], sampling_params=GREEDY)["output_ids"] == hybrid_no_cache[i]
+            assert output_ids(eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)) == hybrid_no_cache
+        assert eng.get_server_info()["num_cached_states"] == 1
+        check_no_leaks(eng)
+
+
+def test_max_mamba_cache_size_must_leave_room_for_a_snapshot(hybrid):
+    with pytest.raises(ConfigError, match="max_mamba_cache_size"):
+        Engine(hybrid, page_size=4, max_mamba_cache_size=4, **SETTINGS)
 
 
 def test_page_size_one_reuses_all_but_the_last_token(target):

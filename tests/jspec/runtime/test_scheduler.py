@@ -177,3 +177,126 @@ def test_random_request_sequences_never_leak_or_double_own(ops):
     if not sched.waiting:
         sched.pages.check_all_free()
         sched.slots.check_all_free()
+
+
+# ----------------------------------------------------------------------------- with the prefix cache
+
+
+def grouped_request(rid: str, group: int, prefix_len: int, tail_len: int, max_new: int) -> Request:
+    """A prompt of a prefix group (shared first prefix_len tokens) with its own tail."""
+    ids = [1000 * (group + 1) + i for i in range(prefix_len)] + [5000 + int(rid) * 50 + i for i in range(tail_len)]
+    return Request(rid=rid, input_ids=ids, sampling=SamplingParams(max_new_tokens=max_new), seed=0)
+
+
+def test_lpm_admits_the_longest_cached_prefix_first():
+    from jspec.cache.radix_cache import RadixCache
+
+    for policy, first in (("fcfs", "1"), ("lpm", "2")):
+        pages = PageAllocator(64, PAGE)
+        sched = Scheduler(pages, SlotAllocator(5), max_running_requests=1, chunked_prefill_size=64,
+                          max_extend_requests=4, max_decode_requests=1, radix_cache=RadixCache(pages),
+                          prefix_pages_per_step=16, schedule_policy=policy)
+        warm = grouped_request("0", 0, 16, 2, 1)
+        sched.add(warm)
+        while sched.has_work():
+            apply(sched, sched.schedule(inflight=False))
+        sched.add(grouped_request("1", 1, 16, 2, 1))  # nothing cached
+        sched.add(grouped_request("2", 0, 16, 3, 1))  # 16 tokens cached
+        plan = sched.schedule(inflight=False)
+        assert [s.req.rid for s in plan.reqs] == [first], policy
+        assert plan.reqs[0].start == (16 if first == "2" else 0)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "step", "step", "step", "abort"]), st.integers(0, 2),
+                              st.integers(0, 9), st.integers(1, 6)), max_size=60),
+       bigram=st.booleans(), lpm=st.booleans())
+def test_cache_reference_counts_and_page_contents_over_random_sequences(ops, bigram, lpm):
+    """Requests of three prefix groups, aborts, a pool small enough to evict and retract. After
+    every call: each page's reference count is the requests that hold it plus one if the tree
+    does (so never negative, and nothing leaks); no step writes into a cached page; every cached
+    page holds exactly the tokens of its key; node locks count the running requests under them.
+    At the end a flush returns every page."""
+    from jspec.cache.radix_cache import RadixCache
+
+    pages = PageAllocator(14, PAGE)  # 13 usable: three running requests can outgrow it
+    cache = RadixCache(pages, bigram=bigram)
+    sched = Scheduler(pages, SlotAllocator(4), max_running_requests=3, chunked_prefill_size=8, max_extend_requests=4,
+                      max_decode_requests=3, radix_cache=cache, prefix_pages_per_step=2,
+                      schedule_policy="lpm" if lpm else "fcfs")
+    content: dict[int, list] = {}  # page -> the token at each offset, as the device would hold it
+
+    def nodes():
+        stack, out = [cache.root], []
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            out.extend([n] if n is not cache.root else [])
+        return out
+
+    def check():
+        tree = {n.page: n for n in nodes()}
+        held = [p for r in sched.running for p in r.pages]
+        for p in range(1, pages.num_pages):
+            assert pages._refs[p] == held.count(p) + (p in tree), p
+        for page, n in tree.items():
+            tokens = [k[0] for k in n.key] if bigram else list(n.key)
+            assert content[page] == tokens, (page, content[page], n.key)
+        for n in nodes():
+            readers = sum(1 for r in sched.running if r.cache_node is not None and _under(r.cache_node, n))
+            assert n.lock_ref == readers, (n.lock_ref, readers)
+        check_accounting_shared(sched)
+
+    def step():
+        cached = {n.page: n for n in nodes()}
+        plan = sched.schedule(inflight=False)
+        if plan is None:
+            return
+        # Planning may evict a page and hand it out again, and a chunk's pages join the cache as it is
+        # dispatched: only a page cached before and after planning, as the same node, must stay unwritten.
+        cached = {n.page for n in nodes() if cached.get(n.page) is n}
+        for s in plan.reqs:  # the KV the step writes: the request's token at each position
+            for pos in range(s.start, s.start + s.num_tokens):
+                page = s.req.pages[pos // PAGE]
+                assert page not in cached, f"a step writes cached page {page}"
+                content.setdefault(page, [None] * PAGE)[pos % PAGE] = s.req.all_ids[pos]
+        apply(sched, plan)
+
+    n = 0
+    for op, group, tail, max_new in ops:
+        if op == "add":
+            sched.add(grouped_request(str(n), group, 12, tail, max_new))
+            n += 1
+        elif op == "abort" and (sched.running or sched.waiting):
+            victims = list(sched.running) + list(sched.waiting)
+            sched.finish(victims[(group + tail) % len(victims)], {"type": "abort"})
+        else:
+            step()
+        check()
+    for _ in range(2000):
+        if not sched.has_work():
+            break
+        step()
+        check()
+    assert not sched.has_work()
+    assert cache.flush()
+    pages.check_all_free()
+    sched.slots.check_all_free()
+
+
+def _under(node, ancestor) -> bool:
+    while node is not None:
+        if node is ancestor:
+            return True
+        node = node.parent
+    return False
+
+
+def check_accounting_shared(sched: Scheduler) -> None:
+    """check_accounting's slot and coverage invariants where requests may share cached pages."""
+    slots = [r.slot for r in sched.running]
+    assert None not in slots and len(slots) == len(set(slots)) and 0 not in slots
+    for r in sched.waiting:
+        assert r.slot is None and not r.pages and r.kv_len == 0
+    for r in sched.running:
+        assert len(r.pages) >= sched.pages.pages_for(r.kv_len) and len(r.pages) == len(set(r.pages))

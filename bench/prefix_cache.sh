@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The prefix-cache serving runs of bench/README.md ("Prefix cache"): generated-shared-prefix 32 groups
+# x 16 prompts (2048-token system prompt + 128-token question, 256 out, all at once), cache on and
+# off, one engine per call (each engine is gone before the next starts). Writes JSONL (and the
+# printed tables) under OUT.
+#   bench/prefix_cache.sh OUT eagle3 | next | nextn | lpm
+# eagle3: Qwen3-8B shape + random EAGLE3 head at simulated accept length 3 (spec v2), on and off;
+# next: Qwen3-Next-12L shape (hybrid: GDN state snapshots), no speculation, on and off;
+# nextn: Qwen3-Next-12L + random MTP head at simulated accept 3, on and off;
+# lpm: Qwen3-8B shape, no speculation, --schedule-policy lpm (cache on).
+set -euo pipefail
+out=$1; stage=$2
+gsp=(--quiet --dataset-name generated-shared-prefix --gsp-num-groups 32 --gsp-prompts-per-group 16
+     --gsp-system-prompt-len 2048 --gsp-question-len 128 --gsp-output-len 256)
+spec=(--speculative-draft-model-path random --speculative-num-steps 3 --speculative-eagle-topk 1
+      --speculative-num-draft-tokens 4 --speculative-simulate-accept-length 3)
+run() {  # run NAME ARGS...: one engine, cache on, then one with the cache off
+  local name=$1; shift
+  for cache in on off; do
+    extra=(); [[ $cache == off ]] && extra=(--disable-radix-cache)
+    PYTHONPATH=. python3 -m jspec.cli bench serve "${gsp[@]}" "$@" "${extra[@]}" \
+        --output-file "$out/serve_gsp_$name.jsonl" 2>&1 | tee -a "$out/serve_gsp_$name.log"
+  done
+}
+case $stage in
+  eagle3) run eagle3_qwen3_8b --model-path random:qwen3-8b --speculative-algorithm EAGLE3 "${spec[@]}" ;;
+  next) run qwen3_next_12l --model-path random:qwen3-next-12l ;;
+  nextn) run nextn_qwen3_next_12l --model-path random:qwen3-next-12l --speculative-algorithm NEXTN "${spec[@]}" ;;
+  lpm) PYTHONPATH=. python3 -m jspec.cli bench serve "${gsp[@]}" --model-path random:qwen3-8b --schedule-policy lpm \
+           --output-file "$out/serve_gsp_lpm_qwen3_8b.jsonl" 2>&1 | tee "$out/serve_gsp_lpm_qwen3_8b.log" ;;
+  *) echo "unknown stage $stage" >&2; exit 2 ;;
+esac

@@ -1,0 +1,124 @@
+"""The prefix cache under speculation: greedy output with cached prefixes equals non-speculative
+greedy output, for every drafter family and a hybrid target (NEXTN, GDN state snapshots),
+overlapped (v2) and synchronous (v1); a
+cache hit keeps the drafter's context, so a repeated prompt is verified in exactly as many steps as
+its first run (the same drafts), even after other requests overwrote every slot; EAGLE-family
+engines key the cache by token pairs, so a page whose next token differs is not reused."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import drafters as td
+from tests.support import models as tm
+from tests.support.engines import SPEC_BS4, check_no_leaks, generates
+
+from jspec import Engine
+
+PS = 4
+SYSTEM = tm.random_ids(7, seed=31) * 3  # 21 tokens, repetitive (NGRAM finds matches in it)
+PROMPTS = [SYSTEM + tm.random_ids(n, seed=600 + n) for n in (3, 6, 1, 9)]
+OTHERS = [tm.random_ids(n, seed=700 + n) for n in (30, 25, 28, 22)]  # every slot, other tokens
+GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory, tiny_checkpoint):
+    root = tmp_path_factory.mktemp("spec_cache")
+    d = {"qwen3": tiny_checkpoint("qwen3", 41), "llama": tiny_checkpoint("llama", 42)}
+    d.update({k: str(root / k) for k in ("eagle3", "bigram", "agree_eagle", "block_bigram", "agree_dflash",
+                                         "bigram_next")})
+    tm.build("qwen3_next", d["bigram_next"], seed=6)  # a hybrid target with an agreeing MTP layer
+    td.add_agreeing_mtp(d["bigram_next"], seed=7)
+    td.write_eagle3(d["eagle3"], d["qwen3"], seed=2, draft_vocab=60)
+    tm.build("qwen3", d["bigram"], seed=43)
+    td.make_near_bigram(d["bigram"], 0)
+    td.write_agreeing_eagle(d["agree_eagle"], d["bigram"], seed=4)
+    tm.build("qwen3", d["block_bigram"], seed=42)
+    td.make_block_bigram(d["block_bigram"])
+    td.write_agreeing_dflash(d["agree_dflash"], d["block_bigram"], block_size=4)
+    return d
+
+
+# (algorithm, target, drafter, num_steps, topk, num_draft_tokens, overlap). The EAGLE, NGRAM and
+# DFLASH cases accept several drafts per step (agreeing drafters, a repetitive prompt), so a drafter
+# context lost on a cache hit would change their verify counts.
+CASES = {
+    "eagle3-v2": ("EAGLE3", "qwen3", "eagle3", 3, 1, 4, True),
+    "eagle3-v1": ("EAGLE3", "qwen3", "eagle3", 3, 1, 4, False),
+    "eagle-tree-v2": ("EAGLE", "bigram", "agree_eagle", 3, 2, 5, True),
+    "eagle-chain-v1": ("EAGLE", "bigram", "agree_eagle", 3, 1, 4, False),
+    "standalone-v2": ("STANDALONE", "qwen3", "llama", 2, 1, 3, True),
+    "ngram-v1": ("NGRAM", "qwen3", None, 3, 1, 4, False),
+    "dflash-v2": ("DFLASH", "block_bigram", "agree_dflash", 3, 1, 4, True),
+    # Hybrid (Gated-DeltaNet) target: GDN state snapshots beside the pages.
+    "nextn-hybrid-v2": ("NEXTN", "bigram_next", None, 3, 1, 4, True),
+    "nextn-hybrid-v1": ("NEXTN", "bigram_next", None, 3, 1, 4, False),
+}
+
+
+@pytest.fixture(scope="module")
+def engines(dirs):
+    """One engine per case, built when first asked for, shared by the tests of this file."""
+    built = {}
+
+    def get(case):
+        if case not in built:
+            built[case] = _engine(dirs, case)
+        return built[case]
+
+    yield get
+    for eng in built.values():
+        eng.shutdown()
+
+
+def _engine(dirs, case):
+    algo, target, draft, steps, topk, ndt, overlap = CASES[case]
+    kw = dict(speculative_algorithm=algo, speculative_num_steps=steps, speculative_eagle_topk=topk,
+              speculative_num_draft_tokens=ndt)
+    if draft is not None:
+        kw["speculative_draft_model_path"] = dirs[draft]
+    if algo == "DFLASH":
+        kw.pop("speculative_eagle_topk")
+        kw.pop("speculative_num_draft_tokens")
+    mode = dict(transfer_guard="disallow") if overlap else dict(disable_overlap_schedule=True)
+    if target == "bigram_next":  # room for every snapshot these tests take (LRU: test_prefix_cache.py)
+        mode["max_mamba_cache_size"] = 64
+    # A pool that keeps every prefix cached here (eviction: tests/jspec/runtime/test_prefix_cache.py).
+    return Engine(dirs[target], page_size=PS, max_total_tokens=1024, **kw, **mode, **SPEC_BS4)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_with_cached_prefixes_is_exact_and_keeps_the_drafts(dirs, engines, greedy_reference, case):
+    target = dirs[CASES[case][1]]
+    want = greedy_reference(target, PROMPTS, GREEDY, page_size=PS, settings=SPEC_BS4)
+    eng = engines(case)
+    assert eng.get_server_info()["radix_cache"] is True
+    first = eng.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
+    assert first["output_ids"] == want[0] and first["meta_info"]["cached_tokens"] == 0
+    generates(eng, OTHERS, GREEDY, greedy_reference(target, OTHERS, GREEDY, page_size=PS, settings=SPEC_BS4))
+    again = eng.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
+    m = again["meta_info"]
+    assert again["output_ids"] == want[0]
+    # Its prompt and what it generated were cached at its finish: all but the last prompt token; on
+    # the hybrid target up to the deepest GDN snapshot, taken where its prompt chunks (8) ended.
+    hybrid = CASES[case][1] == "bigram_next"
+    assert m["cached_tokens"] == (16 if hybrid else (len(PROMPTS[0]) - 1) // PS * PS), m["cached_tokens"]
+    assert m["spec_verify_ct"] == first["meta_info"]["spec_verify_ct"], (m, first["meta_info"])
+    outs = generates(eng, PROMPTS, GREEDY, want)
+    assert all(o["meta_info"]["cached_tokens"] >= 16 for o in outs), [o["meta_info"]["cached_tokens"] for o in outs]
+    assert eng.get_server_info()["last_error"] is None
+    check_no_leaks(eng)
+
+
+def test_eagle_keys_need_the_next_token_too(engines):
+    """The system prompt's last full page (tokens 16..19) is followed by token 20 in every prompt, so
+    both keys match it; a prompt whose token 20 differs reuses one page less with EAGLE3 (its
+    draft KV at 19 was computed from token 20) and every page with STANDALONE."""
+    other = SYSTEM[:20] + [(SYSTEM[20] + 1) % tm.VOCAB] + PROMPTS[0][21:]
+    for case, want in (("eagle3-v2", 16), ("standalone-v2", 20)):
+        eng = engines(case)
+        eng.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
+        out = eng.generate(input_ids=other, sampling_params=GREEDY)
+        assert out["meta_info"]["cached_tokens"] == want, (case, out["meta_info"]["cached_tokens"])
+        check_no_leaks(eng)
