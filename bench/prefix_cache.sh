@@ -3,11 +3,11 @@
 # x 16 prompts (2048-token system prompt + 128-token question, 256 out, all at once), cache on and
 # off, one engine per call (each engine is gone before the next starts). Writes JSONL (and the
 # printed tables) under OUT.
-#   bench/prefix_cache.sh OUT eagle3 | next | nextn | lpm
+#   bench/prefix_cache.sh OUT eagle3 | next | nextn | lpm | fcfs
 # eagle3: Qwen3-8B shape + random EAGLE3 head at simulated accept length 3 (spec v2), on and off;
 # next: Qwen3-Next-12L shape (hybrid: GDN state snapshots), no speculation, on and off;
 # nextn: Qwen3-Next-12L + random MTP head at simulated accept 3, on and off;
-# lpm: Qwen3-8B shape, no speculation, --schedule-policy lpm (cache on).
+# lpm, fcfs: Qwen3-8B shape, no speculation, cache on, --schedule-policy lpm or fcfs (the default).
 set -euo pipefail
 out=$1; stage=$2
 # Fewer compiled buckets than the defaults (11 decode, 10 prompt sizes), so that each engine starts in
@@ -29,7 +29,8 @@ case $stage in
   eagle3) run eagle3_qwen3_8b --model-path random:qwen3-8b --speculative-algorithm EAGLE3 "${spec[@]}" ;;
   next) run qwen3_next_12l --model-path random:qwen3-next-12l ;;
   nextn) run nextn_qwen3_next_12l --model-path random:qwen3-next-12l --speculative-algorithm NEXTN "${spec[@]}" ;;
-  lpm) PYTHONPATH=. python3 -m jspec.cli bench serve "${gsp[@]}" --model-path random:qwen3-8b --schedule-policy lpm \
-           --output-file "$out/serve_gsp_lpm_qwen3_8b.jsonl" 2>&1 | tee "$out/serve_gsp_lpm_qwen3_8b.log" ;;
+  lpm|fcfs) PYTHONPATH=. python3 -m jspec.cli bench serve "${gsp[@]}" --model-path random:qwen3-8b \
+                --schedule-policy "$stage" --output-file "$out/serve_gsp_policy_qwen3_8b.jsonl" 2>&1 \
+                | tee -a "$out/serve_gsp_policy_qwen3_8b.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -95,13 +95,19 @@ class RadixCache:
         for i in range(limit // ps):
             yield tuple(token_ids[i * ps:(i + 1) * ps])
 
-    def match_prefix(self, token_ids, *, max_tokens: int | None = None) -> PrefixMatch:
+    def page_keys(self, token_ids, max_tokens: int) -> list[tuple]:
+        """The page keys `match_prefix` walks, for a caller that looks the same prompt up often."""
+        return list(self._keys(token_ids, max_tokens))
+
+    def match_prefix(self, token_ids=None, *, max_tokens: int | None = None, keys=None) -> PrefixMatch:
         """The longest cached page-aligned prefix of token_ids, at most max_tokens long (a prompt
-        must keep at least its last token to compute: pass len - 1)."""
-        limit = len(token_ids) if max_tokens is None else max_tokens
+        must keep at least its last token to compute: pass len - 1); or of precomputed `keys`
+        (`page_keys`)."""
+        if keys is None:
+            keys = self._keys(token_ids, len(token_ids) if max_tokens is None else max_tokens)
         node, pages, now = self.root, [], next(self._clock)
         usable = self.root  # hybrid: the deepest node whose snapshot a step may load
-        for key in self._keys(token_ids, limit):
+        for key in keys:
             child = node.children.get(key)
             if child is None:
                 break

@@ -216,6 +216,7 @@ class Scheduler:
                 break  # FCFS: wait for room rather than let a later request jump ahead
             req.slot = self.slots.alloc()
             self.waiting.popleft()
+            req.page_keys = None
             req.status = Status.RUNNING
             self._admitted += 1
             req.admit_order = self._admitted
@@ -290,8 +291,12 @@ class Scheduler:
         sp = req.sampling
         if self.cache is None or sp.repetition_penalty != 1.0 or sp.frequency_penalty or sp.presence_penalty:
             return None
-        # The last prompt token is always computed: its logits give the first output.
-        match = self.cache.match_prefix(req.all_ids[:req.prefill_target], max_tokens=req.prefill_target - 1)
+        # The last prompt token is always computed: its logits give the first output. The page keys
+        # are kept with the request while it waits (LPM looks every waiting prompt up each step).
+        if req.page_keys is None or req.page_keys[0] != req.prefill_target:
+            keys = self.cache.page_keys(req.all_ids[:req.prefill_target], req.prefill_target - 1)
+            req.page_keys = (req.prefill_target, keys)
+        match = self.cache.match_prefix(keys=req.page_keys[1])
         return match if match.pages or match.branch else None
 
     def _order_by_prefix(self) -> None:
