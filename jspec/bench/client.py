@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from jspec.bench.datasets import BenchRequest
+from jspec.bench.datasets import BenchRequest, Conversation
 
 
 @dataclasses.dataclass
@@ -29,10 +29,13 @@ class RequestResult:
     token_times: list[float] = dataclasses.field(default_factory=list)  # perf_counter per token received
     spec_verify_ct: int | None = None  # verify passes, when the engine speculates
     finish_reason: object = None
+    cached_tokens: int = 0  # prompt tokens the prefix cache served
 
 
-def _run_one(engine, req: BenchRequest, sampling: dict, results: list, idx: int, sem) -> None:
+def _run_one(engine, req: BenchRequest, sampling: dict, results: list, idx: int, sem) -> list[int]:
+    """Stream one request into results[idx]; returns the token ids it generated."""
     res = RequestResult(prompt_len=len(req.input_ids))
+    output_ids: list[int] = []
     try:
         st = time.perf_counter()
         last = st
@@ -42,6 +45,7 @@ def _run_one(engine, req: BenchRequest, sampling: dict, results: list, idx: int,
         for chunk in chunks:
             now = time.perf_counter()
             k = len(chunk["output_ids"])
+            output_ids.extend(chunk["output_ids"])
             if k:
                 if not res.token_times:
                     res.ttft = now - st
@@ -53,6 +57,7 @@ def _run_one(engine, req: BenchRequest, sampling: dict, results: list, idx: int,
         res.latency = time.perf_counter() - st
         res.output_len = int(meta.get("completion_tokens", len(res.token_times)))
         res.finish_reason = meta.get("finish_reason")
+        res.cached_tokens = int(meta.get("cached_tokens", 0))
         if meta.get("spec_verify_ct") is not None:
             res.spec_verify_ct = int(meta["spec_verify_ct"])
         reason = res.finish_reason or {}
@@ -69,6 +74,7 @@ def _run_one(engine, req: BenchRequest, sampling: dict, results: list, idx: int,
         results[idx] = res
         if sem is not None:
             sem.release()
+    return output_ids
 
 
 def arrival_offsets(n: int, request_rate: float, seed: int) -> np.ndarray:
@@ -99,6 +105,50 @@ def run_requests(engine, requests: list[BenchRequest], sampling: dict, request_r
             sem.acquire()
         t = threading.Thread(target=_run_one, args=(engine, req, sampling, results, i, sem),
                              name=f"bench-req-{i}", daemon=True)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    return results, time.perf_counter() - start
+
+
+def run_conversations(engine, conversations: list[Conversation], sampling: dict, request_rate: float = math.inf,
+                      max_concurrency: int | None = None, seed: int = 0) -> tuple[list[RequestResult], float]:
+    """Multi-turn chats: conversations start per `request_rate` (at most `max_concurrency` at a
+    time), each sends its turns one after another, a turn's prompt being the chat so far (earlier
+    user tokens and the tokens generated for them) plus its own. Returns one result per turn (turns
+    of a conversation together, conversations in order) and the duration in seconds."""
+    firsts = [0]
+    for c in conversations:
+        firsts.append(firsts[-1] + len(c.turns))
+    results: list = [None] * firsts[-1]
+    offsets = arrival_offsets(len(conversations), request_rate, seed)
+    sem = threading.Semaphore(max_concurrency) if max_concurrency else None
+
+    def chat(ci: int) -> None:
+        history: list[int] = []
+        try:
+            for k, turn in enumerate(conversations[ci].turns):
+                req = BenchRequest(history + turn.input_ids, turn.output_len)
+                history = req.input_ids + _run_one(engine, req, sampling, results, firsts[ci] + k, None)
+                if not results[firsts[ci] + k].success:
+                    break  # the rest of the chat has no reply to build on: its turns stay failed
+        finally:
+            for k in range(len(conversations[ci].turns)):
+                if results[firsts[ci] + k] is None:
+                    results[firsts[ci] + k] = RequestResult(prompt_len=0, error="an earlier turn failed")
+            if sem is not None:
+                sem.release()
+
+    threads = []
+    start = time.perf_counter()
+    for i in range(len(conversations)):
+        delay = start + offsets[i] - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        if sem is not None:
+            sem.acquire()
+        t = threading.Thread(target=chat, args=(i,), name=f"bench-chat-{i}", daemon=True)
         t.start()
         threads.append(t)
     for t in threads:

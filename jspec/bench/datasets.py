@@ -16,7 +16,7 @@ import numpy as np
 
 from jspec.errors import ConfigError
 
-DATASET_NAMES = ("sharegpt", "random", "generated-shared-prefix")
+DATASET_NAMES = ("sharegpt", "random", "generated-shared-prefix", "sharegpt-multiturn")
 
 
 @dataclasses.dataclass
@@ -24,6 +24,15 @@ class BenchRequest:
     input_ids: list[int]
     output_len: int
     group: int | None = None  # generated-shared-prefix: which system prompt it shares
+
+
+@dataclasses.dataclass
+class Conversation:
+    """A multi-turn chat: each turn is sent once the previous one has finished, its prompt being
+    every earlier turn (user tokens, then the tokens the engine generated) followed by its own user
+    tokens (`BenchRequest.input_ids`), so each turn's prompt contains the one before."""
+
+    turns: list[BenchRequest]
 
 
 # ----------------------------------------------------------------------------- tokenization
@@ -121,6 +130,42 @@ def sample_sharegpt(num_prompts: int, encoder, seed: int, fixed_output_len: int 
     return out
 
 
+def sample_sharegpt_multiturn(num_conversations: int, encoder, seed: int, max_turns: int,
+                              fixed_output_len: int | None = None, context_len: int | None = None,
+                              path: str | None = None) -> list[Conversation]:
+    """ShareGPT conversations with at least two user turns, in a seeded shuffle: each human turn
+    and the reply after it make a turn (the reply's length is the turn's output length unless
+    fixed), at most `max_turns`, and turns stop before the whole chat would pass `context_len`
+    (default 4096) tokens. Turns with fewer than 4 prompt or output tokens end the chat."""
+    from jspec.train.data import read_sharegpt
+
+    items, _ = read_sharegpt(path, what="--dataset-name sharegpt-multiturn" if path is None else "--dataset-path")
+    random.Random(seed).shuffle(items)
+    limit = context_len or 4096
+    out: list[Conversation] = []
+    for item in items:
+        if len(out) == num_conversations:
+            break
+        turns, total, msgs = [], 0, item.get("conversations", item.get("conversation", []))
+        for k in range(len(msgs) - 1):
+            if len(turns) == max_turns:
+                break
+            if msgs[k].get("from") not in ("human", "user") or msgs[k + 1].get("from") in ("human", "user"):
+                continue
+            ids = encoder.encode(msgs[k]["value"])
+            out_len = len(encoder.encode(msgs[k + 1]["value"])) if fixed_output_len is None else fixed_output_len
+            if len(ids) < 4 or out_len < 4 or total + len(ids) + out_len > limit:
+                break
+            turns.append(BenchRequest(ids, out_len))
+            total += len(ids) + out_len
+        if len(turns) >= 2:
+            out.append(Conversation(turns))
+    if len(out) < num_conversations:
+        print(f"jspec bench: only {len(out)} ShareGPT conversations of 2+ turns pass the filters "
+              f"(asked for {num_conversations})", file=sys.stderr)
+    return out
+
+
 # ----------------------------------------------------------------------------- synthetic
 def sample_random(num_prompts: int, input_len: int, output_len: int, range_ratio: float, vocab_size: int,
                   seed: int) -> list[BenchRequest]:
@@ -148,8 +193,9 @@ def sample_generated_shared_prefix(num_groups: int, prompts_per_group: int, syst
     return [out[i] for i in order]
 
 
-def build_workload(args, vocab_size: int, tokenizer=None) -> tuple[list[BenchRequest], str | None]:
-    """The requests named by the parsed flags, and the tokenizer used (sharegpt only)."""
+def build_workload(args, vocab_size: int, tokenizer=None) -> tuple[list, str | None]:
+    """The requests (`BenchRequest`s, or `Conversation`s for sharegpt-multiturn) named by the
+    parsed flags, and the tokenizer used (ShareGPT workloads only)."""
     name = args.dataset_name
     if name == "random":
         return sample_random(args.num_prompts, args.random_input_len, args.random_output_len,
@@ -162,4 +208,9 @@ def build_workload(args, vocab_size: int, tokenizer=None) -> tuple[list[BenchReq
         enc = text_encoder(tokenizer, vocab_size)
         return sample_sharegpt(args.num_prompts, enc, args.seed, args.sharegpt_output_len,
                                args.sharegpt_context_len, args.dataset_path), enc.name
+    if name == "sharegpt-multiturn":
+        enc = text_encoder(tokenizer, vocab_size)
+        return sample_sharegpt_multiturn(args.num_prompts, enc, args.seed, args.multiturn_max_turns,
+                                         args.sharegpt_output_len, args.sharegpt_context_len,
+                                         args.dataset_path), enc.name
     raise ConfigError(f"--dataset-name must be one of {', '.join(DATASET_NAMES)}, got {name!r}")

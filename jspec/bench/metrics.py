@@ -67,6 +67,8 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
         # Over the whole run, as SGLang's avg_spec_accept_length: total tokens / total verify passes.
         "accept_length": total_out / verify if verify else 1.0,
         "spec_verify_ct": verify or None,
+        # Prompt tokens the prefix cache served during the run (engine-wide hit rates include warm-up).
+        "cache_hit_rate": sum(r.cached_tokens for r in ok) / total_in if total_in else 0.0,
     }
     m.update(_stats("ttft", [r.ttft for r in ok]))
     m.update(_stats("tpot", [(r.latency - r.ttft) / (r.output_len - 1) for r in ok if r.output_len > 1]))

@@ -95,6 +95,7 @@ def serve_table(rec: dict) -> str:
         ("Total token throughput (tok/s):", m["total_throughput"]),
         ("Concurrency:", m["concurrency"]),
         ("Accept length:", m["accept_length"]),
+        ("Prefix cache hit rate:", m.get("cache_hit_rate", 0.0)),
     ]
     lines = ["{:=^60}".format(" Serving Benchmark Result ")]
     lines += [f"{k:<44} {fmt(v)}" for k, v in rows]

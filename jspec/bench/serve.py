@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 import os
 
-from jspec.bench.client import run_requests
-from jspec.bench.datasets import BenchRequest, build_workload
+from jspec.bench.client import run_conversations, run_requests
+from jspec.bench.datasets import BenchRequest, Conversation, build_workload
 from jspec.bench.metrics import accept_length, summarize
 from jspec.bench.record import append_jsonl, environment, make_record, serve_table
 
@@ -27,7 +27,8 @@ SPEC_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagl
 SETTING_KEYS = ("dataset_name", "dataset_path", "num_prompts", "seed", "request_rate", "max_concurrency",
                 "warmup_requests", "temperature", "disable_ignore_eos", "random_input_len", "random_output_len",
                 "random_range_ratio", "gsp_num_groups", "gsp_prompts_per_group", "gsp_system_prompt_len",
-                "gsp_question_len", "gsp_output_len", "sharegpt_output_len", "sharegpt_context_len")
+                "gsp_question_len", "gsp_output_len", "sharegpt_output_len", "sharegpt_context_len",
+                "multiturn_max_turns")
 
 
 def engine_kwargs(args) -> dict:
@@ -78,14 +79,16 @@ def measure(engine, args, engine_args: dict, env: dict, command: str, kind: str 
 
         tok = load_tokenizer(args.model_path)  # the engine skips it; ShareGPT still needs it
     requests, tokenizer = build_workload(args, engine.config.vocab_size, tok)
-    _warmup(engine, requests, args)
+    chats = bool(requests) and isinstance(requests[0], Conversation)
+    _warmup(engine, [c.turns[0] for c in requests] if chats else requests, args)
     before = engine.get_server_info()
-    results, duration = run_requests(engine, requests, sampling_params(args), args.request_rate,
-                                     args.max_concurrency, args.seed)
+    run = run_conversations if chats else run_requests
+    results, duration = run(engine, requests, sampling_params(args), args.request_rate, args.max_concurrency,
+                            args.seed)
     engine.wait_idle(timeout=120.0)
     info = engine.get_server_info()
     s = settings(args)
-    s["num_requests"] = len(requests)
+    s["num_requests"] = len(results)
     s["tokenizer"] = tokenizer
     errors = sorted({r.error for r in results if not r.success})
     return make_record(

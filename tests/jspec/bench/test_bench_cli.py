@@ -100,6 +100,41 @@ def test_serve_sharegpt_and_shared_prefix_on_random_weights(engine_flags, tmp_pa
     assert gsp["settings"]["model_path"] == "random:tiny-qwen3" and gsp["server_info"]["model_path"] == "<random>"
 
 
+def test_serve_multiturn_chats_grow_their_prompts_and_hit_the_prefix_cache(engine_flags, tmp_path):
+    """Each turn's prompt is the chat so far (earlier user tokens and the engine's replies) plus
+    its own user tokens; the earlier turns come from the prefix cache."""
+    from jspec.api import Engine
+    from jspec.bench import datasets as ds
+    from jspec.bench.client import run_conversations
+
+    out = tmp_path / "chat.jsonl"
+    flags = ["--dataset-name", "sharegpt-multiturn", "--num-prompts", "3", "--multiturn-max-turns", "3",
+             "--sharegpt-output-len", "8", "--sharegpt-context-len", "480"]
+    assert main(["bench", "serve", *engine_flags, *flags, "--output-file", str(out)]) == 0
+    (rec,) = read(out)
+    n = rec["settings"]["num_requests"]
+    assert n >= 6 and rec["metrics"]["completed"] == n and rec["settings"]["multiturn_max_turns"] == 3
+    assert rec["metrics"]["cache_hit_rate"] > 0.3, rec["metrics"]["cache_hit_rate"]
+    # The same chats through the client directly: turn k's prompt holds turn k-1's prompt and reply.
+    chats = ds.sample_sharegpt_multiturn(3, ds.ByteTokenizer(97), seed=1, max_turns=3, fixed_output_len=8,
+                                         context_len=480)
+    args = dict(zip(engine_flags[2::2], engine_flags[3::2]))
+    with Engine(engine_flags[1], dtype="float32", cuda_graph_bs=[1, 2, 4], max_running_requests=4,
+                chunked_prefill_size=64, prefill_token_buckets=[64], context_length=512,
+                compilation_cache_dir=args["--compilation-cache-dir"], show_progress=False) as eng:
+        results, _ = run_conversations(eng, chats, {"temperature": 0.0, "ignore_eos": True})
+    i = 0
+    for chat in chats:
+        for k, turn in enumerate(chat.turns):
+            r = results[i + k]
+            assert r.success, r.error
+            if k:
+                prev = results[i + k - 1]
+                assert r.prompt_len == prev.prompt_len + prev.output_len + len(turn.input_ids)
+                assert r.cached_tokens >= (prev.prompt_len // 16) * 16 - 16  # page size 16: earlier turns
+        i += len(chat.turns)
+
+
 def test_sweep_then_plot(engine_flags, tmp_path, capsys):
     out = tmp_path / "sweep.jsonl"
     rc = main(["bench", "sweep", *engine_flags, "--dataset-name", "random", "--prompts-per-concurrency", "2",

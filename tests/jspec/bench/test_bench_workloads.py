@@ -38,9 +38,9 @@ def test_generated_shared_prefix_groups_share_their_system_prompt():
     assert [r.group for r in reqs] != sorted(r.group for r in reqs)  # shuffled
 
 
-def _conv(human: str, gpt: str | None = None) -> dict:
-    turns = [{"from": "human", "value": human}] + ([{"from": "gpt", "value": gpt}] if gpt is not None else [])
-    return {"id": "x", "conversations": turns}
+def _conv(*values: str) -> dict:
+    """A ShareGPT conversation whose turns alternate human, gpt, human, ..."""
+    return {"id": "x", "conversations": [{"from": ("human", "gpt")[i % 2], "value": v} for i, v in enumerate(values)]}
 
 
 def test_sharegpt_filters_follow_sglang(tmp_path):
@@ -65,6 +65,23 @@ def test_sharegpt_filters_follow_sglang(tmp_path):
     assert sorted(len(r.input_ids) for r in got) == [10, 11, 11, 1000]
     got = ds.sample_sharegpt(100, enc, seed=0, fixed_output_len=8, context_len=100, path=str(path))
     assert sorted(len(r.input_ids) for r in got) == [10, 11, 11]
+
+
+def test_sharegpt_multiturn_takes_consecutive_exchanges_within_the_limits(tmp_path):
+    data = [
+        _conv("first question", "first answer", "second question", "second answer", "third q?", "third a!"),
+        _conv("one turn only", "its answer"),  # fewer than two turns: dropped
+        _conv("question one", "answer one", "abc", "short prompt ends the chat"),  # 3-token turn: 1 turn left
+        _conv("q" * 30, "a" * 30, "q" * 30, "a" * 30, "q" * 30, "a" * 30),  # the context limit cuts turn 3
+    ]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(data))
+    enc = ds.ByteTokenizer(512)
+    chats = ds.sample_sharegpt_multiturn(10, enc, seed=0, max_turns=4, context_len=150, path=str(path))
+    got = sorted([(len(t.input_ids), t.output_len) for t in c.turns] for c in chats)
+    assert got == [[(14, 12), (15, 13), (8, 8)], [(30, 30), (30, 30)]]
+    chats = ds.sample_sharegpt_multiturn(10, enc, seed=0, max_turns=2, fixed_output_len=5, path=str(path))
+    assert sorted(len(c.turns) for c in chats) == [2, 2] and {t.output_len for c in chats for t in c.turns} == {5}
 
 
 def test_sharegpt_truncated_file_keeps_complete_conversations(tmp_path, capsys):
