@@ -79,7 +79,8 @@ class ModelRunner:
             # prefix_pages: cached pages a prompt step may map into page-table rows (prefix cache).
             updates = t // page_size + b * (1 + ahead_pages) + 1 + prefix_pages
             self.buckets.append(Bucket(ForwardMode.EXTEND, t, b, updates,
-                                       next_ids=drafting is not None and drafting.extend_next_ids))
+                                       next_ids=drafting is not None and drafting.extend_next_ids,
+                                       snapshots=layout.num_snapshots > 0))
         self.layout = layout
         self.mesh = model.mesh if model.mesh is not None else make_mesh(1)
         self._replicated = NamedSharding(self.mesh, P())

@@ -68,6 +68,9 @@ class Bucket:
     # shorter chain than configured (0: the configured one).
     speculate: bool = True
     draft_steps: int = 0
+    # A prompt-chunk bucket of a hybrid target with prefix-cache snapshots: it carries the snapshot
+    # rows loaded into / saved from each request's GDN state (`state_load`, `state_save`).
+    snapshots: bool = False
 
     def fields(self):
         t, b, u = self.num_tokens, self.batch_size, self.num_page_updates
@@ -75,7 +78,7 @@ class Bucket:
         out.append(("cu_q_lens", (b + 1,)))
         out += [(name, (b,)) for name in INT_FIELDS_B + FLOAT_FIELDS_B]
         out.append(("page_updates", (u, 3)))
-        if self.mode is ForwardMode.EXTEND:  # GDN state snapshots of the prefix cache (rows, -1: none)
+        if self.snapshots:  # GDN state snapshots of the prefix cache (rows, -1: none)
             out += [("state_load", (b,)), ("state_save", (b,))]
         if self.next_ids:
             out.append(("next_ids", (t,)))
