@@ -42,7 +42,7 @@ def main() -> None:
         sched.add(Request(rid=str(i), input_ids=ids, sampling=SamplingParams(max_new_tokens=1), seed=0))
     t0 = time.perf_counter()
     for _ in range(a.repeats):
-        sched._order_by_prefix()
+        sched.waiting = sched.reuse.order(sched.waiting)
     ms = (time.perf_counter() - t0) / a.repeats * 1e3
     print(f"order {a.waiting} waiting prompts ({prompt_pages} pages each, {a.groups} cached groups): {ms:.2f} ms")
 

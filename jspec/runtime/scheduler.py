@@ -15,14 +15,10 @@ Each call to `schedule` plans one step. Policy:
   and none is free, unused prefix-cache pages are evicted first, then the most recently admitted
   request is retracted (its pages and slot freed, its prompt + outputs re-queued to be prefilled
   again) instead of failing.
-- Prefix cache (`jspec.cache.radix_cache`, when given): an admitted request reuses the cached pages
-  of its longest page-aligned prefix and prefills from there; finished and retracted requests put
-  the full pages they computed into the cache. At most `prefix_pages_per_step` cached pages are
-  mapped per step (the page-table updates an extend bucket carries). Hybrid targets also need the
-  Gated-DeltaNet state at the matched prefix: a match stops at the deepest cached snapshot, which
-  the step copies into the request's slot, and a prompt chunk that ends on a page boundary leaves a
-  snapshot there; where the pages matched further than any snapshot (a branch point, e.g. the end
-  of a shared system prompt), the request's chunk is cut at that point so its snapshot is taken.
+- Prefix cache (`jspec.cache.radix_cache`, when given; `prefix_reuse.py`): an admitted request
+  reuses the cached pages of its longest page-aligned prefix (hybrid targets: up to a GDN state
+  snapshot) and prefills from there; at most `prefix_pages_per_step` cached pages are mapped per
+  step (the page-table updates an extend bucket carries).
 
 The scheduler never reads the device: in overlap mode a step is planned from host bookkeeping
 alone (lengths advance deterministically), and results arrive one step later.
@@ -36,6 +32,7 @@ from collections import deque
 from jspec.cache.allocator import PageAllocator, SlotAllocator
 from jspec.cache.radix_cache import RadixCache
 from jspec.models.batch import ForwardMode
+from jspec.runtime.prefix_reuse import PrefixReuse
 from jspec.runtime.request import Request, Status
 
 # LPM orders the waiting queue by a tree walk per request each prompt step: beyond this many waiting
@@ -98,6 +95,7 @@ class Scheduler:
         self.prefill_ahead = prefill_ahead
         self.num_mixed_decode_rows = 0
         self.cache = radix_cache
+        self.reuse = None if radix_cache is None else PrefixReuse(radix_cache, pages)
         self.prefix_pages_per_step = prefix_pages_per_step
         self.lpm = schedule_policy == "lpm" and radix_cache is not None
         self.waiting: deque[Request] = deque()
@@ -159,27 +157,13 @@ class Scheduler:
         if n <= 0 or not self._grow(req, start + n + (self.prefill_ahead if sample else 0), updates):
             return None
         req.kv_len += n
-        self._cache_prefix(req)
+        if self.reuse is not None:
+            self.reuse.chunk_dispatched(req)
         out_index = req.scheduled_outputs
         if sample:
             req.scheduled_outputs += 1
         return ScheduledReq(req, start, req.all_ids[start:start + n], sample, reset, out_index,
-                            state_load=load, state_save=self._snapshot(req))
-
-    def _snapshot(self, req: Request) -> int:
-        """Hybrid: the snapshot row this chunk's end state goes to, or -1. Taken where the chunk
-        ends on a page boundary whose node (just cached) has none yet."""
-        cache, end = self.cache, req.kv_len
-        if cache is None or not cache.stateful or end % self.pages.page_size:
-            return -1
-        node = cache.path_end(req.all_ids, end)
-        if node.depth * self.pages.page_size != end or node.state is not None:
-            return -1
-        row = cache.alloc_state()
-        if row is None:
-            return -1
-        cache.attach_state(node, row)
-        return row
+                            state_load=load, state_save=-1 if self.reuse is None else self.reuse.snapshot(req))
 
     def _plan_extend(self, decodable: list[Request]) -> StepPlan | None:
         budget, updates, chosen = self.chunk_budget, [], []
@@ -195,11 +179,11 @@ class Scheduler:
         if self.cache is not None:
             self.cache.begin_step()
         if self.lpm and 1 < len(self.waiting) <= LPM_MAX_WAITING:
-            self._order_by_prefix()
+            self.waiting = self.reuse.order(self.waiting)
         while (self.waiting and budget > 0 and len(chosen) < self.max_extend_requests
                and len(self.running) < self.max_running):
             req = self.waiting[0]
-            match = self._match(req)
+            match = None if self.reuse is None else self.reuse.match(req)
             if match is not None and len(match.pages) > prefix_budget:
                 if admitted:
                     break  # its cached pages do not fit this step's page-table updates: next step
@@ -228,7 +212,7 @@ class Scheduler:
             if match is not None:
                 req.branch_at = match.branch if match.branch > match.num_tokens else 0
                 if match.pages:
-                    self._reuse(req, match, updates)
+                    self.reuse.reuse(req, match, updates)
                     prefix_budget -= len(match.pages)
                     load = -1 if match.state is None else match.state
                 else:
@@ -284,68 +268,10 @@ class Scheduler:
         steps still in flight can accept, plus what the step itself writes ahead."""
         return req.kv_len + req.spec_inflight * self.spec_max_accept + self.ahead
 
-    # ----------------------------------------------------------------------------- prefix cache
-    def _match(self, req: Request):
-        """The cached prefix an admitted request can reuse, or None. Requests with penalties
-        compute their whole prompt: the penalty state is built from the tokens a step feeds."""
-        sp = req.sampling
-        if self.cache is None or sp.repetition_penalty != 1.0 or sp.frequency_penalty or sp.presence_penalty:
-            return None
-        # The last prompt token is always computed: its logits give the first output. The page keys
-        # are kept with the request while it waits (LPM looks every waiting prompt up each step).
-        if req.page_keys is None or req.page_keys[0] != req.prefill_target:
-            keys = self.cache.page_keys(req.all_ids[:req.prefill_target], req.prefill_target - 1)
-            req.page_keys = (req.prefill_target, keys)
-        match = self.cache.match_prefix(keys=req.page_keys[1])
-        return match if match.pages or match.branch else None
-
-    def _order_by_prefix(self) -> None:
-        """LPM: the waiting queue by cached prefix length, longest first (a stable sort)."""
-        def cached(req: Request) -> int:
-            match = self._match(req)
-            return 0 if match is None else match.num_tokens
-        self.waiting = deque(sorted(self.waiting, key=cached, reverse=True))
-
-    def _reuse(self, req: Request, match, updates: list) -> None:
-        """Map the matched pages into the request's page-table row; it prefills from there."""
-        self.pages.share(match.pages)
-        for i, p in enumerate(match.pages):
-            updates.append((req.slot, i, p))
-        req.pages = list(match.pages)
-        req.kv_len = match.num_tokens
-        req.cached_tokens = max(req.cached_tokens, match.num_tokens)
-        req.cache_node = match.node
-
-    def _cache_prefix(self, req: Request) -> None:
-        """After a prompt chunk is dispatched, its full pages join the cache at once (SGLang caches
-        unfinished requests too), so requests admitted while this one still runs can share them;
-        the request locks the deepest node it now reads. Steps run in order on the device, so a
-        later request reading these pages reads them after this chunk wrote them."""
-        if self.cache is None or req.spec_inflight:
-            return
-        self.cache.insert(req.all_ids, req.pages, req.kv_len)
-        node = self.cache.path_end(req.all_ids, req.kv_len)
-        self.cache.lock(node)
-        if req.cache_node is not None:
-            self.cache.unlock(req.cache_node)
-        req.cache_node = node
-
-    def _cache_computed(self, req: Request) -> None:
-        """Put the full pages of what the request computed into the cache (and drop its lock).
-        Only KV below the known length: a speculative step in flight writes (target KV, draft KV,
-        NGRAM history) only at and past the device's length, which is never below kv_len, so the
-        pages below kv_len are final even then."""
-        if self.cache is None:
-            return
-        if req.pages:
-            self.cache.insert(req.all_ids, req.pages, min(req.kv_len, len(req.all_ids)))
-        if req.cache_node is not None:
-            self.cache.unlock(req.cache_node)
-            req.cache_node = None
-
     # ----------------------------------------------------------------------------- resources
     def _release(self, req: Request) -> None:
-        self._cache_computed(req)
+        if self.reuse is not None:
+            self.reuse.release(req)
         if req.pages:
             self.pages.free(req.pages)
             req.pages = []

@@ -1,0 +1,97 @@
+"""The scheduler's side of the prefix cache (`jspec.cache.radix_cache`): which cached prefix an
+admitted request reuses, what its dispatched prompt chunks and its finish put into the tree, the
+GDN state snapshots of hybrid targets, and the LPM order of the waiting queue.
+
+- A request reuses the pages of its longest cached page-aligned prefix (hybrid targets: up to the
+  deepest snapshot, which its first step copies into its slot) and prefills from there.
+- Requests with penalties compute their whole prompt: the penalty state is built from the tokens
+  a step feeds.
+- Pages join the tree as soon as each prompt chunk is dispatched (SGLang caches unfinished requests
+  too), so requests admitted while this one still runs share them; steps run in order on the
+  device, so a later reader reads them after the chunk wrote them. A finished or retracted request
+  puts in every full page below its known length.
+- Hybrid targets: a prompt chunk that ends on a page boundary leaves a snapshot of the state there;
+  where the pages matched further than any snapshot (a branch point, e.g. the end of a shared system
+  prompt), the scheduler cuts the request's chunk at that point so that its snapshot is taken.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from jspec.cache.allocator import PageAllocator
+from jspec.cache.radix_cache import PrefixMatch, RadixCache
+from jspec.runtime.request import Request
+
+
+class PrefixReuse:
+    def __init__(self, cache: RadixCache, pages: PageAllocator):
+        self.cache, self.pages = cache, pages
+
+    def match(self, req: Request) -> PrefixMatch | None:
+        """The cached prefix an admitted request can reuse (or, hybrid, only a branch point), or None."""
+        sp = req.sampling
+        if sp.repetition_penalty != 1.0 or sp.frequency_penalty or sp.presence_penalty:
+            return None
+        # The last prompt token is always computed: its logits give the first output. The page keys
+        # are kept with the request while it waits (LPM looks every waiting prompt up each step).
+        if req.page_keys is None or req.page_keys[0] != req.prefill_target:
+            keys = self.cache.page_keys(req.all_ids[:req.prefill_target], req.prefill_target - 1)
+            req.page_keys = (req.prefill_target, keys)
+        match = self.cache.match_prefix(keys=req.page_keys[1])
+        return match if match.pages or match.branch else None
+
+    def order(self, waiting: deque) -> deque:
+        """LPM: the waiting queue by cached prefix length, longest first (a stable sort)."""
+        def cached(req: Request) -> int:
+            match = self.match(req)
+            return 0 if match is None else match.num_tokens
+        return deque(sorted(waiting, key=cached, reverse=True))
+
+    def reuse(self, req: Request, match: PrefixMatch, updates: list) -> None:
+        """Map the matched pages into the request's page-table row; it prefills from there."""
+        self.pages.share(match.pages)
+        for i, p in enumerate(match.pages):
+            updates.append((req.slot, i, p))
+        req.pages = list(match.pages)
+        req.kv_len = match.num_tokens
+        req.cached_tokens = max(req.cached_tokens, match.num_tokens)
+        req.cache_node = match.node
+
+    def chunk_dispatched(self, req: Request) -> None:
+        """A prompt chunk was planned: its full pages join the tree; the request locks the deepest
+        node it now reads."""
+        if req.spec_inflight:
+            return
+        self.cache.insert(req.all_ids, req.pages, req.kv_len)
+        node = self.cache.path_end(req.all_ids, req.kv_len)
+        self.cache.lock(node)
+        if req.cache_node is not None:
+            self.cache.unlock(req.cache_node)
+        req.cache_node = node
+
+    def snapshot(self, req: Request) -> int:
+        """Hybrid: the snapshot row the state at the end of the chunk just planned goes to, or -1.
+        Taken where the chunk ends on a page boundary whose node (just cached) has none yet."""
+        cache, end, ps = self.cache, req.kv_len, self.pages.page_size
+        if not cache.stateful or end % ps:
+            return -1
+        node = cache.path_end(req.all_ids, end)
+        if node.depth * ps != end or node.state is not None:
+            return -1
+        row = cache.alloc_state()
+        if row is None:
+            return -1
+        cache.attach_state(node, row)
+        return row
+
+    def release(self, req: Request) -> None:
+        """The request ends (finish, abort, retraction): the full pages of what it computed join the
+        tree, and its lock goes. Only KV below the known length: a speculative step in flight writes
+        (target KV, draft KV, NGRAM history) only at and past the device's length, which is never
+        below kv_len, so the pages below kv_len are final even then."""
+        if req.pages:
+            self.cache.insert(req.all_ids, req.pages, min(req.kv_len, len(req.all_ids)))
+        if req.cache_node is not None:
+            self.cache.unlock(req.cache_node)
+            req.cache_node = None
