@@ -4,8 +4,9 @@ GDN state snapshots of hybrid targets, and the LPM order of the waiting queue.
 
 - A request reuses the pages of its longest cached page-aligned prefix (hybrid targets: up to the
   deepest snapshot, which its first step copies into its slot) and prefills from there.
-- Requests with penalties compute their whole prompt: the penalty state is built from the tokens
-  a step feeds.
+- The penalty state is built from the tokens a step feeds: a request with a repetition penalty
+  (which counts prompt tokens) computes its whole prompt; one with a frequency or presence penalty
+  (output tokens only) reuses prompt tokens but not the outputs a retracted request feeds again.
 - Pages join the tree as soon as each prompt chunk is dispatched (SGLang caches unfinished requests
   too), so requests admitted while this one still runs share them; steps run in order on the
   device, so a later reader reads them after the chunk wrote them. A finished or retracted request
@@ -31,13 +32,16 @@ class PrefixReuse:
     def match(self, req: Request) -> PrefixMatch | None:
         """The cached prefix an admitted request can reuse (or, hybrid, only a branch point), or None."""
         sp = req.sampling
-        if sp.repetition_penalty != 1.0 or sp.frequency_penalty or sp.presence_penalty:
+        if sp.repetition_penalty != 1.0:
             return None
         # The last prompt token is always computed: its logits give the first output. The page keys
         # are kept with the request while it waits (LPM looks every waiting prompt up each step).
-        if req.page_keys is None or req.page_keys[0] != req.prefill_target:
-            keys = self.cache.page_keys(req.all_ids[:req.prefill_target], req.prefill_target - 1)
-            req.page_keys = (req.prefill_target, keys)
+        limit = req.prefill_target - 1
+        if sp.frequency_penalty or sp.presence_penalty:
+            limit = min(limit, len(req.input_ids))
+        if req.page_keys is None or req.page_keys[0] != (req.prefill_target, limit):
+            keys = self.cache.page_keys(req.all_ids[:req.prefill_target], limit)
+            req.page_keys = ((req.prefill_target, limit), keys)
         match = self.cache.match_prefix(keys=req.page_keys[1])
         return match if match.pages or match.branch else None
 

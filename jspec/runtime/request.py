@@ -55,7 +55,7 @@ class Request:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (SGLang's meta_info field)
     cache_node: object = None  # the prefix-cache node it reads (locked while it runs)
     branch_at: int = 0  # hybrid prefix cache: a prompt chunk ends here so that a snapshot is taken
-    page_keys: tuple | None = None  # (prefill_target, its prefix-cache page keys), kept while it waits
+    page_keys: tuple | None = None  # ((prefill_target, limit), its prefix-cache page keys), while it waits
 
     # Timing and streaming.
     arrival_time: float = dataclasses.field(default_factory=time.perf_counter)

@@ -60,12 +60,23 @@ def test_cached_pages_are_evicted_before_retraction(target, no_cache):
         check_no_leaks(eng)
 
 
-def test_requests_with_penalties_compute_their_whole_prompt(target):
+def test_penalties_reuse_what_their_state_does_not_count(target):
+    """A repetition penalty counts prompt tokens (the prompt is computed whole); frequency and
+    presence penalties count outputs only, so such a request reuses the cached prompt and gives
+    the output it gives without the cache."""
+    freq = {**GREEDY, "frequency_penalty": 1.5, "presence_penalty": 0.5}
     with Engine(target, page_size=4, **SETTINGS) as eng:
         eng.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
         pen = eng.generate(input_ids=PROMPTS[0], sampling_params={**GREEDY, "repetition_penalty": 1.3})
         plain = eng.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
         assert pen["meta_info"]["cached_tokens"] == 0 and plain["meta_info"]["cached_tokens"] > 0
+        assert eng.flush_cache()
+        uncached = eng.generate(input_ids=PROMPTS[1], sampling_params=freq)
+        cached = eng.generate(input_ids=PROMPTS[1], sampling_params=freq)
+        assert uncached["meta_info"]["cached_tokens"] == 0 and cached["meta_info"]["cached_tokens"] == 40
+        assert cached["output_ids"] == uncached["output_ids"]
+        greedy = eng.generate(input_ids=PROMPTS[1], sampling_params=GREEDY)
+        assert greedy["output_ids"] != cached["output_ids"]  # the penalties do change this output
         check_no_leaks(eng)
 
 
