@@ -167,6 +167,8 @@ class Scheduler:
 
     def _plan_extend(self, decodable: list[Request]) -> StepPlan | None:
         budget, updates, chosen = self.chunk_budget, [], []
+        if self.cache is not None:  # snapshots this step takes (continued prompts too) load next step on
+            self.cache.begin_step()
         # Pages the decoding requests will need next step: keep them free when admitting.
         reserve = sum(max(0, self.pages.pages_for(self._kv_bound(r)) - len(r.pages)) for r in decodable)
         for req in self.running:  # continue prompts already started
@@ -176,8 +178,6 @@ class Scheduler:
                     chosen.append(s)
                     budget -= s.num_tokens
         prefix_budget, admitted = self.prefix_pages_per_step, 0
-        if self.cache is not None:
-            self.cache.begin_step()
         if self.lpm and 1 < len(self.waiting) <= LPM_MAX_WAITING:
             self.waiting = self.reuse.order(self.waiting)
         while (self.waiting and budget > 0 and len(chosen) < self.max_extend_requests

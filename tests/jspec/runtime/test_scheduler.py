@@ -5,7 +5,7 @@ invariants over random request sequences."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from jspec.cache.allocator import PageAllocator, SlotAllocator
@@ -210,19 +210,26 @@ def test_lpm_admits_the_longest_cached_prefix_first():
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(st.tuples(st.sampled_from(["add", "step", "step", "step", "abort"]), st.integers(0, 2),
                               st.integers(0, 9), st.integers(1, 6)), max_size=60),
-       bigram=st.booleans(), lpm=st.booleans())
-def test_cache_reference_counts_and_page_contents_over_random_sequences(ops, bigram, lpm):
+       bigram=st.booleans(), lpm=st.booleans(), hybrid=st.booleans())
+# A prompt's second chunk ends at 12 and snapshots there in the step that admits the next prompt of
+# its group, which must not load that snapshot (written after the step's forward).
+@example(ops=[("add", 0, 0, 1), ("add", 0, 3, 1), ("step", 0, 0, 1), ("step", 0, 0, 1)], bigram=False, lpm=False,
+         hybrid=True)
+def test_cache_reference_counts_and_page_contents_over_random_sequences(ops, bigram, lpm, hybrid):
     """Requests of three prefix groups, aborts, a pool small enough to evict and retract. After
     every call: each page's reference count is the requests that hold it plus one if the tree
     does (so never negative, and nothing leaks); no step writes into a cached page; every cached
     page holds exactly the tokens of its key; node locks count the running requests under them.
-    At the end a flush returns every page."""
+    Hybrid (two snapshot rows): a simulated GDN state (the tokens it has seen) shows that every
+    chunk starts from exactly the state of the tokens before it, whether loaded from a snapshot
+    or built by the request. At the end a flush returns every page and snapshot row."""
     from jspec.cache.radix_cache import RadixCache
 
     pages = PageAllocator(14, PAGE)  # 13 usable: three running requests can outgrow it
-    cache = RadixCache(pages, bigram=bigram)
+    cache = RadixCache(pages, bigram=bigram, state_slots=[4, 5] if hybrid else None)
+    slot_state: dict[int, list] = {}  # slot or snapshot row -> the tokens its state has absorbed
     sched = Scheduler(pages, SlotAllocator(4), max_running_requests=3, chunked_prefill_size=8, max_extend_requests=4,
-                      max_decode_requests=3, radix_cache=cache, prefix_pages_per_step=2,
+                      max_decode_requests=3, radix_cache=cache, prefix_pages_per_step=8,
                       schedule_policy="lpm" if lpm else "fcfs")
     content: dict[int, list] = {}  # page -> the token at each offset, as the device would hold it
 
@@ -255,6 +262,18 @@ def test_cache_reference_counts_and_page_contents_over_random_sequences(ops, big
         # Planning may evict a page and hand it out again, and a chunk's pages join the cache as it is
         # dispatched: only a page cached before and after planning, as the same node, must stay unwritten.
         cached = {n.page for n in nodes() if cached.get(n.page) is n}
+        for s in plan.reqs:  # before the forward: snapshot loads, fresh states for new requests
+            if s.state_load >= 0:
+                slot_state[s.req.slot] = list(slot_state[s.state_load])
+            elif s.reset:
+                slot_state[s.req.slot] = []
+        for s in plan.reqs:  # the forward: each chunk continues the state of the tokens before it
+            if hybrid:
+                assert slot_state[s.req.slot] == s.req.all_ids[:s.start], (s.req.rid, s.start)
+            slot_state[s.req.slot] = s.req.all_ids[:s.start + s.num_tokens]
+        for s in plan.reqs:  # after it: snapshots
+            if s.state_save >= 0:
+                slot_state[s.state_save] = list(slot_state[s.req.slot])
         for s in plan.reqs:  # the KV the step writes: the request's token at each position
             for pos in range(s.start, s.start + s.num_tokens):
                 page = s.req.pages[pos // PAGE]
@@ -282,6 +301,7 @@ def test_cache_reference_counts_and_page_contents_over_random_sequences(ops, big
     assert cache.flush()
     pages.check_all_free()
     sched.slots.check_all_free()
+    assert sorted(cache.free_states) == ([4, 5] if hybrid else [])
 
 
 def _under(node, ancestor) -> bool:
@@ -300,3 +320,28 @@ def check_accounting_shared(sched: Scheduler) -> None:
         assert r.slot is None and not r.pages and r.kv_len == 0
     for r in sched.running:
         assert len(r.pages) >= sched.pages.pages_for(r.kv_len) and len(r.pages) == len(set(r.pages))
+
+
+def test_a_snapshot_is_not_loaded_by_the_step_that_takes_it():
+    """Hybrid cache: request a's second chunk ends at 20 and leaves a snapshot there, in the same
+    step that admits b (a's 20 tokens + 5). The snapshot is written after that step's forward,
+    while b's state is loaded before it: b must start from the snapshot at 12, taken a step earlier
+    (and cut its chunk at 20, the branch point)."""
+    from jspec.cache.radix_cache import RadixCache
+
+    pages = PageAllocator(32, PAGE)
+    cache = RadixCache(pages, state_slots=[5, 6, 7])
+    sched = Scheduler(pages, SlotAllocator(5), max_running_requests=4, chunked_prefill_size=12,
+                      max_extend_requests=4, max_decode_requests=4, radix_cache=cache, prefix_pages_per_step=8)
+    a = request("a", 20)
+    sched.add(a)
+    first = sched.schedule(inflight=False)
+    assert [(s.start, s.num_tokens, s.state_save) for s in first.reqs] == [(0, 12, 7)]
+    b = Request(rid="b", input_ids=a.input_ids + [90, 91, 92, 93, 94], sampling=SamplingParams(max_new_tokens=2),
+                seed=0)
+    sched.add(b)
+    second = sched.schedule(inflight=False)
+    (sa, sb) = second.reqs
+    assert (sa.req, sa.start, sa.num_tokens, sa.state_save) == (a, 12, 8, 6)  # the snapshot at 20
+    assert (sb.req, sb.start, sb.state_load) == (b, 12, 7)  # loads the one at 12
+    assert sb.num_tokens == 4 and b.branch_at == 20  # the rest of the budget, up to the branch point
