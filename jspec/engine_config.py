@@ -61,6 +61,7 @@ class EngineConfig:
     disable_radix_cache: bool = False  # the prefix cache (on where supported, see radix_cache_enabled)
     schedule_policy: str = "fcfs"  # admission order: "fcfs" or "lpm" (longest cached prefix first)
     max_mamba_cache_size: int | None = None  # hybrid: GDN state rows, running requests + cached snapshots
+    mamba_track_interval: int = 256  # hybrid, no speculation: decode keeps the GDN state every this many tokens
 
     @property
     def max_extend_requests(self) -> int:
@@ -83,7 +84,7 @@ class EngineConfig:
                     tp_size=self.tp_size, ep_size=self.ep_size, disable_radix_cache=self.disable_radix_cache,
                     radix_cache=self.radix_cache_enabled, schedule_policy=self.schedule_policy,
                     max_mamba_cache_size=self.layout.num_slots - 1 + self.layout.num_snapshots
-                    if self.model_config.is_hybrid else None)
+                    if self.model_config.is_hybrid else None, mamba_track_interval=self.mamba_track_interval)
 
     @property
     def radix_cache_enabled(self) -> bool:
@@ -108,7 +109,8 @@ class EngineConfig:
                enable_mixed_chunk: bool = False, transfer_guard: str | None = None,
                disable_top_k_top_p: bool = False, tp_size: int | None = None, ep_size: int | None = None,
                disable_radix_cache: bool = False, schedule_policy: str = "fcfs",
-               max_mamba_cache_size: int | None = None, **speculative) -> EngineConfig:
+               max_mamba_cache_size: int | None = None, mamba_track_interval: int = 256,
+               **speculative) -> EngineConfig:
         """Validate SGLang-style keyword settings; `speculative` holds the speculative_* keys."""
         unknown = sorted(k for k in speculative if not k.startswith("speculative_") or k not in SPEC_KEYS)
         if unknown:
@@ -148,6 +150,11 @@ class EngineConfig:
         layout = size_pools(page_size=page_size, context_length=context, kv_ahead=spec_extra,
                             max_running_requests=max_running, max_total_tokens=max_total_tokens,
                             from_device_memory=memory.device_memory() is not None)
+        if isinstance(mamba_track_interval, bool) or not isinstance(mamba_track_interval, int) \
+                or mamba_track_interval < 1:
+            raise ConfigError(f"mamba_track_interval must be a positive int, got {mamba_track_interval!r}")
+        # Tracked states sit at page boundaries (a cached node ends on one).
+        mamba_track_interval = -(-mamba_track_interval // page_size) * page_size
         if config.is_hybrid and not disable_radix_cache:
             layout = dataclasses.replace(layout, num_snapshots=_num_snapshots(max_mamba_cache_size, max_running))
         return cls(model=model_path, model_config=config, dtype=dtype, page_size=page_size,
@@ -159,7 +166,7 @@ class EngineConfig:
                    show_progress=bool(show_progress), transfer_guard=transfer_guard, spec=spec, spec_extra=spec_extra,
                    mem_fraction_static=mem_fraction_static, tp_size=tp, ep_size=ep,
                    disable_radix_cache=bool(disable_radix_cache), schedule_policy=schedule_policy,
-                   max_mamba_cache_size=max_mamba_cache_size)
+                   max_mamba_cache_size=max_mamba_cache_size, mamba_track_interval=mamba_track_interval)
 
     def with_memory_plan(self, plan: MemoryPlan) -> EngineConfig:
         """This config with the pool sized by `plan` (see `Engine`, which measures it)."""

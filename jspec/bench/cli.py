@@ -59,6 +59,8 @@ def _add_engine_flags(p) -> None:
     g.add_argument("--disable-radix-cache", action="store_true", default=None, help="no prefix cache")
     g.add_argument("--max-mamba-cache-size", type=int,
                    help="hybrid targets: GDN state rows, running requests + prefix-cache snapshots")
+    g.add_argument("--mamba-track-interval", type=int,
+                   help="hybrid targets without speculation: decode keeps the GDN state every this many tokens")
     g.add_argument("--schedule-policy", choices=("fcfs", "lpm"),
                    help="admission order: arrival (fcfs) or longest cached prefix first (lpm)")
     g.add_argument("--cuda-graph-bs", type=_list(int, "ints"), help="decode batch buckets, e.g. 1,2,4,8")

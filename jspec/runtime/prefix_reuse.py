@@ -89,13 +89,35 @@ class PrefixReuse:
         cache.attach_state(node, row)
         return row
 
+    def track(self, req: Request) -> int:
+        """Hybrid, plain decode: the row the state after this decode step (req.kv_len tokens, a
+        page boundary) is copied to, or -1; the request keeps only its newest such row, which joins
+        the tree at its release. Rows of older tracks go back at once: the steps that wrote them
+        ran first, and nothing loads a row before it joins the tree."""
+        row = self.cache.alloc_state()
+        if row is None:
+            return -1
+        if req.track is not None:
+            self.cache.free_states.append(req.track[1])
+        req.track = (req.kv_len, row)
+        return row
+
     def release(self, req: Request) -> None:
         """The request ends (finish, abort, retraction): the full pages of what it computed join the
         tree, and its lock goes. Only KV below the known length: a speculative step in flight writes
         (target KV, draft KV, NGRAM history) only at and past the device's length, which is never
         below kv_len, so the pages below kv_len are final even then."""
+        computed = min(req.kv_len, len(req.all_ids))
         if req.pages:
-            self.cache.insert(req.all_ids, req.pages, min(req.kv_len, len(req.all_ids)))
+            self.cache.insert(req.all_ids, req.pages, computed)
+        if req.track is not None:  # the newest decode-time state, at its node if that is cached
+            at, row = req.track
+            req.track = None
+            node = self.cache.path_end(req.all_ids, min(at, computed))
+            if node.depth * self.pages.page_size == at:
+                self.cache.attach_state(node, row)
+            else:
+                self.cache.free_states.append(row)
         if req.cache_node is not None:
             self.cache.unlock(req.cache_node)
             req.cache_node = None

@@ -55,6 +55,7 @@ class Request:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (SGLang's meta_info field)
     cache_node: object = None  # the prefix-cache node it reads (locked while it runs)
     branch_at: int = 0  # hybrid prefix cache: a prompt chunk ends here so that a snapshot is taken
+    track: tuple | None = None  # hybrid: (length, snapshot row) of its newest decode-time GDN state
     page_keys: tuple | None = None  # ((prefill_target, limit), its prefix-cache page keys), while it waits
 
     # Timing and streaming.

@@ -14,7 +14,8 @@ Each call to `schedule` plans one step. Policy:
 - Pages are allocated at dispatch for exactly the tokens a step writes; when decode needs a page
   and none is free, unused prefix-cache pages are evicted first, then the most recently admitted
   request is retracted (its pages and slot freed, its prompt + outputs re-queued to be prefilled
-  again) instead of failing.
+  again) instead of failing. Unfinished prompts that between them hold the whole pool (none can
+  take its next chunk, nothing decodes) are resolved the same way.
 - Prefix cache (`jspec.cache.radix_cache`, when given; `prefix_reuse.py`): an admitted request
   reuses the cached pages of its longest page-aligned prefix (hybrid targets: up to a GDN state
   snapshot) and prefills from there; at most `prefix_pages_per_step` cached pages are mapped per
@@ -34,6 +35,7 @@ from jspec.cache.radix_cache import RadixCache
 from jspec.models.batch import ForwardMode
 from jspec.runtime.prefix_reuse import PrefixReuse
 from jspec.runtime.request import Request, Status
+from jspec.runtime.step_inputs import TRACKS_PER_STEP
 
 # LPM orders the waiting queue by a tree walk per request each prompt step: beyond this many waiting
 # requests it costs more host time than it saves, and admission falls back to FCFS (as SGLang does).
@@ -63,6 +65,7 @@ class StepPlan:
     page_updates: list[tuple[int, int, int]]  # (slot, page index in the request, page id)
     speculate: bool = True  # a speculative engine's DECODE step: False decodes plainly (runtime.adaptive)
     draft_steps: int = 0  # ... and > 0 drafts that many tokens, fewer than configured (0: as configured)
+    tracks: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # DECODE: (slot, snapshot row)
 
     @property
     def num_tokens(self) -> int:
@@ -78,7 +81,7 @@ class Scheduler:
                  chunked_prefill_size: int, max_extend_requests: int, max_decode_requests: int,
                  enable_mixed_chunk: bool = False, spec_tokens: int = 0, spec_max_accept: int = 0,
                  prefill_ahead: int = 0, radix_cache: RadixCache | None = None, prefix_pages_per_step: int = 0,
-                 schedule_policy: str = "fcfs"):
+                 schedule_policy: str = "fcfs", track_interval: int = 0):
         self.pages, self.slots = pages, slots
         self.max_running = max_running_requests
         self.chunk_budget = chunked_prefill_size
@@ -96,6 +99,9 @@ class Scheduler:
         self.num_mixed_decode_rows = 0
         self.cache = radix_cache
         self.reuse = None if radix_cache is None else PrefixReuse(radix_cache, pages)
+        # Hybrid, plain decode: the GDN state is kept whenever a request's length reaches a multiple
+        # of track_interval (0: never), so what it generated can be reused with its state.
+        self.track_interval = track_interval if radix_cache is not None and radix_cache.stateful else 0
         self.prefix_pages_per_step = prefix_pages_per_step
         self.lpm = schedule_policy == "lpm" and radix_cache is not None
         self.waiting: deque[Request] = deque()
@@ -128,6 +134,13 @@ class Scheduler:
         if decodable:
             self._last_mode = ForwardMode.DECODE
             return self._plan_decode(decodable, inflight)
+        if sum(r.in_prefill for r in self.running) > 1 and len(self.running) > 1:
+            # Only unfinished prompts run, and none can grow: between them they hold the pool (each
+            # fits alone, not all at once). The newest goes back to the queue so the others finish.
+            if inflight:
+                raise NeedSync()
+            self.retract(max(self.running, key=lambda r: r.admit_order))
+            return self.schedule(inflight=inflight)
         return None
 
     def _make_room(self, num_pages: int) -> bool:
@@ -251,7 +264,7 @@ class Scheduler:
             self.retract(victim)
             if not decodable:
                 return None
-        updates, chosen = [], []
+        updates, chosen, tracks = [], [], []
         for req in decodable:
             ok = self._grow(req, self._kv_bound(req), updates)
             assert ok
@@ -261,7 +274,11 @@ class Scheduler:
             else:
                 req.kv_len += 1
                 req.scheduled_outputs += 1
-        return StepPlan(ForwardMode.DECODE, chosen, updates)
+                if self.track_interval and req.kv_len % self.track_interval == 0 and len(tracks) < TRACKS_PER_STEP:
+                    row = self.reuse.track(req)
+                    if row >= 0:
+                        tracks.append((req.slot, row))
+        return StepPlan(ForwardMode.DECODE, chosen, updates, tracks=tracks)
 
     def _kv_bound(self, req: Request) -> int:
         """KV indices the request's next decode step may write: its known length, plus the most its

@@ -111,13 +111,16 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
         last_idx = jnp.maximum(cu[1:] - 1, 0)
         target = nnx.merge(graphdef, params)
         caches = state.caches
-        if bucket.snapshots:  # hybrid prefix cache: a cached GDN state into the slot of a request that reuses it
+        extend_snapshots = bucket.snapshots and bucket.mode is ForwardMode.EXTEND
+        if extend_snapshots:  # hybrid prefix cache: a cached GDN state into the slot of a request that reuses it
             load = x["state_load"]
             caches = copy_state_rows(caches, load, jnp.where(load >= 0, slots, -1))
         out, caches = target(batch, caches, logits_indices=last_idx, capture_layers=capture_layers,
                              all_hidden=all_hidden)
-        if bucket.snapshots:  # ... and the state a chunk ends with into a snapshot row
+        if extend_snapshots:  # ... and the state a chunk ends with into a snapshot row
             caches = copy_state_rows(caches, slots, x["state_save"])
+        elif bucket.snapshots:  # decode: the states of requests whose length reached a tracked boundary
+            caches = copy_state_rows(caches, x["track_src"], x["track_dst"])
 
         # Penalty state: reset on (re)admission, then count this step's prompt / re-fed tokens.
         # Only extend steps admit requests or feed prompts, so decode steps skip these [B, V] scatters.

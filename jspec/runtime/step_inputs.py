@@ -34,6 +34,9 @@ TOKEN_PAD, TOKEN_PROMPT, TOKEN_REFED_OUTPUT, TOKEN_FROM_DEVICE = 0, 1, 2, 3
 
 INT_FIELDS_T = ("input_ids", "positions", "token_kind")
 INT_FIELDS_B = ("seq_lens", "req_slots", "has_initial", "sample_mask", "reset_mask", "out_index", "seeds", "top_k")
+# Decode steps of a hybrid target copy at most this many slots' GDN states into prefix-cache rows
+# (a fixed size: copying a state row per request every step would cost more than the step's reads).
+TRACKS_PER_STEP = 8
 FLOAT_FIELDS_B = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 
 
@@ -68,8 +71,9 @@ class Bucket:
     # shorter chain than configured (0: the configured one).
     speculate: bool = True
     draft_steps: int = 0
-    # A prompt-chunk bucket of a hybrid target with prefix-cache snapshots: it carries the snapshot
-    # rows loaded into / saved from each request's GDN state (`state_load`, `state_save`).
+    # A hybrid target with prefix-cache snapshots: a prompt-chunk bucket carries the snapshot rows
+    # loaded into / saved from each request's GDN state (`state_load`, `state_save` [B]); a plain
+    # decode bucket up to TRACKS_PER_STEP copies of a slot's state into a row (`track_src`, `track_dst`).
     snapshots: bool = False
 
     def fields(self):
@@ -78,8 +82,10 @@ class Bucket:
         out.append(("cu_q_lens", (b + 1,)))
         out += [(name, (b,)) for name in INT_FIELDS_B + FLOAT_FIELDS_B]
         out.append(("page_updates", (u, 3)))
-        if self.snapshots:  # GDN state snapshots of the prefix cache (rows, -1: none)
+        if self.snapshots and self.mode is ForwardMode.EXTEND:  # GDN snapshots (rows, -1: none)
             out += [("state_load", (b,)), ("state_save", (b,))]
+        elif self.snapshots:
+            out += [("track_src", (TRACKS_PER_STEP,)), ("track_dst", (TRACKS_PER_STEP,))]
         if self.next_ids:
             out.append(("next_ids", (t,)))
         return out
@@ -112,6 +118,10 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
     if snapshots:
         f["state_load"][:] = -1
         f["state_save"][:] = -1
+    if "track_dst" in f:
+        f["track_dst"][:] = -1
+        for j, (slot, row) in enumerate(plan.tracks):
+            f["track_src"][j], f["track_dst"][j] = slot, row
     fl["top_p"][:] = 1.0
     fl["repetition_penalty"][:] = 1.0
     t = 0

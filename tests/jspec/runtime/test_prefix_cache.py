@@ -115,6 +115,22 @@ def test_hybrid_snapshots_branch_points_and_exactness(hybrid, hybrid_no_cache):
         check_no_leaks(eng)  # every snapshot row is free again after the flush
 
 
+def test_hybrid_decode_keeps_the_state_of_what_it_generated(hybrid):
+    """With a track interval of 8, decoding past 48 tokens keeps the GDN state there: the next turn
+    of the chat (prompt + reply + a new question) reuses 48 tokens, the reply's included, and
+    answers as it does from scratch."""
+    with Engine(hybrid, page_size=4, mamba_track_interval=6, **SETTINGS) as eng:
+        assert eng.get_server_info()["mamba_track_interval"] == 8  # rounded up to whole pages
+        first = eng.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)  # 40 + 9 tokens
+        follow = PROMPTS[0] + first["output_ids"] + tm.random_ids(5, seed=901)
+        cached = eng.generate(input_ids=follow, sampling_params=GREEDY)
+        assert cached["meta_info"]["cached_tokens"] == 48
+        assert eng.flush_cache()
+        fresh = eng.generate(input_ids=follow, sampling_params=GREEDY)
+        assert fresh["meta_info"]["cached_tokens"] == 0 and fresh["output_ids"] == cached["output_ids"]
+        check_no_leaks(eng)
+
+
 def test_hybrid_with_one_snapshot_row_stays_exact(hybrid, hybrid_no_cache):
     """Snapshots evicted (LRU) at every turn, pages evicted under a small pool: still exact."""
     with Engine(hybrid, page_size=4, max_mamba_cache_size=5, max_total_tokens=4 * 60, **SETTINGS) as eng:

@@ -208,12 +208,16 @@ def test_lpm_admits_the_longest_cached_prefix_first():
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(st.tuples(st.sampled_from(["add", "step", "step", "step", "abort"]), st.integers(0, 2),
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "follow", "step", "step", "step", "abort"]), st.integers(0, 2),
                               st.integers(0, 9), st.integers(1, 6)), max_size=60),
        bigram=st.booleans(), lpm=st.booleans(), hybrid=st.booleans())
 # A prompt's second chunk ends at 12 and snapshots there in the step that admits the next prompt of
 # its group, which must not load that snapshot (written after the step's forward).
 @example(ops=[("add", 0, 0, 1), ("add", 0, 3, 1), ("step", 0, 0, 1), ("step", 0, 0, 1)], bigram=False, lpm=False,
+         hybrid=True)
+# Three unfinished prompts (follow-ups of finished chats) come to hold the whole pool between them.
+@example(ops=[("add", 2, 4, 3), ("add", 2, 6, 3)] + [("add", 0, 0, 1)] * 3 + [("step", 0, 0, 1)] * 5
+         + [("follow", 0, 0, 1)] * 2 + [("step", 0, 0, 1)] * 4 + [("follow", 0, 7, 1)], bigram=False, lpm=True,
          hybrid=True)
 def test_cache_reference_counts_and_page_contents_over_random_sequences(ops, bigram, lpm, hybrid):
     """Requests of three prefix groups, aborts, a pool small enough to evict and retract. After
@@ -229,7 +233,7 @@ def test_cache_reference_counts_and_page_contents_over_random_sequences(ops, big
     cache = RadixCache(pages, bigram=bigram, state_slots=[4, 5] if hybrid else None)
     slot_state: dict[int, list] = {}  # slot or snapshot row -> the tokens its state has absorbed
     sched = Scheduler(pages, SlotAllocator(4), max_running_requests=3, chunked_prefill_size=8, max_extend_requests=4,
-                      max_decode_requests=3, radix_cache=cache, prefix_pages_per_step=8,
+                      max_decode_requests=3, radix_cache=cache, prefix_pages_per_step=8, track_interval=PAGE,
                       schedule_policy="lpm" if lpm else "fcfs")
     content: dict[int, list] = {}  # page -> the token at each offset, as the device would hold it
 
@@ -274,6 +278,8 @@ def test_cache_reference_counts_and_page_contents_over_random_sequences(ops, big
         for s in plan.reqs:  # after it: snapshots
             if s.state_save >= 0:
                 slot_state[s.state_save] = list(slot_state[s.req.slot])
+        for slot, row in plan.tracks:  # decode-time states
+            slot_state[row] = list(slot_state[slot])
         for s in plan.reqs:  # the KV the step writes: the request's token at each position
             for pos in range(s.start, s.start + s.num_tokens):
                 page = s.req.pages[pos // PAGE]
@@ -281,11 +287,18 @@ def test_cache_reference_counts_and_page_contents_over_random_sequences(ops, big
                 content.setdefault(page, [None] * PAGE)[pos % PAGE] = s.req.all_ids[pos]
         apply(sched, plan)
 
-    n = 0
+    made = []
     for op, group, tail, max_new in ops:
-        if op == "add":
-            sched.add(grouped_request(str(n), group, 12, tail, max_new))
-            n += 1
+        # A chat short enough for its next turn to fit the pool, finished with all its tokens.
+        done = [r for r in made if r.finished and r.finish_reason["type"] == "length" and len(r.all_ids) <= 30]
+        if op == "add" or (op == "follow" and not done):
+            made.append(grouped_request(str(len(made)), group, 12, tail, max_new))
+            sched.add(made[-1])
+        elif op == "follow":  # the next turn of a finished chat: its prompt and reply, then more
+            base, n = done[(group + tail) % len(done)], len(made)
+            made.append(Request(rid=str(n), input_ids=base.all_ids + [6000 + n * 10 + i for i in range(tail + 1)],
+                                sampling=SamplingParams(max_new_tokens=max_new), seed=0))
+            sched.add(made[-1])
         elif op == "abort" and (sched.running or sched.waiting):
             victims = list(sched.running) + list(sched.waiting)
             sched.finish(victims[(group + tail) % len(victims)], {"type": "abort"})
