@@ -59,11 +59,6 @@ class PrefixMatch:
     state: int | None = None
     branch: int = 0
 
-    def ancestor(self, node: _Node) -> PrefixMatch:
-        """The same match cut at `node`, one of its nodes."""
-        ps = self.num_tokens // max(len(self.pages), 1)
-        return PrefixMatch(self.pages[:node.depth], ps * node.depth, node, node.state, self.branch)
-
 
 class RadixCache:
     def __init__(self, pages: PageAllocator, *, bigram: bool = False, state_slots: list[int] | None = None):
@@ -118,8 +113,11 @@ class RadixCache:
                 usable = child
         if not self.stateful:
             return PrefixMatch(pages, len(pages) * self.page_size, node)
-        n = usable.depth
-        return PrefixMatch(pages[:n], n * self.page_size, usable, usable.state, len(pages) * self.page_size)
+        return self._cut(pages, usable, branch=len(pages) * self.page_size)
+
+    def _cut(self, pages: list[int], node: _Node, branch: int) -> PrefixMatch:
+        """The match of `pages` ended at `node`, one of their nodes."""
+        return PrefixMatch(pages[:node.depth], node.depth * self.page_size, node, node.state, branch)
 
     def path_end(self, token_ids, max_tokens: int) -> _Node:
         """The deepest node along token_ids (at most max_tokens), whatever its snapshots."""
@@ -137,7 +135,7 @@ class RadixCache:
         node = match.node
         while node.depth > num_pages or (self.stateful and node.parent is not None and not self._loadable(node)):
             node = node.parent
-        return match.ancestor(node)
+        return self._cut(match.pages, node, match.branch)
 
     def _loadable(self, node: _Node) -> bool:
         return node.state is not None and node not in self.fresh
@@ -237,11 +235,15 @@ class RadixCache:
             self._drop_state(min(victims, key=lambda n: n.last_access))
         return self.free_states.pop()
 
+    def release_state(self, row: int) -> None:
+        """A snapshot row that no node holds goes back to the free rows."""
+        self.free_states.append(row)
+
     def attach_state(self, node: _Node, row: int) -> bool:
         """Give `node` the snapshot that the step being planned writes into `row`; False (row
         freed) when the node has one already or is the root."""
         if node.parent is None or node.state is not None:
-            self.free_states.append(row)
+            self.release_state(row)
             return False
         node.state = row
         self.stateful_nodes.add(node)
@@ -250,7 +252,7 @@ class RadixCache:
 
     def _drop_state(self, node: _Node) -> None:
         if node.state is not None:
-            self.free_states.append(node.state)
+            self.release_state(node.state)
             node.state = None
             self.stateful_nodes.discard(node)
             self.fresh.discard(node)

@@ -62,26 +62,19 @@ class PrefixReuse:
         req.cached_tokens = max(req.cached_tokens, match.num_tokens)
         req.cache_node = match.node
 
-    def chunk_dispatched(self, req: Request) -> None:
-        """A prompt chunk was planned: its full pages join the tree; the request locks the deepest
-        node it now reads."""
-        if req.spec_inflight:
-            return
-        self.cache.insert(req.all_ids, req.pages, req.kv_len)
-        node = self.cache.path_end(req.all_ids, req.kv_len)
-        self.cache.lock(node)
-        if req.cache_node is not None:
-            self.cache.unlock(req.cache_node)
-        req.cache_node = node
-
-    def snapshot(self, req: Request) -> int:
-        """Hybrid: the snapshot row the state at the end of the chunk just planned goes to, or -1.
-        Taken where the chunk ends on a page boundary whose node (just cached) has none yet."""
-        cache, end, ps = self.cache, req.kv_len, self.pages.page_size
-        if not cache.stateful or end % ps:
-            return -1
+    def chunk_dispatched(self, req: Request) -> int:
+        """A prompt chunk was planned (the request's kv_len now ends it): its full pages join the
+        tree and the request locks the deepest node it now reads. Returns the snapshot row the
+        state at the chunk's end goes to (hybrid: where it ends on a page boundary whose node has
+        none yet), or -1."""
+        cache, end = self.cache, req.kv_len
+        cache.insert(req.all_ids, req.pages, end)
         node = cache.path_end(req.all_ids, end)
-        if node.depth * ps != end or node.state is not None:
+        cache.lock(node)
+        if req.cache_node is not None:
+            cache.unlock(req.cache_node)
+        req.cache_node = node
+        if not cache.stateful or node.depth * self.pages.page_size != end or node.state is not None:
             return -1
         row = cache.alloc_state()
         if row is None:
@@ -98,7 +91,7 @@ class PrefixReuse:
         if row is None:
             return -1
         if req.track is not None:
-            self.cache.free_states.append(req.track[1])
+            self.cache.release_state(req.track[1])
         req.track = (req.kv_len, row)
         return row
 
@@ -117,7 +110,7 @@ class PrefixReuse:
             if node.depth * self.pages.page_size == at:
                 self.cache.attach_state(node, row)
             else:
-                self.cache.free_states.append(row)
+                self.cache.release_state(row)
         if req.cache_node is not None:
             self.cache.unlock(req.cache_node)
             req.cache_node = None

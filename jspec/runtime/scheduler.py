@@ -38,7 +38,7 @@ from jspec.runtime.request import Request, Status
 from jspec.runtime.step_inputs import TRACKS_PER_STEP
 
 # LPM orders the waiting queue by a tree walk per request each prompt step: beyond this many waiting
-# requests it costs more host time than it saves, and admission falls back to FCFS (as SGLang does).
+# requests admission falls back to FCFS (SGLang's cutoff), which bounds that host time.
 LPM_MAX_WAITING = 128
 
 
@@ -134,7 +134,7 @@ class Scheduler:
         if decodable:
             self._last_mode = ForwardMode.DECODE
             return self._plan_decode(decodable, inflight)
-        if sum(r.in_prefill for r in self.running) > 1 and len(self.running) > 1:
+        if sum(r.in_prefill for r in self.running) > 1:
             # Only unfinished prompts run, and none can grow: between them they hold the pool (each
             # fits alone, not all at once). The newest goes back to the queue so the others finish.
             if inflight:
@@ -170,13 +170,12 @@ class Scheduler:
         if n <= 0 or not self._grow(req, start + n + (self.prefill_ahead if sample else 0), updates):
             return None
         req.kv_len += n
-        if self.reuse is not None:
-            self.reuse.chunk_dispatched(req)
+        save = -1 if self.reuse is None else self.reuse.chunk_dispatched(req)
         out_index = req.scheduled_outputs
         if sample:
             req.scheduled_outputs += 1
         return ScheduledReq(req, start, req.all_ids[start:start + n], sample, reset, out_index,
-                            state_load=load, state_save=-1 if self.reuse is None else self.reuse.snapshot(req))
+                            state_load=load, state_save=save)
 
     def _plan_extend(self, decodable: list[Request]) -> StepPlan | None:
         budget, updates, chosen = self.chunk_budget, [], []

@@ -34,8 +34,9 @@ TOKEN_PAD, TOKEN_PROMPT, TOKEN_REFED_OUTPUT, TOKEN_FROM_DEVICE = 0, 1, 2, 3
 
 INT_FIELDS_T = ("input_ids", "positions", "token_kind")
 INT_FIELDS_B = ("seq_lens", "req_slots", "has_initial", "sample_mask", "reset_mask", "out_index", "seeds", "top_k")
-# Decode steps of a hybrid target copy at most this many slots' GDN states into prefix-cache rows
-# (a fixed size: copying a state row per request every step would cost more than the step's reads).
+# Decode steps of a hybrid target copy at most this many slots' GDN states into prefix-cache rows: a
+# fixed size, since the copy gathers that many state rows per GDN layer every step (one per request
+# would move the whole batch's state).
 TRACKS_PER_STEP = 4
 FLOAT_FIELDS_B = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 

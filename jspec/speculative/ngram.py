@@ -5,8 +5,9 @@ The token history lives on the device in pages beside the KV (`spec_state["histo
 `[num_pages, page_size]`: the token at every KV index, written by prefill and by each speculative
 step, read through the request's page-table row as `[H]`), so a step drafts from tokens the host has
 not read yet, the overlapped loop (spec v2) works for NGRAM as for the model drafters, and a request
-that reuses cached pages finds their tokens there. Matching is a dense compare of the suffix against every earlier window, O(H x max_window)
-per request and step: element-wise work that XLA fuses, far below the cost of the verify forward.
+that reuses cached pages finds their tokens there. Matching is a dense compare of the suffix against
+every earlier window, O(H x max_window) per request and step: element-wise work that XLA fuses, far
+below the cost of the verify forward.
 
 Semantics (the host reference in tests/jspec/speculative/test_spec_ngram.py): with the newest token at index L, for n
 from min(max_window, L + 1) down to min_window, the candidate windows end at e in [n - 1, L - 1]; the
@@ -18,6 +19,8 @@ only a guess: verification decides, so a wrong guess costs acceptance, never cor
 from __future__ import annotations
 
 import jax.numpy as jnp
+
+from jspec.runtime.step_inputs import kv_slots
 
 
 def propose(history, last_index, num_tokens: int, min_window: int, max_window: int):
@@ -58,11 +61,6 @@ def write_tokens(history, kv_index, tokens):
 
 def write(history, page_table, valid, start, tokens):
     """The paged history with `tokens` `[B, T]` written at positions start .. start + T - 1 of each
-    valid request (positions past its page-table row, and padding rows, are dropped)."""
-    ps = history.shape[1]
-    t = tokens.shape[1]
-    pos = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
-    width = page_table.shape[1] * ps
-    page = jnp.take_along_axis(page_table, jnp.minimum(pos, width - 1) // ps, axis=1)
-    at = jnp.where(valid[:, None] & (pos < width), page * ps + pos % ps, -1)
+    valid request, through its page-table row as the KV is (padding rows are dropped)."""
+    at = kv_slots(page_table, start, tokens.shape[1], history.shape[1], valid)
     return write_tokens(history, at.reshape(-1), tokens.reshape(-1))
