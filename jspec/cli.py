@@ -1,4 +1,4 @@
-"""Command line: `jspec demo | generate | convert | inspect | make-random | bench | train`."""
+"""Command line: `jspec demo | generate | serve | convert | inspect | make-random | bench | train`."""
 
 from __future__ import annotations
 
@@ -165,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     r.set_defaults(func=_cmd_make_random)
+
+    from jspec.server.launch import add_serve_parser
+
+    add_serve_parser(sub)  # `jspec serve`: the HTTP server (FastAPI and uvicorn imported when it starts)
 
     from jspec.bench.cli import add_bench_parser
 

@@ -43,7 +43,8 @@ def _on_off(text: str) -> bool:
     return text == "on"
 
 
-def _add_engine_flags(p) -> None:
+def add_engine_flags(p) -> None:
+    """The engine's settings as flags (also `jspec serve`'s)."""
     g = p.add_argument_group("engine (as `jspec generate` / SGLang server arguments)")
     g.add_argument("--model-path", required=True,
                    help="HF or orbax checkpoint directory, or random:PRESET (e.g. random:qwen3-8b) for random weights")
@@ -79,6 +80,16 @@ def _add_engine_flags(p) -> None:
     g.add_argument("--speculative-disable-by-batch-size", type=int,
                    help="never speculate with this many running requests or more")
     g.add_argument("--quiet", action="store_true", help="no compile progress bar")
+
+
+def add_speculative_flags(p) -> None:
+    """One speculative setting per flag (also `jspec serve`'s)."""
+    p.add_argument("--speculative-algorithm", type=_algorithm)
+    p.add_argument("--speculative-num-steps", type=int)
+    p.add_argument("--speculative-eagle-topk", type=int)
+    p.add_argument("--speculative-num-draft-tokens", type=int)
+    p.add_argument("--speculative-simulate-accept-length", type=float,
+                   help="accept this many tokens per verify on average (untrained drafters)")
 
 
 def _add_workload_flags(p) -> None:
@@ -117,21 +128,19 @@ def add_bench_parser(sub) -> None:
     bsub = b.add_subparsers(dest="bench_command", required=True)
 
     s = bsub.add_parser("serve", help="one workload through the in-process engine (SGLang bench_serving)")
-    _add_engine_flags(s)
+    add_engine_flags(s)
     _add_workload_flags(s)
     s.add_argument("--max-concurrency", type=int, help="at most this many requests in flight")
     s.add_argument("--disable-overlap-schedule", action="store_true")
-    s.add_argument("--speculative-algorithm", type=_algorithm)
-    s.add_argument("--speculative-num-steps", type=int)
-    s.add_argument("--speculative-eagle-topk", type=int)
-    s.add_argument("--speculative-num-draft-tokens", type=int)
-    s.add_argument("--speculative-simulate-accept-length", type=float,
-                   help="accept this many tokens per verify on average (untrained drafters)")
+    add_speculative_flags(s)
+    s.add_argument("--backend", choices=("engine", "http"), default="engine",
+                   help="engine: an Engine in this process (default); http: a running `jspec serve` at --base-url")
+    s.add_argument("--base-url", help="with --backend http: the server, e.g. http://127.0.0.1:30000")
     s.add_argument("--output-file", help="JSONL to append to (default jspec_serve_MMDD_<dataset>.jsonl)")
     s.set_defaults(func=_cmd_serve, _parser=s)
 
     w = bsub.add_parser("sweep", help="grid of speculative settings x max concurrency, speedup table")
-    _add_engine_flags(w)
+    add_engine_flags(w)
     _add_workload_flags(w)
     w.add_argument("--speculative-algorithm-list", type=_list(_algorithm, "algorithms"), default=[None],
                    help="e.g. none,EAGLE3; the no-speculation baseline always runs")
@@ -193,8 +202,33 @@ def validate(args) -> None:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive ints, got {getattr(args, flag)}")
 
 
+# `jspec bench serve` flags that configure an engine: with --backend http the server's settings apply.
+_ENGINE_ONLY = ("dtype", "page_size", "max_running_requests", "max_total_tokens", "context_length",
+                "chunked_prefill_size", "mem_fraction_static", "tp_size", "ep_size", "disable_radix_cache",
+                "max_mamba_cache_size", "mamba_track_interval", "schedule_policy", "cuda_graph_bs",
+                "prefill_token_buckets", "compilation_cache_dir", "enable_mixed_chunk", "skip_tokenizer_init",
+                "speculative_draft_model_path", "disable_top_k_top_p", "speculative_adaptive",
+                "speculative_disable_by_batch_size", "disable_overlap_schedule", "speculative_algorithm",
+                "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+                "speculative_simulate_accept_length")
+
+
+def _validate_backend(args) -> None:
+    if args.backend != "http":
+        if args.base_url is not None:
+            raise ConfigError("--base-url needs --backend http")
+        return
+    if not args.base_url:
+        raise ConfigError("--backend http needs --base-url (the running `jspec serve`)")
+    for dest in _ENGINE_ONLY:
+        if getattr(args, dest) != args._parser.get_default(dest):
+            raise ConfigError(f"--{dest.replace('_', '-')}: an engine setting; with --backend http the server's "
+                              "own settings apply (set it on `jspec serve`)")
+
+
 def _validate_serve(args) -> None:
     validate(args)
+    _validate_backend(args)
     knobs = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
              "speculative_simulate_accept_length", "speculative_draft_model_path")
     given = [k for k in knobs if getattr(args, k) is not None]

@@ -152,16 +152,25 @@ def with_draft(kw: dict, model, args) -> dict:
 
 
 def run_serve(args, command: str) -> dict:
-    from jspec.api import Engine
-
     env = environment()
-    kw = {**engine_kwargs(args), **spec_kwargs(args)}
-    model = open_model(args)
-    engine = Engine(model, **with_draft(kw, model, args))
-    try:
-        rec = measure(engine, args, kw, env, command)
-    finally:
-        engine.shutdown()
+    if getattr(args, "backend", "engine") == "http":
+        from jspec.bench.http_client import HttpEngine
+
+        # The server's own settings go on record: this run set none of them.
+        server = HttpEngine(args.base_url, tokenizer_path=args.model_path)
+        info = server.get_server_info()
+        kw = {k: info[k] for k in ("model_path", *ENGINE_FLAGS, *SPEC_KEYS) if info.get(k) is not None}
+        rec = measure(server, args, kw, env, command, backend="http", base_url=args.base_url)
+    else:
+        from jspec.api import Engine
+
+        kw = {**engine_kwargs(args), **spec_kwargs(args)}
+        model = open_model(args)
+        engine = Engine(model, **with_draft(kw, model, args))
+        try:
+            rec = measure(engine, args, kw, env, command, backend="engine")
+        finally:
+            engine.shutdown()
     append_jsonl(args.output_file, [rec])
     print(serve_table(rec))
     print(f"record appended to {args.output_file}")
