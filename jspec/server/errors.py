@@ -9,6 +9,7 @@ message. `param` names the request field at fault, in the caller's vocabulary: t
 
 from __future__ import annotations
 
+import logging
 import re
 
 from fastapi import Request
@@ -17,6 +18,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jspec.errors import InvalidRequestError
+
+logger = logging.getLogger("jspec.server")
 
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
                500: "internal_server_error", 503: "service_unavailable"}
@@ -118,16 +121,38 @@ async def _http_handler(request: Request, exc: StarletteHTTPException) -> JSONRe
     return error_response(exc.status_code, str(exc.detail))
 
 
-async def _internal_handler(request: Request, exc: Exception) -> JSONResponse:
-    # One request failed; the server (and the engine) serve on. Starlette re-raises the exception
-    # after this answer is sent, so uvicorn logs its traceback.
-    return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+class InternalErrors:
+    """ASGI middleware: an exception a route did not expect becomes a 500 with an OpenAI-style body
+    for that request only (the traceback goes to the log); the server and the engine go on.
+    Unlike an `Exception` handler, which Starlette calls and then re-raises (uvicorn then drops the
+    connection under the client), the exception stops here."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def send_tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as exc:  # noqa: BLE001 - one request fails, not the server
+            logger.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
+            if not started:  # else the response is under way: nothing to add to it
+                await error_response(500, f"internal error: {type(exc).__name__}: {exc}")(scope, receive, send)
 
 
 def install(app) -> None:
-    """Route every failure of app to an OpenAI-style body (400 instead of FastAPI's 422)."""
+    """Route every failure of app to an OpenAI-style body (400 instead of FastAPI's 422). Call it
+    before adding other middleware: this one must be the innermost."""
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(RequestError, _request_error_handler)
     app.add_exception_handler(InvalidRequestError, _engine_error_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
-    app.add_exception_handler(Exception, _internal_handler)
+    app.add_middleware(InternalErrors)
