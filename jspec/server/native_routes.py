@@ -41,7 +41,7 @@ async def generate(body: GenerateRequest, request: Request):
             if batch or isinstance(body.rid, list):
                 raise RequestError("stream: streaming takes one prompt at a time", "stream")
             streams = st.bridge.open_streams([{**kw, "rid": body.rid}])
-            return event_stream(_stream(st, streams))
+            return event_stream(_stream(st, streams), streams, st.bridge)
         size = len(body.text if body.text is not None else body.input_ids) if batch else 0
         rid = body.rid or ([new_rid() for _ in range(size)] if batch else new_rid())
         out = await st.bridge.generate(request, rid=rid, **kw)

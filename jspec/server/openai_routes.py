@@ -114,7 +114,7 @@ async def _answer(st: ServerState, request: Request, body, prompts: list[list[in
         raise from_engine(e, names, flat_sampling=True) from None
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     if body.stream:
-        return event_stream(_stream(st, streams, responder, body.n, include_usage))
+        return event_stream(_stream(st, streams, responder, body.n, include_usage), streams, st.bridge)
     for o in outs:
         message = oa.abort_message(o["meta_info"])
         if message is not None:

@@ -55,7 +55,26 @@ def sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def event_stream(events) -> StreamingResponse:
-    # no-cache / no buffering: proxies must pass each event on as it comes.
-    return StreamingResponse(events, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+class EventStream(StreamingResponse):
+    """Server-sent events; on_close runs however the response ends. The events' own generator
+    aborts its requests when it is closed, but one that never started (the client left, or the
+    server shut down, before the first event) runs no code at all: on_close covers that case."""
+
+    def __init__(self, events, on_close=None):
+        # no-cache / no buffering: proxies must pass each event on as it comes.
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.on_close is not None:
+                self.on_close()
+
+
+def event_stream(events, streams, bridge: EngineBridge) -> EventStream:
+    """The response streaming events of streams (whose requests are aborted if it ends early:
+    aborting a finished request does nothing)."""
+    return EventStream(events, on_close=lambda: bridge.abort(streams.rids))

@@ -5,7 +5,7 @@ Why not the engine's own streamed pieces: a piece may end in the first character
 (`stop=["\\n\\n"]`, a piece ending in one "\\n"); once the stop completes, the final text is cut
 before it, and text already sent cannot be taken back. So this tracker decodes the tokens itself,
 with the engine's incremental detokenizer and stop search called the way the engine calls them
-(token by token, so it finds the same stop at the same place), holds back any tail that could
+(token by token when stop strings are set, so it finds the same stop at the same place), holds back any tail that could
 still grow into a stop string, and at the end produces the engine's final text: the text cut at
 the stop string, or the whole output decoded (`Engine.generate`'s rule).
 """
@@ -40,6 +40,12 @@ class StreamText:
         self.text = ""
 
     def add(self, new_ids) -> None:
+        if not self.stops:
+            # Nothing can cut the text: one detokenizer step per chunk (the final text is the whole
+            # output decoded anyway), which saves per-token work in speculative chunks.
+            self.ids.extend(int(t) for t in new_ids)
+            self.detok.step(self.state, self.ids, self.skip)
+            return
         for tok in new_ids:
             self.ids.append(int(tok))
             if self.stop_end is not None:

@@ -158,3 +158,27 @@ def test_logprobs_formats(tokenizer):
 def test_command_line_errors_name_the_flag(argv, flag, capsys):
     assert main(argv) == 2
     assert flag in capsys.readouterr().err
+
+
+def test_an_event_stream_left_before_its_first_event_still_closes():
+    """The client is gone before the first event is sent: the events' generator never starts (its
+    own cleanup never runs), and on_close (the abort of its requests) runs all the same."""
+    import asyncio
+
+    from jspec.server.state import EventStream
+
+    started, closed = [], []
+
+    async def events():
+        started.append(True)
+        yield "data: x\n\n"
+
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        await asyncio.sleep(5)  # a slow client: the disconnect wins
+
+    scope = {"type": "http", "asgi": {"spec_version": "2.3"}}
+    asyncio.run(asyncio.wait_for(EventStream(events(), on_close=lambda: closed.append(True))(scope, receive, send), 10))
+    assert closed == [True] and started == []
