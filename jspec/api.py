@@ -121,9 +121,7 @@ class Engine:
                                    prefill_ahead=0 if drafting is None else drafting.prefill_ahead,
                                    radix_cache=self.radix_cache, prefix_pages_per_step=cfg.prefix_pages_per_step,
                                    schedule_policy=cfg.schedule_policy,
-                                   # decode-time GDN states: plain decode steps only (speculative ones
-                                   # accept a varying number of tokens and copy none)
-                                   track_interval=cfg.mamba_track_interval if self.spec is None else 0)
+                                   track_interval=cfg.mamba_track_interval)
         self.core = EngineCore(self.runner, self.scheduler, tokenizer=self.tokenizer,
                                eos_token_ids=self.eos_token_ids, overlap=self.overlap, policy=self.policy)
         self.limits = RequestLimits(vocab_size=self.config.vocab_size, context_length=cfg.context_length,

@@ -61,7 +61,7 @@ class EngineConfig:
     disable_radix_cache: bool = False  # the prefix cache (on where supported, see radix_cache_enabled)
     schedule_policy: str = "fcfs"  # admission order: "fcfs" or "lpm" (longest cached prefix first)
     max_mamba_cache_size: int | None = None  # hybrid: GDN state rows, running requests + cached snapshots
-    mamba_track_interval: int = 256  # hybrid, no speculation: decode keeps the GDN state every this many tokens
+    mamba_track_interval: int = 256  # hybrid: decode keeps the GDN state every this many tokens
 
     @property
     def max_extend_requests(self) -> int:

@@ -474,6 +474,18 @@ def bench_decode(res, sweep):
 
     out["commit_ms"] = time_commit(gdn.commit)
     out["xla_commit_ms"] = time_commit(ref.commit)
+    # The same commit also storing a path node's state in a prefix-cache snapshot row for every
+    # request (the hybrid cache's decode-time tracks; rows of another slot set, so none is committed).
+    track_node = jnp.where(accepted > 0, accepted - 1, 0)
+    f = jax.jit(gdn.commit, donate_argnums=(0, 1))
+    out["commit_tracked_ms"], _ = time_calls(
+        lambda pools, i: f(*pools, cscratch, kv_, vv, gv, bv_, slot_sets[i % rot], path, accepted, track_node,
+                           slot_sets[(i + 1) % rot]), (pool0 + 0, cpool0 + 0), calls=30)
+    if os.path.exists(os.path.join(os.path.dirname(__file__), "gdn_commit_before.py")):
+        # A probe: the commit kernel as it was before tracking (a copy placed beside this file).
+        sys.path.insert(0, os.path.dirname(__file__))
+        from gdn_commit_before import commit as commit_before
+        out["commit_before_tracking_ms"] = time_commit(commit_before)
     out["commit_TBps"] = 2 * (state_bytes + batch * CONV_C * (CONV_K - 1) * 2) / out["commit_ms"] / 1e9
     # What a speculative step pays per GDN layer for the recurrent state, against one decode step.
     out["verify_plus_commit_over_decode"] = (out["verify_ms"] + out["commit_ms"]) / out["decode_ms"]

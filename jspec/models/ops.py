@@ -175,12 +175,14 @@ def gated_delta_rule_verify(q, k, v, g, beta, state_pool, slots, parents, *, tp:
     return run(q, k, v, g, beta, state_pool, slots, parents)
 
 
-def gdn_commit(state_pool, conv_pool, conv_scratch, replay, slots, path, accepted, *, tp: int = 1):
-    """replay: the verified tokens' (k, v, g, beta); path `[B, N]`: `gdn_ref.accepted_path`."""
+def gdn_commit(state_pool, conv_pool, conv_scratch, replay, slots, path, accepted, track_node, track_dst, *,
+               tp: int = 1):
+    """replay: the verified tokens' (k, v, g, beta); path `[B, N]`: `gdn_ref.accepted_path`;
+    track_node / track_dst `[B]`: a path node whose state also goes to a snapshot row (-1: none)."""
     fn, kw = _pick("gdn", "commit", gdn_ref.commit)
-    in_specs = (_SSM, _TOK3, P(None, None, TP, None), _TOK3, _TOK3, _TOK2, _TOK2, _R, _R, _R)
+    in_specs = (_SSM, _TOK3, P(None, None, TP, None), _TOK3, _TOK3, _TOK2, _TOK2, _R, _R, _R, _R, _R)
     run = _per_device(lambda *a: fn(*a, **kw), tp, in_specs, (_SSM, _TOK3))
-    return run(state_pool, conv_pool, conv_scratch, *replay, slots, path, accepted)
+    return run(state_pool, conv_pool, conv_scratch, *replay, slots, path, accepted, track_node, track_dst)
 
 
 # ----------------------------------------------------------------------------- mixture of experts

@@ -76,6 +76,9 @@ class EngineCore:
 
     def step(self) -> None:
         if self.flush_waiters:
+            if self.pending is not None and not self.inbox and not self.sched.has_work():
+                self._process(self.pending)  # a step left in flight after the last finish: idle once read
+                self.pending = None
             self._answer_flushes()
         with self.lock:
             while self.inbox:
@@ -186,10 +189,10 @@ class EngineCore:
                 reason = self._stop_reason(req, int(tok))
                 if reason is not None:
                     break
+            self.sched.accepted(req, count)  # the KV below the new length is final, also past a stop
             if reason is not None:
                 self._finish(req, reason)
                 continue
-            req.kv_len += count
             req.scheduled_outputs = len(req.output_ids)
             if req.stream_queue is not None:
                 req.stream_queue.put(False)

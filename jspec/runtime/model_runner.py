@@ -73,7 +73,8 @@ class ModelRunner:
                 for speculate, steps in variants:
                     self.buckets.append(Bucket(ForwardMode.DECODE, b, b, b * updates_per_req, sort=sort,
                                                speculate=speculate, draft_steps=steps,
-                                               snapshots=layout.num_snapshots > 0 and drafting is None))
+                                               snapshots=layout.num_snapshots > 0,
+                                               commit_tracks=drafting is not None))
         ahead_pages = 0 if drafting is None else _pages(drafting.prefill_ahead, page_size)
         for t in sorted(set(extend_token_sizes)):
             b = min(t, max_extend_requests)

@@ -95,6 +95,33 @@ class PrefixReuse:
         req.track = (req.kv_len, row)
         return row
 
+    def spec_track(self, req: Request, interval: int, max_accept: int) -> tuple[int, int] | None:
+        """Hybrid, speculative decode: (boundary, row) for this step. The device copies the state at
+        the request's next multiple of `interval` into the row in the step whose accepted run passes
+        it (the step's steps before it may accept up to max_accept tokens each, unknown here). A
+        pending track is taken only while no step in flight can have passed its boundary, and then
+        rides on every step until `spec_tracked` sees the length pass it, so exactly one step fills it."""
+        if req.track_pending is None:
+            boundary = (req.kv_len // interval + 1) * interval
+            reached = req.kv_len + req.spec_inflight * max_accept  # the most its steps in flight reach
+            if reached >= boundary or reached + max_accept < boundary:
+                return None
+            row = self.cache.alloc_state()
+            if row is None:
+                return None
+            req.track_pending = (boundary, row)
+        return req.track_pending
+
+    def spec_tracked(self, req: Request) -> None:
+        """A speculative step's results were read: a pending track whose boundary the request's
+        known length passed holds that state now and becomes its newest (the older one's row goes)."""
+        pending = req.track_pending
+        if pending is not None and req.kv_len >= pending[0]:
+            req.track_pending = None
+            if req.track is not None:
+                self.cache.release_state(req.track[1])
+            req.track = pending
+
     def release(self, req: Request) -> None:
         """The request ends (finish, abort, retraction): the full pages of what it computed join the
         tree, and its lock goes. Only KV below the known length: a speculative step in flight writes
@@ -103,6 +130,10 @@ class PrefixReuse:
         computed = min(req.kv_len, len(req.all_ids))
         if req.pages:
             self.cache.insert(req.all_ids, req.pages, computed)
+        self.spec_tracked(req)
+        if req.track_pending is not None:  # not reached: a step in flight may still fill it, unread
+            self.cache.release_state(req.track_pending[1])
+            req.track_pending = None
         if req.track is not None:  # the newest decode-time state, at its node if that is cached
             at, row = req.track
             req.track = None

@@ -56,6 +56,7 @@ class Request:
     cache_node: object = None  # the prefix-cache node it reads (locked while it runs)
     branch_at: int = 0  # hybrid prefix cache: a prompt chunk ends here so that a snapshot is taken
     track: tuple | None = None  # hybrid: (length, snapshot row) of its newest decode-time GDN state
+    track_pending: tuple | None = None  # ... speculative: (boundary, row) a step in flight may fill
     page_keys: tuple | None = None  # ((prefill_target, limit), its prefix-cache page keys), while it waits
 
     # Timing and streaming.

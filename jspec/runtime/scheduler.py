@@ -52,6 +52,7 @@ class ScheduledReq:
     output_index: int  # index of the sampled token in the request's output
     state_load: int = -1  # hybrid prefix cache: the snapshot row copied into the slot before the step
     state_save: int = -1  # ... and the row the slot's state is copied to after it (a snapshot)
+    track: tuple[int, int] | None = None  # speculative DECODE: (boundary length, snapshot row) to fill if passed
 
     @property
     def num_tokens(self) -> int:
@@ -99,8 +100,8 @@ class Scheduler:
         self.num_mixed_decode_rows = 0
         self.cache = radix_cache
         self.reuse = None if radix_cache is None else PrefixReuse(radix_cache, pages)
-        # Hybrid, plain decode: the GDN state is kept whenever a request's length reaches a multiple
-        # of track_interval (0: never), so what it generated can be reused with its state.
+        # Hybrid: the GDN state is kept whenever a request's length reaches a multiple of
+        # track_interval (0: never), so what it generated can be reused with its state.
         self.track_interval = track_interval if radix_cache is not None and radix_cache.stateful else 0
         self.prefix_pages_per_step = prefix_pages_per_step
         self.lpm = schedule_policy == "lpm" and radix_cache is not None
@@ -269,6 +270,8 @@ class Scheduler:
             assert ok
             chosen.append(ScheduledReq(req, req.kv_len, None, True, False, req.scheduled_outputs))
             if self.spec_tokens:
+                if self.track_interval:
+                    chosen[-1].track = self.reuse.spec_track(req, self.track_interval, self.spec_max_accept)
                 req.spec_inflight += 1  # its length is known again when this step is processed
             else:
                 req.kv_len += 1
@@ -278,6 +281,13 @@ class Scheduler:
                     if row >= 0:
                         tracks.append((req.slot, row))
         return StepPlan(ForwardMode.DECODE, chosen, updates, tracks=tracks)
+
+    def accepted(self, req: Request, count: int) -> None:
+        """A speculative step's results for `req` were read: its known KV length moves by `count`
+        (the accepted drafts and the last input; the bonus is the next input)."""
+        req.kv_len += count
+        if self.track_interval:
+            self.reuse.spec_tracked(req)
 
     def _kv_bound(self, req: Request) -> int:
         """KV indices the request's next decode step may write: its known length, plus the most its

@@ -74,8 +74,11 @@ class Bucket:
     draft_steps: int = 0
     # A hybrid target with prefix-cache snapshots: a prompt-chunk bucket carries the snapshot rows
     # loaded into / saved from each request's GDN state (`state_load`, `state_save` [B]); a plain
-    # decode bucket up to TRACKS_PER_STEP copies of a slot's state into a row (`track_src`, `track_dst`).
+    # decode bucket up to TRACKS_PER_STEP copies of a slot's state into a row (`track_src`, `track_dst`);
+    # a speculative engine's decode bucket (commit_tracks) each row's boundary length and snapshot row
+    # (`track_at`, `track_dst` [B]), which the GDN commit fills if the accepted run passes that length.
     snapshots: bool = False
+    commit_tracks: bool = False
 
     def fields(self):
         t, b, u = self.num_tokens, self.batch_size, self.num_page_updates
@@ -85,6 +88,8 @@ class Bucket:
         out.append(("page_updates", (u, 3)))
         if self.snapshots and self.mode is ForwardMode.EXTEND:  # GDN snapshots (rows, -1: none)
             out += [("state_load", (b,)), ("state_save", (b,))]
+        elif self.snapshots and self.commit_tracks:
+            out += [("track_at", (b,)), ("track_dst", (b,))]
         elif self.snapshots:
             out += [("track_src", (TRACKS_PER_STEP,)), ("track_dst", (TRACKS_PER_STEP,))]
         if self.next_ids:
@@ -121,6 +126,7 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
         f["state_save"][:] = -1
     if "track_dst" in f:
         f["track_dst"][:] = -1
+    if "track_src" in f:
         for j, (slot, row) in enumerate(plan.tracks):
             f["track_src"][j], f["track_dst"][j] = slot, row
     fl["top_p"][:] = 1.0
@@ -151,6 +157,8 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
         if snapshots:
             f["state_load"][i] = s.state_load
             f["state_save"][i] = s.state_save
+        if "track_at" in f and s.track is not None:
+            f["track_at"][i], f["track_dst"][i] = s.track
         fl["temperature"][i] = 0.0 if sp.is_greedy else sp.temperature
         fl["top_p"][i] = sp.top_p
         fl["min_p"][i] = sp.min_p

@@ -121,7 +121,23 @@ def accept_chain(c: SpecStep, *, q=None, simulate_accept_length: float | None = 
                                         sort=c.bucket.sort)
     c.kept = c.drafts
     c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, c.n, -1),
-                                tp=c.target.tp_size)
+                             track=snapshot_track(c), tp=c.target.tp_size)
+
+
+def snapshot_track(c: SpecStep, path=None):
+    """Hybrid prefix cache: (node, row) `[B]` for `verify.commit`, the accepted-path node whose
+    state covers exactly `track_at` tokens when this step's accepted run passes that length, and
+    the snapshot row it goes to (node -1: not this step). Decided here, on the device, because with
+    overlap the host does not know how far a request has got; the host learns it with the results.
+    path `[B, S + 1]`: a tree's accepted nodes, root first (None: a chain, node index = depth).
+    None when the bucket tracks nothing."""
+    if "track_at" not in c.x:
+        return None
+    depth = c.x["track_at"] - c.l0 - 1  # the root (depth 0) covers l0 + 1 tokens
+    hit = c.valid & (c.x["track_dst"] >= 0) & (depth >= 0) & (depth <= c.n)
+    node = depth if path is None else jnp.take_along_axis(path, jnp.clip(depth, 0, path.shape[1] - 1)[:, None],
+                                                           axis=1)[:, 0]
+    return jnp.where(hit, node, -1), c.x["track_dst"]
 
 
 def compose(start, phases: list[Phase]):

@@ -25,7 +25,7 @@ from jspec.cache.pool import Caches
 from jspec.runtime.step_inputs import Bucket, kv_slots_at
 from jspec.speculative import accept, tree, verify
 from jspec.speculative.eagle_draft import catch_up, proposals
-from jspec.speculative.step_common import Phase, SpecStep, begin, compose
+from jspec.speculative.step_common import Phase, SpecStep, begin, compose, snapshot_track
 
 
 def move_kv(caches: Caches, page_table, l0, path, n, valid, page_size: int) -> Caches:
@@ -122,7 +122,7 @@ def phases(*, num_steps: int, topk: int, num_draft_tokens: int,
         c.caches = move_kv(c.caches, c.page_table, c.l0, path, c.n, c.valid, c.page_size)
         last_node = jnp.take_along_axis(path, c.n[:, None], axis=1)[:, 0]
         c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, last_node, -1),
-                                 parents, tp=c.target.tp_size)
+                                 parents, track=snapshot_track(c, path), tp=c.target.tp_size)
         c.kept = jnp.take_along_axis(vt, path, axis=1)[:, 1:]  # [B, S] accepted draft tokens (valid up to n)
         c.scratch["path"] = path
 

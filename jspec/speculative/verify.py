@@ -61,15 +61,19 @@ def decode_batch(tokens, pos, valid, page_table, slots, page_size: int) -> Forwa
     )
 
 
-def commit(caches: Caches, scratch, slots, accepted, parents=None, *, tp: int = 1) -> Caches:
+def commit(caches: Caches, scratch, slots, accepted, parents=None, *, track=None, tp: int = 1) -> Caches:
     """Make node `accepted[b]` the committed GDN state of slot `slots[b]` (negative: keep).
-    parents `[B, N]` of a tree; None for a chain. tp: the target's tensor-parallel size."""
+    parents `[B, N]` of a tree; None for a chain. track: None or (node, row) `[B]` each, a node on
+    the accepted path whose state also goes to snapshot row `row` (node -1: none; the prefix cache's
+    decode-time snapshots). tp: the target's tensor-parallel size."""
     if not scratch:
         return caches
     if parents is None:
         parents = chain_parents(accepted.shape[0], scratch[0][0].shape[1])
+    if track is None:
+        track = (jnp.full_like(accepted, -1), jnp.full_like(accepted, -1))
     path = gdn_ref.accepted_path(parents, accepted)  # once for every layer
     conv, ssm = list(caches.conv), list(caches.ssm)
     for i, (conv_scr, replay) in enumerate(scratch):
-        ssm[i], conv[i] = ops.gdn_commit(ssm[i], conv[i], conv_scr, replay, slots, path, accepted, tp=tp)
+        ssm[i], conv[i] = ops.gdn_commit(ssm[i], conv[i], conv_scr, replay, slots, path, accepted, *track, tp=tp)
     return Caches(kv=caches.kv, conv=conv, ssm=ssm)

@@ -216,25 +216,40 @@ def accepted_path(parents, accepted):
     return ancestors(parents)[rows, jnp.clip(accepted, 0, n - 1)] & (accepted >= 0)[:, None]
 
 
-def commit(state_pool, conv_pool, conv_scratch, k, v, g, beta, slots, path, accepted, *, use_qk_l2norm=True):
+def commit(state_pool, conv_pool, conv_scratch, k, v, g, beta, slots, path, accepted, track_node=None,
+           track_dst=None, *, use_qk_l2norm=True):
     """Make draft node `accepted[b]` the committed state of slot `slots[b]` (negative: keep).
 
     State: replay the verified tokens marked in `path` `[B, N]` (`accepted_path`; k, v, g, beta
     `[B*N, ...]` as given to `gated_delta_rule_verify`) over the slot's committed state, in index
     order. Conv: copy the accepted node's window from `conv_scratch` `[B, N, C, K-1]`.
+
+    track_node / track_dst `[B]` (optional; negative: none): also store the state and conv window
+    of path node `track_node[b]` (the accepted node or one of its ancestors) in pool row
+    `track_dst[b]`, the prefix cache's snapshot of the prefix that ends at that node.
     """
     batch, n = path.shape
+    if track_node is None:
+        track_node = track_dst = jnp.full((batch,), -1, jnp.int32)
     _, kf, vf, gf, bf = _prep(jnp.zeros_like(k), k, v, g, beta, None, use_qk_l2norm)
     shape = lambda a: a.reshape((batch, n) + a.shape[1:])  # noqa: E731
     kf, vf, gf, bf = map(shape, (kf, vf, gf, bf))
     state = state_pool[slots]
+    tracked = state
     for i in range(n):
         nxt, _ = _step(state, kf[:, i], kf[:, i], vf[:, i], gf[:, i], bf[:, i])
         state = jnp.where(path[:, i, None, None, None], nxt, state)
-    target = jnp.where(accepted >= 0, slots, state_pool.shape[0])
-    state_pool = state_pool.at[target].set(state, mode="drop")
-    last = conv_scratch[jnp.arange(batch), jnp.clip(accepted, 0, n - 1)]
+        tracked = jnp.where((track_node == i)[:, None, None, None], state, tracked)
+    rows = state_pool.shape[0]
+    target = jnp.where(accepted >= 0, slots, rows)
+    tracking = (accepted >= 0) & (track_node >= 0)
+    snap = jnp.where(tracking, track_dst, rows)
+    state_pool = state_pool.at[target].set(state, mode="drop").at[snap].set(tracked, mode="drop")
+    at = jnp.arange(batch)
+    last = conv_scratch[at, jnp.clip(accepted, 0, n - 1)]
+    window = conv_scratch[at, jnp.clip(track_node, 0, n - 1)]
     conv_pool = conv_pool.at[target].set(last.astype(conv_pool.dtype), mode="drop")
+    conv_pool = conv_pool.at[snap].set(window.astype(conv_pool.dtype), mode="drop")
     return state_pool, conv_pool
 
 

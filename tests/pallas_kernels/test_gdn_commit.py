@@ -21,13 +21,13 @@ commit_fn = jax.jit(functools.partial(gdn.commit, interpret=True), donate_argnum
 commit_ref = jax.jit(ref.commit)
 
 
-def make_case(seed, kinds, accepted, dims=DIMS, conv_dtype=np.float32, channels=C):
+def make_case(seed, kinds, accepted, dims=DIMS, conv_dtype=np.float32, channels=C, rows=S):
     rng = np.random.default_rng(seed)
     parents = np.stack([parents_of(kind, rng, N) for kind in kinds]).astype(np.int32)
     slots = random_slots(rng, B, S - 1) + 1  # slot 0 is poisoned and nobody commits to it
     q, k, v, g, beta = token_inputs(rng, B * N, B * N, **dims)
-    pool = state_pool(rng, S, slots, [True] * B, Hv=dims["Hv"], dk=dims["dk"], dv=dims["dv"])
-    conv_pool = np.full((S, channels, K - 1), np.nan, np.float32)
+    pool = state_pool(rng, rows, slots, [True] * B, Hv=dims["Hv"], dk=dims["dk"], dv=dims["dv"])
+    conv_pool = np.full((rows, channels, K - 1), np.nan, np.float32)
     conv_pool[slots] = rng.standard_normal((B, channels, K - 1))
     conv_scratch = rng.standard_normal((B, N, channels, K - 1)).astype(np.float32)
     parents, accepted = jnp.asarray(parents), jnp.asarray(accepted, jnp.int32)
@@ -84,3 +84,37 @@ def test_commit_conv_window_in_pool_dtype_and_wide_conv():
     assert got[1].dtype == jnp.bfloat16
     assert_close(got[1], want[1], tol=0, what="conv pool bf16")
     assert_close(got[0], want[0], what="state pool")
+
+
+def ancestor_at(parents, node, depth):
+    """The node at `depth` (root 0) on the path from the committed state to `node`."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = int(parents[node])
+    return path[::-1][depth]
+
+
+@pytest.mark.parametrize("kinds", KINDS[1:], ids=lambda k: "-".join(k))
+def test_commit_tracks_a_path_node_into_a_snapshot_row(kinds):
+    # Rows S .. S + B - 1 are snapshot rows (NaN until written); request 1 tracks nothing, request 3
+    # is not committed at all (its track must be ignored too).
+    accepted = [4, 3, 2, -1]
+    args, parents, _ = make_case(11, kinds, accepted, rows=S + B)
+    p = np.asarray(parents)
+    node = [ancestor_at(p[0], 4, 1), -1, 2, 0]
+    track_node = jnp.asarray(node, jnp.int32)
+    track_dst = jnp.asarray([S, S + 1, S + 2, S + 3], jnp.int32)
+    want = commit_ref(*args, track_node, track_dst)
+    got = commit_fn(*args, track_node, track_dst)
+    assert_close(got[0], want[0], what=f"state pool {kinds}")
+    assert_close(got[1], want[1], tol=0, what=f"conv pool {kinds}")
+    state, conv = np.asarray(want[0]), np.asarray(want[1])
+    assert np.isnan(state[S + 1]).all() and np.isnan(state[S + 3]).all(), "an untracked row was written"
+    # A tracked row holds exactly what committing the tracked node itself would have left in the slot.
+    args2, _, _ = make_case(11, kinds, [node[0], -1, node[2], -1], rows=S + B)
+    alone = commit_ref(*args2)
+    slots = np.asarray(args[7])
+    for b, row in ((0, S), (2, S + 2)):
+        assert_close(state[row], np.asarray(alone[0])[slots[b]], what=f"tracked state of request {b}")
+        assert_close(conv[row], np.asarray(alone[1])[slots[b]], tol=0, what=f"tracked conv window of request {b}")

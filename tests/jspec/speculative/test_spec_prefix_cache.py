@@ -7,6 +7,7 @@ engines key the cache by token pairs, so a page whose next token differs is not 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.support import drafters as td
@@ -20,6 +21,7 @@ SYSTEM = tm.random_ids(7, seed=31) * 3  # 21 tokens, repetitive (NGRAM finds mat
 PROMPTS = [SYSTEM + tm.random_ids(n, seed=600 + n) for n in (3, 6, 1, 9)]
 OTHERS = [tm.random_ids(n, seed=700 + n) for n in (30, 25, 28, 22)]  # every slot, other tokens
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+TRACK = 8  # hybrid engines keep the GDN state at every multiple of 8 tokens during decode
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +56,7 @@ CASES = {
     # Hybrid (Gated-DeltaNet) target: GDN state snapshots beside the pages.
     "nextn-hybrid-v2": ("NEXTN", "bigram_next", None, 3, 1, 4, True),
     "nextn-hybrid-v1": ("NEXTN", "bigram_next", None, 3, 1, 4, False),
+    "nextn-hybrid-tree-v2": ("NEXTN", "bigram_next", None, 3, 2, 5, True),
 }
 
 
@@ -83,7 +86,7 @@ def _engine(dirs, case):
         kw.pop("speculative_num_draft_tokens")
     mode = dict(transfer_guard="disallow") if overlap else dict(disable_overlap_schedule=True)
     if target == "bigram_next":  # room for every snapshot these tests take (LRU: test_prefix_cache.py)
-        mode["max_mamba_cache_size"] = 64
+        mode.update(max_mamba_cache_size=64, mamba_track_interval=TRACK)
     # A pool that keeps every prefix cached here (eviction: tests/jspec/runtime/test_prefix_cache.py).
     return Engine(dirs[target], page_size=PS, max_total_tokens=1024, **kw, **mode, **SPEC_BS4)
 
@@ -122,3 +125,37 @@ def test_eagle_keys_need_the_next_token_too(engines):
         out = eng.generate(input_ids=other, sampling_params=GREEDY)
         assert out["meta_info"]["cached_tokens"] == want, (case, out["meta_info"]["cached_tokens"])
         check_no_leaks(eng)
+
+
+def _snapshot(eng, ids, length):
+    """The GDN state (conv windows, recurrent states of every layer) the cache holds for ids[:length]."""
+    node = eng.radix_cache.path_end(ids, length)
+    assert node.depth * PS == length and node.state is not None, f"no snapshot at {length}"
+    caches = eng.runner.state.caches
+    return [np.asarray(c[node.state]) for c in (*caches.conv, *caches.ssm)]
+
+
+@pytest.mark.parametrize("case", ["nextn-hybrid-v2", "nextn-hybrid-v1", "nextn-hybrid-tree-v2"])
+def test_hybrid_decode_state_follows_the_accepted_tokens(engines, case):
+    """Speculative steps accept up to 4 tokens at a time, so the length passes 32 inside a step's
+    accepted run: the commit keeps the state at exactly 32 tokens (never a rejected draft's), equal
+    to the snapshot a prefill of those 32 tokens leaves; and the next turn of the chat (prompt 24 +
+    reply 12 + a question) reuses 32 tokens, the reply's first 8 included, and answers as it does
+    from scratch."""
+    eng = engines(case)
+    assert eng.flush_cache()
+    first = eng.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
+    assert first["meta_info"]["spec_verify_ct"] < 8  # several tokens per step, so 32 falls inside a run
+    ids = PROMPTS[0] + first["output_ids"]
+    tracked = _snapshot(eng, ids, 32)
+    follow = ids + tm.random_ids(5, seed=902)
+    cached = eng.generate(input_ids=follow, sampling_params=GREEDY)
+    assert cached["meta_info"]["cached_tokens"] == 32, cached["meta_info"]
+    assert eng.flush_cache()
+    fresh = eng.generate(input_ids=follow, sampling_params=GREEDY)
+    assert fresh["meta_info"]["cached_tokens"] == 0 and fresh["output_ids"] == cached["output_ids"]
+    assert eng.flush_cache()
+    eng.generate(input_ids=ids[:33], sampling_params={**GREEDY, "max_new_tokens": 1})  # chunks end at 32
+    for i, (got, want) in enumerate(zip(tracked, _snapshot(eng, ids, 32))):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"state array {i}")
+    check_no_leaks(eng)
