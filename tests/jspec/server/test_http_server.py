@@ -359,7 +359,7 @@ def _wait_idle(served, deadline: float = 20.0) -> None:
 @pytest.mark.parametrize("path,body", [
     ("/v1/completions", {"model": "m", "prompt": "Hello", "max_tokens": 240, "ignore_eos": True, "stream": True}),
     ("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 240, "ignore_eos": True}, "stream": True}),
-    ("/v1/chat/completions", {"model": "m", "messages": CHAT, "max_tokens": 200, "ignore_eos": True}),
+    ("/v1/chat/completions", {"model": "m", "messages": CHAT, "max_tokens": 240, "ignore_eos": True}),
 ])
 def test_a_client_that_disconnects_has_its_request_aborted(served, path, body):
     """Streamed: the client reads one event and closes. Not streamed: the client gives up waiting.
@@ -370,10 +370,10 @@ def test_a_client_that_disconnects_has_its_request_aborted(served, path, body):
             assert r.status_code == 200
             next(r.iter_lines())
     else:
-        with httpx.Client(base_url=served.url, timeout=0.3) as c, pytest.raises(httpx.ReadTimeout):
+        with httpx.Client(base_url=served.url, timeout=0.1) as c, pytest.raises(httpx.ReadTimeout):
             c.post(path, json=body)
     _wait_idle(served)
-    assert _generated(served) - before < 150, "the request ran on after its client left"
+    assert _generated(served) - before < 200, "the request ran on after its client left"
     _idle(served)
 
 
