@@ -26,6 +26,7 @@ from jspec.errors import EngineShutdownError, InvalidRequestError
 from jspec.models.drafters import checkpoint_format, load_drafter
 from jspec.models.loader import Model, load_model
 from jspec.runtime.adaptive import SpecPolicy
+from jspec.runtime.detokenizer import stop_prefix_len
 from jspec.runtime.engine_core import EngineCore
 from jspec.runtime.model_runner import ModelRunner
 from jspec.runtime.request import Request, RequestLimits, make_request
@@ -260,18 +261,26 @@ class Engine:
         return {"text": self._text(req), "output_ids": list(req.output_ids), "meta_info": self._meta(req)}
 
     def _stream(self, req: Request):
+        """Incremental dicts whose texts add up to the final text: a tail that may still grow into
+        a stop string is held back (once the stop completes, the text is cut before it)."""
         sent_ids = 0
         sent_text = ""
+        stops = [req.sampling.stop] if isinstance(req.sampling.stop, str) else list(req.sampling.stop or [])
         while True:
             final = req.stream_queue.get()
             ids = req.output_ids[sent_ids:]
             state = req.detok_state
             text = self._text(req) if final else (state.text if state is not None else "")
-            piece = text[len(sent_text):] if text.startswith(sent_text) else text
+            if not final:
+                text = text[:len(text) - stop_prefix_len(text, stops)]
+            piece = text[len(sent_text):]
             sent_ids += len(ids)
             sent_text = text
             if final or ids:
-                yield {"text": piece, "output_ids": list(ids), "meta_info": self._meta(req)}
+                meta = self._meta(req)
+                if not final:  # the loop may finish it while this chunk is built: only the last one says so
+                    meta["finish_reason"] = None
+                yield {"text": piece, "output_ids": list(ids), "meta_info": meta}
             if final:
                 return
 

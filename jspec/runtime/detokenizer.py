@@ -50,3 +50,15 @@ def find_stop(text: str, stops: list[str], search_from: int) -> tuple[int, str] 
         if i >= 0 and (best is None or i < best[0]):
             best = (i, s)
     return best
+
+
+def stop_prefix_len(text: str, stops: list[str]) -> int:
+    """Length of the longest tail of `text` that begins a stop string (never a whole one): what a
+    stream holds back, since the stop may still complete and cut the text there."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best

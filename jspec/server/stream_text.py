@@ -12,18 +12,7 @@ the stop string, or the whole output decoded (`Engine.generate`'s rule).
 
 from __future__ import annotations
 
-from jspec.runtime.detokenizer import DetokState, Detokenizer, find_stop
-
-
-def _held_back(text: str, stops: list[str]) -> int:
-    """Length of the longest tail of text that is the beginning of a stop string (not all of it)."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
+from jspec.runtime.detokenizer import DetokState, Detokenizer, find_stop, stop_prefix_len
 
 
 class StreamText:
@@ -60,7 +49,7 @@ class StreamText:
     def delta(self) -> str:
         """New text that no later token can take back."""
         visible = self.state.text if self.stop_end is None else self.state.text[:self.stop_end]
-        visible = visible[:len(visible) - _held_back(visible, self.stops)]
+        visible = visible[:len(visible) - stop_prefix_len(visible, self.stops)]
         return self._send(visible)
 
     def finish(self, finish_reason) -> str:

@@ -110,6 +110,21 @@ def test_text_prompt_and_streaming(engine):
     assert pieces[-1]["meta_info"]["finish_reason"]["type"] == "length"
 
 
+def test_streamed_text_holds_back_a_stop_string_in_the_making(engine):
+    """A stop string spanning two tokens ("7 w3" over "w17", "w3"): its first character is the end of
+    the first token's text, held back until the stop is decided, so the streamed pieces add up to
+    the non-streamed text; only the last chunk carries the finish reason."""
+    sp = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    words = engine.generate(prompt="w1 w2 w3 w4", sampling_params=sp)["text"].split()
+    stop = f"{words[2][-1]} {words[3]}"  # the last character of the third word, then the fourth
+    sp["stop"] = [stop]
+    full = engine.generate(prompt="w1 w2 w3 w4", sampling_params=sp)
+    assert full["meta_info"]["finish_reason"]["matched"] == stop
+    pieces = list(engine.generate(prompt="w1 w2 w3 w4", sampling_params=sp, stream=True))
+    assert "".join(p["text"] for p in pieces) == full["text"]
+    assert [p["meta_info"]["finish_reason"] is None for p in pieces] == [True] * (len(pieces) - 1) + [False]
+
+
 def test_logprobs(engine):
     out = engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 4, "temperature": 0,
                                                                 "ignore_eos": True},
