@@ -26,7 +26,7 @@ from jspec.errors import EngineShutdownError, InvalidRequestError
 from jspec.models.drafters import checkpoint_format, load_drafter
 from jspec.models.loader import Model, load_model
 from jspec.runtime.adaptive import SpecPolicy
-from jspec.runtime.detokenizer import stop_prefix_len
+from jspec.runtime import outputs
 from jspec.runtime.engine_core import EngineCore
 from jspec.runtime.model_runner import ModelRunner
 from jspec.runtime.request import Request, RequestLimits, make_request
@@ -223,66 +223,11 @@ class Engine:
             self.core.submit(r)
         self._notify()
         if stream:
-            return self._stream(reqs[0])
+            return outputs.stream(self.core.detok, reqs[0], speculative=self.spec is not None)
         for r in reqs:
             r.done.wait()
-        outs = [self._result(r) for r in reqs]
+        outs = [outputs.result(self.core.detok, r, speculative=self.spec is not None) for r in reqs]
         return outs if batch else outs[0]
-
-    def _text(self, req: Request) -> str:
-        if self.tokenizer is None:
-            return ""
-        text = self.core.detok.decode(req.output_ids, req.sampling.skip_special_tokens)
-        if req.stop_text_end is not None:
-            text = (req.detok_state.text if req.detok_state is not None else text)[:req.stop_text_end]
-        return text
-
-    def _meta(self, req: Request) -> dict:
-        meta = {
-            "id": req.rid,
-            "prompt_tokens": len(req.input_ids),
-            "completion_tokens": len(req.output_ids),
-            "cached_tokens": req.cached_tokens,
-            "finish_reason": req.finish_reason,
-            "e2e_latency": (req.finish_time or time.perf_counter()) - req.arrival_time,
-        }
-        if req.first_token_time is not None:
-            meta["ttft"] = req.first_token_time - req.arrival_time
-        if self.spec is not None:
-            meta["spec_verify_ct"] = req.spec_verify_ct
-            meta["spec_accept_length"] = len(req.output_ids) / max(req.spec_verify_ct, 1)
-        if req.return_logprob:
-            meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(req.output_logprobs, req.output_ids)]
-            if req.top_logprobs_num:
-                meta["output_top_logprobs"] = [[(lp, t, None) for lp, t in row] for row in req.output_top_logprobs]
-        return meta
-
-    def _result(self, req: Request) -> dict:
-        return {"text": self._text(req), "output_ids": list(req.output_ids), "meta_info": self._meta(req)}
-
-    def _stream(self, req: Request):
-        """Incremental dicts whose texts add up to the final text: a tail that may still grow into
-        a stop string is held back (once the stop completes, the text is cut before it)."""
-        sent_ids = 0
-        sent_text = ""
-        stops = [req.sampling.stop] if isinstance(req.sampling.stop, str) else list(req.sampling.stop or [])
-        while True:
-            final = req.stream_queue.get()
-            ids = req.output_ids[sent_ids:]
-            state = req.detok_state
-            text = self._text(req) if final else (state.text if state is not None else "")
-            if not final:
-                text = text[:len(text) - stop_prefix_len(text, stops)]
-            piece = text[len(sent_text):]
-            sent_ids += len(ids)
-            sent_text = text
-            if final or ids:
-                meta = self._meta(req)
-                if not final:  # the loop may finish it while this chunk is built: only the last one says so
-                    meta["finish_reason"] = None
-                yield {"text": piece, "output_ids": list(ids), "meta_info": meta}
-            if final:
-                return
 
     def flush_cache(self, timeout: float = 30.0) -> bool:
         """Drop every cached prefix (SGLang's flush_cache): True when done; False while requests

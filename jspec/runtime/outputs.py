@@ -1,0 +1,68 @@
+"""What a request returns to its caller: its text, SGLang's `meta_info` fields, and the chunks of a
+streamed request, built on the caller's thread from the request the engine loop fills in."""
+
+from __future__ import annotations
+
+import time
+
+from jspec.runtime.detokenizer import Detokenizer, stop_prefix_len
+from jspec.runtime.request import Request
+
+
+def text(detok: Detokenizer, req: Request) -> str:
+    """The output decoded; cut before the stop string that finished it, if one did."""
+    out = detok.decode(req.output_ids, req.sampling.skip_special_tokens)
+    if req.stop_text_end is not None:
+        out = (req.detok_state.text if req.detok_state is not None else out)[:req.stop_text_end]
+    return out
+
+
+def meta_info(req: Request, *, speculative: bool) -> dict:
+    meta = {
+        "id": req.rid,
+        "prompt_tokens": len(req.input_ids),
+        "completion_tokens": len(req.output_ids),
+        "cached_tokens": req.cached_tokens,
+        "finish_reason": req.finish_reason,
+        "e2e_latency": (req.finish_time or time.perf_counter()) - req.arrival_time,
+    }
+    if req.first_token_time is not None:
+        meta["ttft"] = req.first_token_time - req.arrival_time
+    if speculative:
+        meta["spec_verify_ct"] = req.spec_verify_ct
+        meta["spec_accept_length"] = len(req.output_ids) / max(req.spec_verify_ct, 1)
+    if req.return_logprob:
+        meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(req.output_logprobs, req.output_ids)]
+        if req.top_logprobs_num:
+            meta["output_top_logprobs"] = [[(lp, t, None) for lp, t in row] for row in req.output_top_logprobs]
+    return meta
+
+
+def result(detok: Detokenizer, req: Request, *, speculative: bool) -> dict:
+    return {"text": text(detok, req), "output_ids": list(req.output_ids),
+            "meta_info": meta_info(req, speculative=speculative)}
+
+
+def stream(detok: Detokenizer, req: Request, *, speculative: bool):
+    """Incremental dicts whose texts add up to the final text: a tail that may still grow into a
+    stop string is held back (once the stop completes, the text is cut before it)."""
+    sent_ids = 0
+    sent_text = ""
+    stops = [req.sampling.stop] if isinstance(req.sampling.stop, str) else list(req.sampling.stop or [])
+    while True:
+        final = req.stream_queue.get()
+        ids = req.output_ids[sent_ids:]
+        state = req.detok_state
+        now = text(detok, req) if final else (state.text if state is not None else "")
+        if not final:
+            now = now[:len(now) - stop_prefix_len(now, stops)]
+        piece = now[len(sent_text):]
+        sent_ids += len(ids)
+        sent_text = now
+        if final or ids:
+            meta = meta_info(req, speculative=speculative)
+            if not final:  # the loop may finish it while this chunk is built: only the last one says so
+                meta["finish_reason"] = None
+            yield {"text": piece, "output_ids": list(ids), "meta_info": meta}
+        if final:
+            return
