@@ -42,6 +42,7 @@ from jspec.models.loader import random_model  # noqa: E402
 from jspec.models.presets import preset_config  # noqa: E402
 from jspec.runtime.model_runner import ModelRunner  # noqa: E402
 from jspec.runtime.step import make_step  # noqa: E402
+from jspec.runtime.step_inputs import SpecRows  # noqa: E402
 from jspec.runtime.step_inputs import Bucket, pack  # noqa: E402
 from jspec.speculative import accept, eagle_step, tree_step  # noqa: E402
 from jspec.speculative.algorithms import make_drafting  # noqa: E402
@@ -85,7 +86,7 @@ def spec_fn(model, drafter, spec: SpecConfig, bucket, page_size, stop_after):
         phases = eagle_step.phases(**kw)
     start = begin(bucket, model.graphdef, drafter.graphdef, page_size=page_size, num_keys=spec.num_steps + 1)
     if stop_after is None:
-        return compose(start, phases)
+        return compose(start, phases, SpecRows(width=spec.num_steps + 1, num_top=0))
     upto = [name for name, _ in phases].index(stop_after) + 1
 
     def step(params, state, packed):

@@ -218,10 +218,14 @@ def moe_gather(x, experts, weights, gate_up, down, *, tp: int = 1, expert_parall
 def vocab_top_k(x, k: int, *, tp: int = 1):
     """`lax.top_k` over the vocabulary of x `[B, V]`. On a vocabulary split tp ways, each device
     takes the top k of its slice and only the tp x k candidates cross devices (XLA's own top_k
-    over a split axis gathers whole rows first). Same values, ids and tie order (lower id first)."""
+    over a split axis gathers whole rows first). Same values, ids and tie order (lower id first).
+    A vocabulary that does not divide by tp (the padded columns were dropped from the logits) is
+    padded back with -inf, which never outranks a real entry."""
     v = x.shape[-1]
-    if tp == 1 or v % tp or k > v // tp:
+    if tp == 1 or k > v // tp:
         return jax.lax.top_k(x, k)
+    if v % tp:
+        x = jnp.pad(x, ((0, 0), (0, -v % tp)), constant_values=-jnp.inf)
 
     def local(x):
         vals, ids = jax.lax.top_k(x, k)

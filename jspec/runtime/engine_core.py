@@ -166,27 +166,32 @@ class EngineCore:
         (or max_new_tokens) inside the accepted run truncates it; the request's known KV length then
         moves by what was accepted (the bonus token becomes the next input). With overlap the next
         step is already on the device: it found the new length there, not here."""
-        out = self.runner.fetch(handle)
+        counts, tokens, logprobs, top_ids, top_lps = self.runner.spec_rows.unpack(self.runner.fetch(handle))
         now = time.perf_counter()
         speculated = handle.bucket.speculate  # else a plain step: one token per row, same row format
         if speculated and self.policy is not None:
-            self.policy.observe([int(c) for c in out[:len(handle.plan.reqs), 0] if c > 0],
+            self.policy.observe([int(c) for c in counts[:len(handle.plan.reqs)] if c > 0],
                                 handle.bucket.draft_steps or None)
         for i, s in enumerate(handle.plan.reqs):
             req = s.req
             if req.finished or req.slot is None:
                 continue  # finished (or retracted) after this step was dispatched: drop its row
             req.spec_inflight -= 1
-            count = int(out[i, 0])
+            count = int(counts[i])
             req.spec_verify_ct += 1  # every target forward over the request, with or without drafts
             if speculated:
                 self.accept_histogram[count] = self.accept_histogram.get(count, 0) + 1
             reason = None
-            for tok in out[i, 1:1 + count]:
-                req.output_ids.append(int(tok))
+            for j in range(count):
+                tok = int(tokens[i, j])
+                req.output_ids.append(tok)
                 req.token_times.append(now)
                 self.num_generated += 1
-                reason = self._stop_reason(req, int(tok))
+                if req.return_logprob:
+                    req.output_logprobs.append(float(logprobs[i, j]))
+                    req.output_top_logprobs.append([(float(top_lps[i, j, k]), int(top_ids[i, j, k]))
+                                                    for k in range(req.top_logprobs_num)])
+                reason = self._stop_reason(req, tok)
                 if reason is not None:
                     break
             self.sched.accepted(req, count)  # the KV below the new length is final, also past a stop

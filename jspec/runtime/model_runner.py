@@ -55,6 +55,7 @@ class ModelRunner:
         self.page_size = page_size = layout.page_size
         self.pages_per_seq = layout.pages_per_seq
         self.num_top = num_top_logprobs
+        self.spec_rows = None if drafting is None else drafting.rows(num_top_logprobs)  # decode output layout
         self.buckets: list[Bucket] = []
         # Two sampler variants per decode bucket: the host knows whether any request needs top-k /
         # top-p, so the sampler's choice is static and no device-side conditional stalls dispatch.
@@ -179,7 +180,8 @@ class ModelRunner:
     def step_fn(self, bucket: Bucket):
         """The (not yet jitted) step function of a bucket."""
         if bucket.mode is ForwardMode.DECODE and self.drafting is not None:
-            return self.drafting.make_decode_step(self.model.graphdef, bucket, page_size=self.page_size)
+            return self.drafting.make_decode_step(self.model.graphdef, bucket, page_size=self.page_size,
+                                                  num_top_logprobs=self.num_top)
         return make_step(self.model.graphdef, bucket, page_size=self.page_size, num_top_logprobs=self.num_top,
                          drafting=self.drafting)
 

@@ -144,13 +144,6 @@ def make_request(limits: RequestLimits, tokenizer, *, prompt, input_ids, samplin
         0 <= top_logprobs_num <= limits.max_top_logprobs
     ):
         raise InvalidRequestError(f"top_logprobs_num: must be an int in [0, {limits.max_top_logprobs}]")
-    if limits.speculative:
-        for field, neutral in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0),
-                               ("presence_penalty", 0.0)):
-            if getattr(sp, field) != neutral:
-                raise InvalidRequestError(f"sampling_params.{field}: not supported with speculative decoding yet")
-        if return_logprob or top_logprobs_num:
-            raise InvalidRequestError("return_logprob: not supported with speculative decoding yet")
     seed = sp.seed if sp.seed is not None else next_seed()
     return Request(rid=rid or uuid.uuid4().hex, input_ids=input_ids, sampling=sp, seed=seed,
                    return_logprob=return_logprob or top_logprobs_num > 0, top_logprobs_num=top_logprobs_num,

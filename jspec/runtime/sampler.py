@@ -78,7 +78,7 @@ def apply_penalties(
     return logits - batch.presence_penalty[:, None] * in_output.astype(logits.dtype)
 
 
-def _processed_logprobs(logits: jax.Array, batch: SamplingBatch) -> jax.Array:
+def processed_logprobs(logits: jax.Array, batch: SamplingBatch) -> jax.Array:
     """log_softmax(penalised logits / T): the distribution that is filtered and reported."""
     # Greedy rows take T = 1: their token is the argmax either way, and SGLang reports their
     # logprobs unscaled.
@@ -150,7 +150,7 @@ def filtered_probs(logits: jax.Array, batch: SamplingBatch, sort: bool | None = 
     """`[B, V]` probabilities that `sample` draws from, given already penalised logits (`sort` as in
     `_filter`)."""
     logits = logits.astype(jnp.float32)
-    return _filter(_processed_logprobs(logits, batch), logits, batch, sort)
+    return _filter(processed_logprobs(logits, batch), logits, batch, sort)
 
 
 def row_key(seed: jax.Array, step: jax.Array) -> jax.Array:
@@ -170,7 +170,7 @@ def sample(
     """Penalise, filter and draw one token per row. `num_top_logprobs`, `sort` (see `_filter`) and
     `vocab_shards` (the target's tensor-parallel split of the vocabulary) are static."""
     logits = apply_penalties(logits.astype(jnp.float32), batch, output_counts, prompt_mask)
-    logprobs = _processed_logprobs(logits, batch)
+    logprobs = processed_logprobs(logits, batch)
     probs = _filter(logprobs, logits, batch, sort)
     keys = jax.vmap(row_key)(batch.seed, batch.step)
     # log(0) = -inf: filtered-out tokens can never win the Gumbel-max inside categorical.

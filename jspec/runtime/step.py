@@ -67,10 +67,14 @@ class Drafting(Protocol):
     def after_extend(self, draft, ctx: ExtendContext, draft_caches, spec_state):
         """The drafter's part of a prompt chunk -> (draft_caches, spec_state)."""
 
-    def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int):
+    def rows(self, num_top: int):
+        """The `SpecRows` layout of this engine's decode outputs, num_top top logprobs per token."""
+
+    def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int):
         """The decode step for a DECODE bucket: (params, state, packed) -> (state, out); the
         speculative step (`bucket.draft_steps` drafts per request when > 0), or with
-        `bucket.speculate` False a plain one that keeps the drafter current."""
+        `bucket.speculate` False a plain one that keeps the drafter current; out: `SpecRows`
+        with num_top_logprobs top logprobs per emitted token."""
 
 
 def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int, drafting: Drafting | None = None):

@@ -199,6 +199,29 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class SpecRows:
+    """A speculative engine's decode output, one int32 row per request: [count | width tokens |
+    width logprobs | width x num_top top ids | width x num_top top logprobs] (logprobs bit-cast).
+    width: the most tokens a step emits (drafts + bonus of the configured chain); every variant of
+    the engine's steps (shorter chains, plain steps) writes this layout, padded."""
+
+    width: int
+    num_top: int
+
+    @property
+    def size(self) -> int:
+        return 1 + self.width * (2 + 2 * self.num_top)
+
+    def unpack(self, out: np.ndarray):
+        """Host side: `[B, size]` -> count `[B]`, tokens `[B, W]`, logprobs `[B, W]`, top ids and
+        top logprobs `[B, W, num_top]`."""
+        w, k = self.width, self.num_top
+        top = out[:, 1 + 2 * w:]
+        return (out[:, 0], out[:, 1:1 + w], out[:, 1 + w:1 + 2 * w].view(np.float32),
+                top[:, :w * k].reshape(-1, w, k), top[:, w * k:].reshape(-1, w, k).view(np.float32))
+
+
 def unpack_outputs(out: np.ndarray, num_top: int):
     """A plain step's `[B, 2 + 2 n]` int32 output -> tokens, logprobs, top ids, top logprobs."""
     tokens = out[:, 0]

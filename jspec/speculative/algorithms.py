@@ -18,7 +18,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from jspec.runtime.step import ExtendContext
-from jspec.runtime.step_inputs import Bucket
+from jspec.runtime.step_inputs import Bucket, SpecRows
 from jspec.speculative import dflash_step, eagle_draft, ngram
 from jspec.speculative.chain_step import make_chain_spec_step
 from jspec.speculative.config import SpecConfig
@@ -58,9 +58,13 @@ class _Drafting:
     def _draft_graphdef(self):
         return None if self.draft_model is None else self.draft_model.graphdef
 
-    def _step_kw(self, page_size: int) -> dict:
-        return dict(page_size=page_size, num_steps=self.spec.num_steps,
+    def _step_kw(self, page_size: int, num_top: int) -> dict:
+        return dict(page_size=page_size, num_steps=self.spec.num_steps, rows=self.rows(num_top),
                     simulate_accept_length=self.spec.simulate_accept_length)
+
+    def rows(self, num_top: int) -> SpecRows:
+        """The output row layout of every decode step of this engine."""
+        return SpecRows(width=self.max_accept, num_top=num_top)
 
     def target_outputs(self) -> tuple[tuple[int, ...], bool]:
         return (), False
@@ -68,14 +72,14 @@ class _Drafting:
     def init_state(self, layout) -> dict | None:
         return None
 
-    def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int):
+    def make_decode_step(self, graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int):
         """A DECODE bucket's step: the algorithm's speculative step, or (`bucket.speculate` False)
         the plain step that keeps the drafter current (`plain_step.py`)."""
         if not bucket.speculate:
             return make_plain_spec_step(self.spec.draft_kind, graphdef, self._draft_graphdef(), bucket,
-                                        page_size=page_size, out_width=self.spec.num_steps + 2,
+                                        page_size=page_size, rows=self.rows(num_top_logprobs),
                                         num_keys=self.num_keys, num_drafts=self.spec.num_steps)
-        return self._speculative_step(graphdef, bucket, page_size=page_size)
+        return self._speculative_step(graphdef, bucket, **self._step_kw(page_size, num_top_logprobs))
 
 
 class EagleDrafting(_Drafting):
@@ -108,11 +112,10 @@ class EagleDrafting(_Drafting):
             return ()
         return tuple(range(1, s)) if s <= 4 else (1, s // 2)
 
-    def _speculative_step(self, graphdef, bucket: Bucket, *, page_size: int):
+    def _speculative_step(self, graphdef, bucket: Bucket, **kw):
         if self.spec.topk > 1:
             return make_tree_spec_step(graphdef, self._draft_graphdef(), bucket, topk=self.spec.topk,
-                                       num_draft_tokens=self.spec.num_draft_tokens, **self._step_kw(page_size))
-        kw = self._step_kw(page_size)
+                                       num_draft_tokens=self.spec.num_draft_tokens, **kw)
         if bucket.draft_steps:
             kw.update(num_steps=bucket.draft_steps, full_steps=self.spec.num_steps)
         return make_eagle_spec_step(graphdef, self._draft_graphdef(), bucket, **kw)
@@ -132,8 +135,8 @@ class DFlashDrafting(_Drafting):
                                           ctx.x["seq_lens"], ctx.tokens, ctx.batch.page_table, spec_state,
                                           ctx.page_size)
 
-    def _speculative_step(self, graphdef, bucket: Bucket, *, page_size: int):
-        return dflash_step.make_dflash_spec_step(graphdef, self._draft_graphdef(), bucket, **self._step_kw(page_size))
+    def _speculative_step(self, graphdef, bucket: Bucket, **kw):
+        return dflash_step.make_dflash_spec_step(graphdef, self._draft_graphdef(), bucket, **kw)
 
 
 class StandaloneDrafting(_Drafting):
@@ -144,8 +147,8 @@ class StandaloneDrafting(_Drafting):
         _, draft_caches = draft(ctx.batch, draft_caches, logits_indices=ctx.last_idx, compute_logits=False)
         return draft_caches, spec_state
 
-    def _speculative_step(self, graphdef, bucket: Bucket, *, page_size: int):
-        return make_chain_spec_step(graphdef, self._draft_graphdef(), bucket, **self._step_kw(page_size))
+    def _speculative_step(self, graphdef, bucket: Bucket, **kw):
+        return make_chain_spec_step(graphdef, self._draft_graphdef(), bucket, **kw)
 
 
 class NgramDrafting(_Drafting):
@@ -160,10 +163,10 @@ class NgramDrafting(_Drafting):
         return draft_caches, {"history": ngram.write_tokens(spec_state["history"], ctx.batch.slot_mapping,
                                                             ctx.batch.input_ids)}
 
-    def _speculative_step(self, graphdef, bucket: Bucket, *, page_size: int):
+    def _speculative_step(self, graphdef, bucket: Bucket, **kw):
         return make_chain_spec_step(graphdef, None, bucket, ngram_windows=(self.spec.ngram_min_window,
                                                                            self.spec.ngram_max_window),
-                                    **self._step_kw(page_size))
+                                    **kw)
 
 
 _BY_KIND = {"eagle": EagleDrafting, "dflash": DFlashDrafting, "model": StandaloneDrafting, "ngram": NgramDrafting}

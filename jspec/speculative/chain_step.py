@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.runtime import sampler as sampling
-from jspec.runtime.step_inputs import Bucket
+from jspec.runtime.step_inputs import Bucket, SpecRows
 from jspec.speculative import ngram, verify
 from jspec.speculative.step_common import Phase, SpecStep, accept_chain, begin, compose
 
@@ -64,9 +64,9 @@ def phases(*, num_steps: int, simulate_accept_length: float | None = None,
     return [("draft", draft), ("verify", verify_), ("accept", accept_)]
 
 
-def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int,
+def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int, rows: SpecRows,
                          simulate_accept_length: float | None = None, ngram_windows: tuple[int, int] | None = None):
     """draft_graphdef None: NGRAM (params is the target's alone)."""
     start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=2 * num_steps + 2)
     return compose(start, phases(num_steps=num_steps, simulate_accept_length=simulate_accept_length,
-                                 ngram_windows=ngram_windows))
+                                 ngram_windows=ngram_windows), rows)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jspec.runtime.step_inputs import Bucket
+from jspec.runtime.step_inputs import Bucket, SpecRows
 from jspec.speculative import verify
 from jspec.speculative.step_common import Phase, SpecStep, accept_chain, begin, compose
 
@@ -81,7 +81,7 @@ def phases(*, num_steps: int, simulate_accept_length: float | None = None) -> li
     return [("draft", carried), ("verify", verify_), ("accept", accept_), ("extend", draft_next)]
 
 
-def make_dflash_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int,
+def make_dflash_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int, rows: SpecRows,
                           simulate_accept_length: float | None = None):
     start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=num_steps + 1)
-    return compose(start, phases(num_steps=num_steps, simulate_accept_length=simulate_accept_length))
+    return compose(start, phases(num_steps=num_steps, simulate_accept_length=simulate_accept_length), rows)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jspec.runtime.step_inputs import Bucket
+from jspec.runtime.step_inputs import Bucket, SpecRows
 from jspec.speculative import verify
 from jspec.speculative.eagle_draft import catch_up, proposals
 from jspec.speculative.step_common import Phase, SpecStep, accept_chain, begin, compose
@@ -54,19 +54,11 @@ def phases(*, num_steps: int, simulate_accept_length: float | None = None) -> li
     return [("draft", draft), ("verify", verify_), ("accept", accept_), ("extend", extend)]
 
 
-def make_eagle_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int,
+def make_eagle_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int, rows: SpecRows,
                          simulate_accept_length: float | None = None, full_steps: int | None = None):
     """full_steps: the engine's configured chain when this one is shorter (an adaptive variant):
-    keys are indexed and output rows padded as the full chain's, so the host and the key stream
-    cannot tell the variants apart."""
+    keys are indexed as the full chain's and rows laid out as its (`rows`), so the host and the key
+    stream cannot tell the variants apart."""
     full = num_steps if full_steps is None else full_steps
     start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=full + 1)
-    step = compose(start, phases(num_steps=num_steps, simulate_accept_length=simulate_accept_length))
-    if full == num_steps:
-        return step
-
-    def padded(params, state, packed):
-        state, rows = step(params, state, packed)
-        return state, jnp.pad(rows, ((0, 0), (0, full - num_steps)), constant_values=-1)
-
-    return padded
+    return compose(start, phases(num_steps=num_steps, simulate_accept_length=simulate_accept_length), rows)

@@ -14,15 +14,15 @@ speculative step is exact and drafts as well as if it had never paused:
 
 Phases over one `SpecStep` carry (`step_common.py`): verify the single token [last] at L0 (a
 one-token verify, so hybrid targets keep their Gated-DeltaNet commit path), accept (n = 0, the
-bonus is a plain sample), keep the drafter current. Output rows have the speculative step's width
-(`out_width`), so the host reads both the same way.
+bonus is a plain sample), keep the drafter current. Output rows have the speculative step's layout
+(`SpecRows`), so the host reads both the same way.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jspec.runtime.step_inputs import Bucket
+from jspec.runtime.step_inputs import Bucket, SpecRows
 from jspec.speculative import dflash_step, ngram, verify
 from jspec.speculative.eagle_draft import catch_up
 from jspec.speculative.step_common import Phase, SpecStep, accept_chain, begin, compose
@@ -65,18 +65,11 @@ def phases(kind: str, *, num_drafts: int) -> list[Phase]:
     return [("draft", before), ("verify", verify_), ("accept", accept_chain), ("extend", after)]
 
 
-def make_plain_spec_step(kind: str, graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, out_width: int,
+def make_plain_spec_step(kind: str, graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, rows: SpecRows,
                          num_keys: int, num_drafts: int = 0):
-    """The step for a DECODE bucket with `speculate=False`; out_width: the speculative step's
-    output row width (S + 2), which these rows are padded to; num_keys: the speculative step's
-    random uses per request, so that both index a request's key stream the same way (a step
-    whose first output has index i uses keys i * num_keys + k) and no key is ever drawn twice."""
+    """The step for a DECODE bucket with `speculate=False`; rows: the speculative step's output
+    layout, which these rows share; num_keys: the speculative step's random uses per request, so
+    that both index a request's key stream the same way (a step whose first output has index i
+    uses keys i * num_keys + k) and no key is ever drawn twice."""
     start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=num_keys)
-    step = compose(start, phases(kind, num_drafts=num_drafts))
-
-    def padded(params, state, packed):
-        state, rows = step(params, state, packed)
-        pad = jnp.full((rows.shape[0], out_width - rows.shape[1]), -1, rows.dtype)
-        return state, jnp.concatenate([rows, pad], axis=1)
-
-    return padded
+    return compose(start, phases(kind, num_drafts=num_drafts), rows)

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.runtime import sampler as sampling
-from jspec.runtime.step_inputs import Bucket, DeviceState, apply_page_updates, sampling_batch
-from jspec.speculative import accept, verify
+from jspec.runtime.step_inputs import Bucket, DeviceState, SpecRows, apply_page_updates, sampling_batch
+from jspec.speculative import accept, penalties, verify
 
 
 @dataclasses.dataclass
@@ -97,23 +97,47 @@ def begin(bucket: Bucket, graphdef, draft_graphdef, *, page_size: int, num_keys:
     return start
 
 
-def finish(c: SpecStep) -> tuple[DeviceState, jax.Array]:
+def finish(c: SpecStep, rows: SpecRows) -> tuple[DeviceState, jax.Array]:
     """The state after the step (the bonus is each request's next input; its KV length moves past
-    its last token and the n kept drafts) and the output rows `[B, S + 2]` (`accept.output_rows`)."""
+    its last token and the n kept drafts; the emitted tokens join the penalty counts) and the
+    output rows `[B, rows.size]` (`SpecRows`): the emitted tokens and their logprobs under the
+    penalised target distribution at the node that drew each (c.scratch["path_logits"])."""
+    b, s = c.kept.shape
     at = jnp.where(c.valid, c.slots, c.state.last_token.shape[0])
+    j = jnp.arange(s + 1)[None, :]
+    emitted = jnp.where(j < c.n[:, None], jnp.pad(c.kept, ((0, 0), (0, 1))), c.bonus[:, None])  # [B, S+1]
+    live = (j <= c.n[:, None]) & c.valid[:, None]
     new = dataclasses.replace(
         c.state, caches=c.caches, req_to_page=c.req_to_page, draft_caches=c.draft_caches, spec_state=c.spec_state,
         last_token=c.state.last_token.at[at].set(c.bonus, mode="drop"),
         seq_lens=c.state.seq_lens.at[at].set(c.l0 + c.n + 1, mode="drop"),
+        output_counts=sampling.update_counts(c.state.output_counts, c.slots, emitted, live),
     )
-    return new, accept.output_rows(c.kept, c.n, c.bonus, c.valid)
+    lp, top_ids, top_lp = penalties.path_logprobs(c.scratch["path_logits"], emitted, c.sb, rows.num_top,
+                                                  vocab_shards=c.target.tp_size)
+    pad = rows.width - (s + 1)
+    widen = lambda x, v: jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2), constant_values=v)  # noqa: E731
+    bits = lambda x: jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32).reshape(b, -1)  # noqa: E731
+    tokens = accept.output_rows(c.kept, c.n, c.bonus, c.valid)  # [B, S+2]: count, tokens
+    out = jnp.concatenate([widen(tokens, -1), bits(widen(lp, 0.0)), widen(top_ids, -1).reshape(b, -1),
+                           bits(widen(top_lp, 0.0))], axis=1)
+    return new, out
+
+
+def penalised(c: SpecStep, logits, tokens, ancestors):
+    """Verify logits `[B, N, V]` under each request's penalties as they stand at every node
+    (`penalties.penalise_nodes`; tokens `[B, N]` the nodes' tokens, ancestors `[B, N, N]`)."""
+    return penalties.penalise_nodes(logits.astype(jnp.float32), c.sb, c.state.output_counts[c.slots],
+                                    c.state.prompt_mask[c.slots], tokens, ancestors)
 
 
 def accept_chain(c: SpecStep, *, q=None, simulate_accept_length: float | None = None) -> None:
     """The accept phase of a chain: c.drafts `[B, S]` against c.scratch["logits"] `[B, S+1, V]`
     (q: the drafter's distributions, None for point masses; simulate_accept_length: benchmarks),
     then the accepted node's Gated-DeltaNet state is committed. Sets n, bonus and kept."""
-    logits = c.scratch["logits"]
+    nodes = jnp.concatenate([c.last[:, None], c.drafts], axis=1)
+    logits = penalised(c, c.scratch["logits"], nodes, penalties.chain_ancestors(*nodes.shape))
+    c.scratch["path_logits"] = logits  # node j drew the j-th emitted token
     if simulate_accept_length is None:
         c.n, c.bonus = accept.chain(logits, c.drafts, q, c.sb, c.greedy, c.key_fn, sort=c.bucket.sort)
     else:
@@ -140,13 +164,13 @@ def snapshot_track(c: SpecStep, path=None):
     return jnp.where(hit, node, -1), c.x["track_dst"]
 
 
-def compose(start, phases: list[Phase]):
-    """The engine's step: start, every phase in order, finish."""
+def compose(start, phases: list[Phase], rows: SpecRows):
+    """The engine's step: start, every phase in order, finish (output rows laid out as `rows`)."""
 
     def step(params, state: DeviceState, packed):
         c = start(params, state, packed)
         for _, phase in phases:
             phase(c)
-        return finish(c)
+        return finish(c, rows)
 
     return step

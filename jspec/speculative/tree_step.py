@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.cache.pool import Caches
-from jspec.runtime.step_inputs import Bucket, kv_slots_at
+from jspec.runtime.step_inputs import Bucket, SpecRows, kv_slots_at
 from jspec.speculative import accept, tree, verify
 from jspec.speculative.eagle_draft import catch_up, proposals
-from jspec.speculative.step_common import Phase, SpecStep, begin, compose, snapshot_track
+from jspec.speculative.step_common import Phase, SpecStep, begin, compose, penalised, snapshot_track
 
 
 def move_kv(caches: Caches, page_table, l0, path, n, valid, page_size: int) -> Caches:
@@ -110,7 +110,8 @@ def phases(*, num_steps: int, topk: int, num_draft_tokens: int,
         c.scratch.update(out=out, vt=vt, logits=out.logits.reshape(c.batch_size, n_nodes, -1))
 
     def accept_(c: SpecStep) -> None:
-        parents, logits, vt = c.scratch["parents"], c.scratch["logits"], c.scratch["vt"]
+        parents, vt = c.scratch["parents"], c.scratch["vt"]
+        logits = penalised(c, c.scratch["logits"], vt, tree.ancestor_mask(parents))
         if simulate_accept_length is None:
             path, c.n, c.bonus = tree.walk(logits, vt, parents, c.sb, c.greedy, c.key_fn, s, sort=c.bucket.sort)
         else:  # benchmark only: a forced number kept along the first-child path
@@ -125,6 +126,7 @@ def phases(*, num_steps: int, topk: int, num_draft_tokens: int,
                                  parents, track=snapshot_track(c, path), tp=c.target.tp_size)
         c.kept = jnp.take_along_axis(vt, path, axis=1)[:, 1:]  # [B, S] accepted draft tokens (valid up to n)
         c.scratch["path"] = path
+        c.scratch["path_logits"] = jnp.take_along_axis(logits, path[:, :, None], axis=1)  # [B, S+1, V]
 
     def extend(c: SpecStep) -> None:
         # The target's hidden gathered along the accepted path.
@@ -138,10 +140,10 @@ def phases(*, num_steps: int, topk: int, num_draft_tokens: int,
 
 
 def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int, topk: int,
-                        num_draft_tokens: int, simulate_accept_length: float | None = None):
+                        num_draft_tokens: int, rows: SpecRows, simulate_accept_length: float | None = None):
     start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=num_steps + 1)
     return compose(start, phases(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
-                                 simulate_accept_length=simulate_accept_length))
+                                 simulate_accept_length=simulate_accept_length), rows)
 
 
 def first_child_path(parents, max_depth: int):
