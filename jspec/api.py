@@ -29,7 +29,7 @@ from jspec.runtime.adaptive import SpecPolicy
 from jspec.runtime import outputs
 from jspec.runtime.engine_core import EngineCore
 from jspec.runtime.model_runner import ModelRunner
-from jspec.runtime.request import Request, RequestLimits, make_request
+from jspec.runtime.request import Request, RequestLimits, make_request, parallel_samples
 from jspec.runtime.scheduler import Scheduler
 from jspec.sharding import replicated
 from jspec.speculative.algorithms import make_drafting
@@ -182,19 +182,20 @@ class Engine:
             self._wake.notify_all()
 
     # ------------------------------------------------------------------------------ requests
-    def _make_request(self, prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, stream, rid):
-        def next_seed() -> int:  # drawn from the engine's random_seed, one per unseeded request
-            return (self.engine_config.random_seed * 1_000_003 + next(self._seed_counter)) % 2**31
+    def _next_seed(self) -> int:  # drawn from the engine's random_seed, one per unseeded request
+        return (self.engine_config.random_seed * 1_000_003 + next(self._seed_counter)) % 2**31
 
+    def _make_request(self, prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, stream, rid):
         return make_request(self.limits, self.tokenizer, prompt=prompt, input_ids=input_ids,
                             sampling_params=sampling_params, return_logprob=return_logprob,
-                            top_logprobs_num=top_logprobs_num, stream=stream, rid=rid, next_seed=next_seed)
+                            top_logprobs_num=top_logprobs_num, stream=stream, rid=rid, next_seed=self._next_seed)
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                  top_logprobs_num=0, stream=False, rid=None):
         """Generate for one prompt (returns a dict) or a list of prompts (returns a list of dicts).
+        A sampling_params with n > 1 makes n samples of its prompt (a list, n per prompt in order).
 
-        With stream=True (single prompt only) returns an iterator of incremental dicts.
+        With stream=True (single prompt, n = 1) returns an iterator of incremental dicts.
         """
         if self._stopped:
             raise EngineShutdownError("generate: this engine was shut down; build a new Engine")
@@ -219,6 +220,9 @@ class Engine:
         else:
             reqs = [self._make_request(prompt, input_ids, sampling_params, return_logprob, top_logprobs_num,
                                        stream, rid)]
+        if any(r.sampling.n > 1 for r in reqs):  # SGLang's parallel sampling: n results per prompt, prompt-major
+            reqs = [s for r in reqs for s in parallel_samples(r, self._next_seed)]
+            batch = True
         for r in reqs:
             self.core.submit(r)
         self._notify()

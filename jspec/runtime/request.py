@@ -16,7 +16,7 @@ import numpy as np
 
 from jspec.errors import InvalidRequestError
 from jspec.runtime.detokenizer import DetokState
-from jspec.runtime.sampling_params import SamplingParams
+from jspec.runtime.sampling_params import SEED_LIMIT, SamplingParams
 
 
 class Status(enum.Enum):
@@ -144,7 +144,24 @@ def make_request(limits: RequestLimits, tokenizer, *, prompt, input_ids, samplin
         0 <= top_logprobs_num <= limits.max_top_logprobs
     ):
         raise InvalidRequestError(f"top_logprobs_num: must be an int in [0, {limits.max_top_logprobs}]")
+    if stream and sp.n > 1:
+        raise InvalidRequestError(f"sampling_params.n: a streamed request returns one sample, got n = {sp.n}")
     seed = sp.seed if sp.seed is not None else next_seed()
     return Request(rid=rid or uuid.uuid4().hex, input_ids=input_ids, sampling=sp, seed=seed,
                    return_logprob=return_logprob or top_logprobs_num > 0, top_logprobs_num=top_logprobs_num,
                    stream=stream, stream_queue=queue.Queue() if stream else None)
+
+
+def parallel_samples(req: Request, next_seed) -> list[Request]:
+    """SGLang's parallel sampling (n > 1): the request and n - 1 more of its prompt, `{rid}-{j}`,
+    each with its own seed (the request's seed + j, or one drawn per sample when it named none).
+    They queue one after the other, so the prompt is computed once: a prompt's chunks join the
+    prefix cache as they are planned and take the step's whole chunk budget until the last one,
+    and the samples behind it are admitted in that step or later, reusing every full page."""
+    sp = req.sampling
+    samples = [req]
+    for j in range(1, sp.n):
+        seed = (sp.seed + j) % SEED_LIMIT if sp.seed is not None else next_seed()
+        samples.append(Request(rid=f"{req.rid}-{j}", input_ids=list(req.input_ids), sampling=sp, seed=seed,
+                               return_logprob=req.return_logprob, top_logprobs_num=req.top_logprobs_num))
+    return samples

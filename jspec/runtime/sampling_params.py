@@ -117,8 +117,8 @@ class SamplingParams:
                 _fail("seed", f"must be in [0, 2**31), got {self.seed!r}")
         v["skip_special_tokens"] = _as_bool("skip_special_tokens", self.skip_special_tokens)
         v["n"] = _as_int("n", self.n)
-        if v["n"] != 1:
-            _fail("n", f"only n = 1 is supported, got {self.n!r}")
+        if v["n"] < 1:
+            _fail("n", f"must be >= 1, got {self.n!r}")
         return v
 
     def _validated_stop(self) -> tuple[str, ...] | None:

@@ -77,7 +77,7 @@ def test_valid_values_are_normalised():
         (dict(seed=2**31), "seed"),
         (dict(seed=1.5), "seed"),
         (dict(seed="7"), "seed"),
-        (dict(n=2), "n"),
+        (dict(n=1.5), "n"),
         (dict(n=0), "n"),
         (dict(best_of=2), "best_of"),
         (dict(temprature=0.5), "temprature"),
