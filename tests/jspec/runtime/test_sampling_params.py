@@ -99,7 +99,7 @@ def test_messages_are_specific():
     assert message(top_p=0) == "sampling_params.top_p: must be in (0, 1], got 0"
     assert "unknown key" in message(best_of=2)
     assert "[0, 1000)" in message(stop_token_ids=[1000])
-    assert "only n = 1" in message(n=3)
+    assert message(n=0) == "sampling_params.n: must be >= 1, got 0"
 
 
 def test_not_a_dict():
