@@ -117,6 +117,11 @@ def _add_workload_flags(p) -> None:
     g.add_argument("--warmup-requests", type=int, default=1)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--disable-ignore-eos", action="store_true", help="let requests stop at EOS")
+    g.add_argument("--frequency-penalty", type=float, default=None)
+    g.add_argument("--presence-penalty", type=float, default=None)
+    g.add_argument("--repetition-penalty", type=float, default=None)
+    g.add_argument("--return-logprob", action="store_true", help="every request asks for its tokens' logprobs")
+    g.add_argument("--top-logprobs-num", type=int, default=None, help="... and this many top logprobs per token")
 
 
 def _default_output(kind: str):

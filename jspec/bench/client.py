@@ -32,6 +32,9 @@ class RequestResult:
     cached_tokens: int = 0  # prompt tokens the prefix cache served
 
 
+GENERATE_KEYS = ("return_logprob", "top_logprobs_num")  # Engine.generate keywords, not sampling params
+
+
 def _run_one(engine, req: BenchRequest, sampling: dict, results: list, idx: int, sem) -> list[int]:
     """Stream one request into results[idx]; returns the token ids it generated."""
     res = RequestResult(prompt_len=len(req.input_ids))
@@ -40,8 +43,11 @@ def _run_one(engine, req: BenchRequest, sampling: dict, results: list, idx: int,
         st = time.perf_counter()
         last = st
         meta = {}
-        chunks = engine.generate(input_ids=req.input_ids, stream=True,
-                                 sampling_params={**sampling, "max_new_tokens": req.output_len})
+        # The generate keywords ride in the sampling dict (`serve.sampling_params`).
+        extra = {k: sampling[k] for k in GENERATE_KEYS if k in sampling}
+        params = {k: v for k, v in sampling.items() if k not in GENERATE_KEYS}
+        chunks = engine.generate(input_ids=req.input_ids, stream=True, **extra,
+                                 sampling_params={**params, "max_new_tokens": req.output_len})
         for chunk in chunks:
             now = time.perf_counter()
             k = len(chunk["output_ids"])

@@ -28,7 +28,8 @@ SETTING_KEYS = ("dataset_name", "dataset_path", "num_prompts", "seed", "request_
                 "warmup_requests", "temperature", "disable_ignore_eos", "random_input_len", "random_output_len",
                 "random_range_ratio", "gsp_num_groups", "gsp_prompts_per_group", "gsp_system_prompt_len",
                 "gsp_question_len", "gsp_output_len", "sharegpt_output_len", "sharegpt_context_len",
-                "multiturn_max_turns")
+                "multiturn_max_turns", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                "return_logprob", "top_logprobs_num")
 
 
 def engine_kwargs(args) -> dict:
@@ -52,7 +53,13 @@ def spec_kwargs(args) -> dict:
 def sampling_params(args) -> dict:
     # ignore_eos by default, as SGLang's bench_serving: every request makes exactly the tokens
     # its workload asks for, so runs compare whatever the weights.
-    return {"temperature": args.temperature, "ignore_eos": not args.disable_ignore_eos}
+    out = {"temperature": args.temperature, "ignore_eos": not args.disable_ignore_eos}
+    for key in ("frequency_penalty", "presence_penalty", "repetition_penalty", "top_logprobs_num"):
+        if getattr(args, key, None) is not None:
+            out[key] = getattr(args, key)
+    if getattr(args, "return_logprob", False) or out.get("top_logprobs_num"):
+        out["return_logprob"] = True  # with top_logprobs_num: passed to Engine.generate, not sampling
+    return out
 
 
 def settings(args) -> dict:
