@@ -17,7 +17,22 @@ def text(detok: Detokenizer, req: Request) -> str:
     return out
 
 
-def meta_info(req: Request, *, speculative: bool) -> dict:
+class _LogprobRows:
+    """A streamed request's logprob entries in meta_info's format, built once per token as the
+    stream goes (rebuilding them from the start at every chunk is quadratic in the output)."""
+
+    def __init__(self):
+        self.tokens: list = []
+        self.top: list = []
+
+    def update(self, req: Request) -> tuple[list, list]:
+        n = len(self.tokens)
+        self.tokens += [(lp, t, None) for lp, t in zip(req.output_logprobs[n:], req.output_ids[n:])]
+        self.top += [[(lp, t, None) for lp, t in row] for row in req.output_top_logprobs[len(self.top):]]
+        return list(self.tokens), list(self.top)
+
+
+def meta_info(req: Request, *, speculative: bool, rows: _LogprobRows | None = None) -> dict:
     meta = {
         "id": req.rid,
         "prompt_tokens": len(req.input_ids),
@@ -32,9 +47,10 @@ def meta_info(req: Request, *, speculative: bool) -> dict:
         meta["spec_verify_ct"] = req.spec_verify_ct
         meta["spec_accept_length"] = len(req.output_ids) / max(req.spec_verify_ct, 1)
     if req.return_logprob:
-        meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(req.output_logprobs, req.output_ids)]
+        tokens, top = (rows or _LogprobRows()).update(req)
+        meta["output_token_logprobs"] = tokens
         if req.top_logprobs_num:
-            meta["output_top_logprobs"] = [[(lp, t, None) for lp, t in row] for row in req.output_top_logprobs]
+            meta["output_top_logprobs"] = top
     return meta
 
 
@@ -48,6 +64,7 @@ def stream(detok: Detokenizer, req: Request, *, speculative: bool):
     stop string is held back (once the stop completes, the text is cut before it)."""
     sent_ids = 0
     sent_text = ""
+    rows = _LogprobRows()
     stops = [req.sampling.stop] if isinstance(req.sampling.stop, str) else list(req.sampling.stop or [])
     while True:
         final = req.stream_queue.get()
@@ -60,7 +77,7 @@ def stream(detok: Detokenizer, req: Request, *, speculative: bool):
         sent_ids += len(ids)
         sent_text = now
         if final or ids:
-            meta = meta_info(req, speculative=speculative)
+            meta = meta_info(req, speculative=speculative, rows=rows)
             if not final:  # the loop may finish it while this chunk is built: only the last one says so
                 meta["finish_reason"] = None
             yield {"text": piece, "output_ids": list(ids), "meta_info": meta}
