@@ -128,8 +128,7 @@ class Engine:
         self.limits = RequestLimits(vocab_size=self.config.vocab_size, context_length=cfg.context_length,
                                     pool_tokens=cfg.pool_tokens, spec_extra=cfg.spec_extra,
                                     max_top_logprobs=cfg.max_top_logprobs_num,
-                                    disable_top_k_top_p=cfg.disable_top_k_top_p,
-                                    speculative=self.spec is not None)
+                                    disable_top_k_top_p=cfg.disable_top_k_top_p)
         self._wake = threading.Condition()
         self._stopped = False
         self._error: BaseException | None = None

@@ -93,7 +93,6 @@ class RequestLimits:
     spec_extra: int
     max_top_logprobs: int
     disable_top_k_top_p: bool
-    speculative: bool
 
 
 def make_request(limits: RequestLimits, tokenizer, *, prompt, input_ids, sampling_params, return_logprob,
