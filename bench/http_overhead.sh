@@ -7,7 +7,7 @@
 set -euo pipefail
 out=$1
 if [[ -n "${WHEELS:-}" ]]; then
-  pip install -q --no-index --find-links "$WHEELS" fastapi uvicorn prometheus_client jinja2
+  python3 -m pip install -q --no-index --find-links "$WHEELS" fastapi uvicorn prometheus_client jinja2
 fi
 engine=(--model-path random:qwen3-8b --speculative-algorithm EAGLE3 --speculative-draft-model-path random
         --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
@@ -17,13 +17,15 @@ work=(--quiet --dataset-name random --random-input-len 1024 --random-output-len 
 export PYTHONPATH=.
 python3 -m jspec.cli serve "${engine[@]}" --port 30000 > "$out/http_server.log" 2>&1 &
 server=$!
+python3 -c "import uvicorn, fastapi"  # the serve extra is there (else the wait below is for nothing)
 for _ in $(seq 300); do
   python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:30000/health', timeout=2)" 2> /dev/null && break
   sleep 1
 done
 for c in 1 32; do
   n=$(( c == 1 ? 4 : 64 ))
-  python3 -m jspec.cli bench serve --backend http --base-url http://127.0.0.1:30000 "${work[@]}" \
+  python3 -m jspec.cli bench serve --backend http --base-url http://127.0.0.1:30000 --model-path random:qwen3-8b \
+      "${work[@]}" \
       --num-prompts $n --max-concurrency $c --output-file "$out/serve_http_overhead.jsonl" 2>&1 \
       | tee -a "$out/http_bench.log" | grep -E "Output token throughput|Mean TTFT"
 done
