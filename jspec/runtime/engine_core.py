@@ -154,7 +154,7 @@ class EngineCore:
             if req.return_logprob:
                 req.output_logprobs.append(float(logprobs[i]))
                 n = req.top_logprobs_num
-                req.output_top_logprobs.append([(float(top_lps[i, j]), int(top_ids[i, j])) for j in range(n)])
+                req.output_top_logprobs.append(list(zip(top_lps[i, :n].tolist(), top_ids[i, :n].tolist())))
             reason = self._stop_reason(req, tok)
             if reason is not None:
                 self._finish(req, reason)
@@ -182,15 +182,18 @@ class EngineCore:
             if speculated:
                 self.accept_histogram[count] = self.accept_histogram.get(count, 0) + 1
             reason = None
-            for j in range(count):
-                tok = int(tokens[i, j])
+            row = tokens[i, :count].tolist()  # Python ints and floats at once, not per element
+            if req.return_logprob:
+                k = req.top_logprobs_num
+                lps, top = logprobs[i, :count].tolist(), top_lps[i, :count, :k].tolist()
+                ids = top_ids[i, :count, :k].tolist()
+            for j, tok in enumerate(row):
                 req.output_ids.append(tok)
                 req.token_times.append(now)
                 self.num_generated += 1
                 if req.return_logprob:
-                    req.output_logprobs.append(float(logprobs[i, j]))
-                    req.output_top_logprobs.append([(float(top_lps[i, j, k]), int(top_ids[i, j, k]))
-                                                    for k in range(req.top_logprobs_num)])
+                    req.output_logprobs.append(lps[j])
+                    req.output_top_logprobs.append(list(zip(top[j], ids[j])))
                 reason = self._stop_reason(req, tok)
                 if reason is not None:
                     break
