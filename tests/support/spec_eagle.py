@@ -31,6 +31,8 @@ BUILDERS = {
     "flat": lambda d: (tm.build("qwen3", d["flat"], seed=43), td.make_near_bigram(d["flat"], 0, logit_scale=0.07)),
     "agree_flat": lambda d: td.write_agreeing_eagle(d["agree_flat"], d["flat"], seed=4, logit_scale=0.07),
     "llama_eagle": lambda d: td.write_eagle(d["llama_eagle"], d["llama"], seed=9, embed=False),
+    "block_bigram": lambda d: (tm.build("qwen3", d["block_bigram"], seed=42), td.make_block_bigram(d["block_bigram"])),
+    "agree_dflash": lambda d: td.write_agreeing_dflash(d["agree_dflash"], d["block_bigram"], block_size=4),
 }
 
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from jspec import Engine
-from tests.support import drafters as td
 from tests.support import models as tm
 from tests.support.engines import SPEC_BS4, check_no_leaks, output_ids
+from tests.support.spec_eagle import build_models
 
 PS = 4
 PROMPTS = [tm.random_ids(7, seed=41) * 2 + tm.random_ids(n, seed=800 + n) for n in (3, 6, 1)]
@@ -37,19 +37,9 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory, tiny_checkpoint):
-    root = tmp_path_factory.mktemp("spec_penalties")
-    d = {"qwen3": tiny_checkpoint("qwen3", 41), "llama": tiny_checkpoint("llama", 42)}
-    d.update({k: str(root / k) for k in ("eagle3", "bigram", "agree_eagle", "block_bigram", "agree_dflash",
-                                         "bigram_next")})
-    tm.build("qwen3_next", d["bigram_next"], seed=6)
-    td.add_agreeing_mtp(d["bigram_next"], seed=7)
-    td.write_eagle3(d["eagle3"], d["qwen3"], seed=2, draft_vocab=60)
-    tm.build("qwen3", d["bigram"], seed=43)
-    td.make_near_bigram(d["bigram"], 0)
-    td.write_agreeing_eagle(d["agree_eagle"], d["bigram"], seed=4)
-    tm.build("qwen3", d["block_bigram"], seed=42)
-    td.make_block_bigram(d["block_bigram"])
-    td.write_agreeing_dflash(d["agree_dflash"], d["block_bigram"], block_size=4)
+    d = build_models(tmp_path_factory.mktemp("spec_penalties"), ("qwen3", "eagle3", "bigram", "agree_eagle", "block_bigram",
+                                                      "agree_dflash", "bigram_next"), tiny_checkpoint)
+    d["llama"] = tiny_checkpoint("llama", 42)  # STANDALONE's draft: another architecture, same vocabulary
     return d
 
 
