@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from jspec.runtime.detokenizer import Detokenizer, stop_prefix_len
+from jspec.runtime.detokenizer import Detokenizer, find_stop, stop_prefix_len
 from jspec.runtime.request import Request
 
 
@@ -59,6 +59,14 @@ def result(detok: Detokenizer, req: Request, *, speculative: bool) -> dict:
             "meta_info": meta_info(req, speculative=speculative)}
 
 
+def _safe_prefix(now: str, stops: list[str]) -> str:
+    """What of a not-yet-final text may be sent: the text before the first whole stop string (the
+    loop may have matched it already and not yet said so), less a tail that may grow into one."""
+    found = find_stop(now, stops, 0)
+    now = now[:found[0]] if found else now
+    return now[:len(now) - stop_prefix_len(now, stops)]
+
+
 def stream(detok: Detokenizer, req: Request, *, speculative: bool):
     """Incremental dicts whose texts add up to the final text: a tail that may still grow into a
     stop string is held back (once the stop completes, the text is cut before it)."""
@@ -72,7 +80,7 @@ def stream(detok: Detokenizer, req: Request, *, speculative: bool):
         state = req.detok_state
         now = text(detok, req) if final else (state.text if state is not None else "")
         if not final:
-            now = now[:len(now) - stop_prefix_len(now, stops)]
+            now = _safe_prefix(now, stops)
         piece = now[len(sent_text):]
         sent_ids += len(ids)
         sent_text = now

@@ -1,0 +1,50 @@
+"""Streamed chunks against the final text when the engine loop runs ahead of the caller's thread:
+the chunk builder may see output text that already holds a whole stop string before it sees the
+finish (the race that made the engine-level stop-string stream test flaky)."""
+
+from __future__ import annotations
+
+import queue
+
+from jspec.runtime import outputs
+from jspec.runtime.detokenizer import DetokState, Detokenizer
+from jspec.runtime.request import Request
+from jspec.runtime.sampling_params import SamplingParams
+
+
+def _request(stop: str) -> Request:
+    req = Request(rid="r", input_ids=[1, 2], sampling=SamplingParams(stop=[stop]), seed=0, stream=True)
+    req.stream_queue = queue.Queue()
+    req.detok_state = DetokState()
+    return req
+
+
+def test_a_chunk_never_sends_text_past_a_whole_stop_string_seen_before_the_finish():
+    req = _request("6 w96")
+    gen = outputs.stream(Detokenizer(None), req, speculative=False)
+    # The loop decoded two tokens (the stop is complete in them) and woke the stream once...
+    req.output_ids += [96, 96]
+    req.detok_state.text = "w96 w96"
+    req.stream_queue.put(False)
+    first = next(gen)
+    # ...then matched the stop and finished it before the caller asked for the next chunk.
+    req.stop_text_end = 2
+    req.finish_reason = {"type": "stop", "matched": "6 w96"}
+    req.stream_queue.put(True)
+    rest = list(gen)
+    assert first["text"] == "w9" and first["meta_info"]["finish_reason"] is None
+    assert "".join(c["text"] for c in [first] + rest) == "w9"
+    assert rest[-1]["meta_info"]["finish_reason"]["matched"] == "6 w96"
+
+
+def test_a_tail_that_may_become_a_stop_string_waits_and_is_sent_when_it_does_not():
+    req = _request("6 w96")
+    gen = outputs.stream(Detokenizer(None), req, speculative=False)
+    req.output_ids += [96]
+    req.detok_state.text = "w96"
+    req.stream_queue.put(False)
+    assert next(gen)["text"] == "w9"  # "6" may begin the stop
+    req.output_ids += [5]
+    req.detok_state.text = "w96 w5"
+    req.stream_queue.put(False)
+    assert next(gen)["text"] == "6 w5"
