@@ -24,10 +24,11 @@ from jspec.config import generation_eos_token_ids
 from jspec.engine_config import EngineConfig, draft_source
 from jspec.errors import EngineShutdownError, InvalidRequestError
 from jspec.models.drafters import checkpoint_format, load_drafter
-from jspec.models.loader import Model, load_model
+from jspec.models.loader import Model, load_model, load_tokenizer
 from jspec.runtime.adaptive import SpecPolicy
 from jspec.runtime import outputs
 from jspec.runtime.engine_core import EngineCore
+from jspec.runtime.grammar import GrammarBackend
 from jspec.runtime.model_runner import ModelRunner
 from jspec.runtime.request import Request, RequestLimits, make_request, parallel_samples
 from jspec.runtime.scheduler import Scheduler
@@ -59,7 +60,9 @@ class Engine:
                       else load_model(model_path, dtype=cfg.dtype, tp_size=cfg.tp_size,
                                       expert_parallel=cfg.ep_size > 1))
         self.config = self.model.config
-        self.tokenizer = None if cfg.skip_tokenizer_init else self.model.tokenizer
+        tokenizer_dir = cfg.tokenizer_path or (self.model.path if isinstance(self.model.path, str) else None)
+        self.tokenizer = (None if cfg.skip_tokenizer_init else
+                          load_tokenizer(cfg.tokenizer_path) if cfg.tokenizer_path else self.model.tokenizer)
         self.eos_token_ids = set(self.config.eos_token_ids)
         if not isinstance(model_path, Model):
             self.eos_token_ids |= generation_eos_token_ids(model_path)
@@ -95,7 +98,11 @@ class Engine:
                                   plain_decode=self.spec is not None and (self.spec.adaptive or
                                                                           self.spec.disable_by_batch_size is not None),
                                   shorter_chains=self.spec is not None and self.spec.adaptive,
-                                  prefix_pages=cfg.prefix_pages_per_step)
+                                  prefix_pages=cfg.prefix_pages_per_step, grammar=cfg.grammar_backend is not None)
+        tokenizer_json = None if tokenizer_dir is None else os.path.join(tokenizer_dir, "tokenizer.json")
+        self.grammars = GrammarBackend.create(
+            cfg.grammar_backend, vocab_size=self.config.vocab_size, eos_token_ids=self.eos_token_ids,
+            tokenizer_path=tokenizer_json if tokenizer_json and os.path.exists(tokenizer_json) else None)
         if cfg.layout.num_pages is None:
             cfg = self.engine_config = cfg.with_memory_plan(self._plan_memory())
         self.runner.capture(cfg.layout)
@@ -128,7 +135,8 @@ class Engine:
         self.limits = RequestLimits(vocab_size=self.config.vocab_size, context_length=cfg.context_length,
                                     pool_tokens=cfg.pool_tokens, spec_extra=cfg.spec_extra,
                                     max_top_logprobs=cfg.max_top_logprobs_num,
-                                    disable_top_k_top_p=cfg.disable_top_k_top_p)
+                                    disable_top_k_top_p=cfg.disable_top_k_top_p,
+                                    eos_token_ids=tuple(sorted(self.eos_token_ids)))
         self._wake = threading.Condition()
         self._stopped = False
         self._error: BaseException | None = None
@@ -187,7 +195,8 @@ class Engine:
     def _make_request(self, prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, stream, rid):
         return make_request(self.limits, self.tokenizer, prompt=prompt, input_ids=input_ids,
                             sampling_params=sampling_params, return_logprob=return_logprob,
-                            top_logprobs_num=top_logprobs_num, stream=stream, rid=rid, next_seed=self._next_seed)
+                            top_logprobs_num=top_logprobs_num, stream=stream, rid=rid, next_seed=self._next_seed,
+                            grammars=self.grammars)
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
                  top_logprobs_num=0, stream=False, rid=None):

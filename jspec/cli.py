@@ -63,6 +63,10 @@ def _cmd_generate(args) -> int:
         kw["ep_size"] = args.ep_size
     if args.disable_radix_cache:
         kw["disable_radix_cache"] = True
+    grammar = {k: v for k, v in (("regex", args.regex), ("json_schema", args.json_schema), ("ebnf", args.ebnf))
+               if v is not None}
+    if grammar:
+        kw["grammar_backend"] = "llguidance"
     with Engine(args.model_path, **kw) as engine:
         startup = time.perf_counter() - t0
         sp = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
@@ -71,6 +75,7 @@ def _cmd_generate(args) -> int:
             sp["seed"] = args.seed
         if args.stop:
             sp["stop"] = args.stop
+        sp.update(grammar)
         prompts = args.prompt or []
         ids = [[int(t) for t in x.split(",")] for x in (args.input_ids or [])]
         t1 = time.perf_counter()
@@ -151,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tp-size", type=int, help="devices the target is split over (tensor parallelism)")
     g.add_argument("--ep-size", type=int, help="= --tp-size: MoE experts split whole (expert parallelism)")
     g.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache")
+    g.add_argument("--regex", help="structured output: the text matches this regular expression")
+    g.add_argument("--json-schema", help="structured output: JSON following this schema (a JSON string)")
+    g.add_argument("--ebnf", help="structured output: text of this grammar (GBNF or Lark)")
     g.add_argument("--quiet", action="store_true")
     g.set_defaults(func=_cmd_generate)
 

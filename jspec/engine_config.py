@@ -20,6 +20,7 @@ from jspec.config import ModelConfig, load_config
 from jspec.errors import ConfigError
 from jspec.models.drafters import dflash_block_size, drafter_config
 from jspec.models.loader import Model, resolve_dtype
+from jspec.runtime.grammar import BACKENDS as GRAMMAR_BACKENDS
 from jspec.sharding import check_tp
 from jspec.speculative.config import SpecConfig, check_draft, parse_spec_config
 
@@ -62,6 +63,8 @@ class EngineConfig:
     schedule_policy: str = "fcfs"  # admission order: "fcfs" or "lpm" (longest cached prefix first)
     max_mamba_cache_size: int | None = None  # hybrid: GDN state rows, running requests + cached snapshots
     mamba_track_interval: int = 256  # hybrid: decode keeps the GDN state every this many tokens
+    grammar_backend: str | None = None  # structured output (regex / json_schema / ebnf): "llguidance"
+    tokenizer_path: str | None = None  # a directory with tokenizer.json (default: the model's own)
 
     @property
     def max_extend_requests(self) -> int:
@@ -84,7 +87,8 @@ class EngineConfig:
                     tp_size=self.tp_size, ep_size=self.ep_size, disable_radix_cache=self.disable_radix_cache,
                     radix_cache=self.radix_cache_enabled, schedule_policy=self.schedule_policy,
                     max_mamba_cache_size=self.layout.num_slots - 1 + self.layout.num_snapshots
-                    if self.model_config.is_hybrid else None, mamba_track_interval=self.mamba_track_interval)
+                    if self.model_config.is_hybrid else None, mamba_track_interval=self.mamba_track_interval,
+                    grammar_backend=self.grammar_backend, tokenizer_path=self.tokenizer_path)
 
     @property
     def radix_cache_enabled(self) -> bool:
@@ -110,6 +114,7 @@ class EngineConfig:
                disable_top_k_top_p: bool = False, tp_size: int | None = None, ep_size: int | None = None,
                disable_radix_cache: bool = False, schedule_policy: str = "fcfs",
                max_mamba_cache_size: int | None = None, mamba_track_interval: int = 256,
+               grammar_backend: str | None = None, tokenizer_path: str | None = None,
                **speculative) -> EngineConfig:
         """Validate SGLang-style keyword settings; `speculative` holds the speculative_* keys."""
         unknown = sorted(k for k in speculative if not k.startswith("speculative_") or k not in SPEC_KEYS)
@@ -143,6 +148,13 @@ class EngineConfig:
         spec_extra = 0
         if spec is not None:
             spec_extra = spec.kv_ahead + (0 if disable_overlap_schedule else spec.num_steps + 1)
+        if tokenizer_path is not None and not os.path.isfile(os.path.join(tokenizer_path, "tokenizer.json")):
+            raise ConfigError(f"tokenizer_path: no tokenizer.json in {tokenizer_path!r}")
+        if grammar_backend == "none":
+            grammar_backend = None
+        if grammar_backend is not None and grammar_backend not in GRAMMAR_BACKENDS:
+            raise ConfigError(f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)} or None, "
+                              f"got {grammar_backend!r}")
         if schedule_policy not in SCHEDULE_POLICIES:
             raise ConfigError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, got {schedule_policy!r}")
         if mem_fraction_static is not None and not 0.0 < float(mem_fraction_static) <= 1.0:
@@ -166,7 +178,8 @@ class EngineConfig:
                    show_progress=bool(show_progress), transfer_guard=transfer_guard, spec=spec, spec_extra=spec_extra,
                    mem_fraction_static=mem_fraction_static, tp_size=tp, ep_size=ep,
                    disable_radix_cache=bool(disable_radix_cache), schedule_policy=schedule_policy,
-                   max_mamba_cache_size=max_mamba_cache_size, mamba_track_interval=mamba_track_interval)
+                   max_mamba_cache_size=max_mamba_cache_size, mamba_track_interval=mamba_track_interval,
+                   grammar_backend=grammar_backend, tokenizer_path=None if tokenizer_path is None else str(tokenizer_path))
 
     def with_memory_plan(self, plan: MemoryPlan) -> EngineConfig:
         """This config with the pool sized by `plan` (see `Engine`, which measures it)."""

@@ -79,6 +79,9 @@ def add_engine_flags(p) -> None:
                    help="on (default) / off: per step, decode plainly where speculating would be slower")
     g.add_argument("--speculative-disable-by-batch-size", type=int,
                    help="never speculate with this many running requests or more")
+    g.add_argument("--grammar-backend", choices=("llguidance", "none"),
+                   help="structured output (regex / json_schema / ebnf requests); off by default")
+    g.add_argument("--tokenizer-path", help="directory with the tokenizer.json to use (default: the model's)")
     g.add_argument("--quiet", action="store_true", help="no compile progress bar")
 
 

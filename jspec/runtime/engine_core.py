@@ -88,6 +88,12 @@ class EngineCore:
                 else:
                     self.sched.add(req)
         self._handle_aborts()
+        if self.pending is not None and any(s.sample and s.req.grammar is not None for s in self.pending.plan.reqs):
+            # Structured output: the next mask of a constrained request depends on the token still
+            # in flight, so its result is read before the next step is planned.
+            self._process(self.pending)
+            self.pending = None
+            self._handle_aborts()
         try:
             plan = self.sched.schedule(inflight=self.pending is not None)
         except NeedSync:
@@ -207,9 +213,15 @@ class EngineCore:
 
     def _stop_reason(self, req: Request, tok: int) -> dict | None:
         sp = req.sampling
-        if not sp.ignore_eos and tok in self.eos:
+        if req.grammar is not None:
+            if not req.grammar.accept(tok):
+                return {"type": "abort", "message": f"token {tok} broke the request's grammar: {req.grammar.error}"}
+            if req.grammar.finished:  # the grammar ended (SGLang finishes the request there too)
+                return {"type": "stop", "matched": tok}
+        early = len(req.output_ids) < sp.min_new_tokens  # no stop counts yet (the device held back stop tokens)
+        if not early and not sp.ignore_eos and tok in self.eos:
             return {"type": "stop", "matched": tok}
-        if sp.stop_token_ids and tok in sp.stop_token_ids:
+        if not early and sp.stop_token_ids and tok in sp.stop_token_ids:
             return {"type": "stop", "matched": tok}
         if sp.stop or req.stream_queue is not None:
             if req.detok_state is None:
@@ -217,7 +229,7 @@ class EngineCore:
             state = req.detok_state
             before = len(state.text)
             self.detok.step(state, req.output_ids, sp.skip_special_tokens)
-            if sp.stop:
+            if sp.stop and not early:
                 stops = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop)
                 hit = find_stop(state.text, stops, before)
                 if hit is not None:

@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jspec.cache.pool import PoolLayout, allocate_caches, pool_specs
 from jspec.models import ops
 from jspec.models.batch import ForwardMode
+from jspec.runtime.grammar import mask_words, step_inputs as grammar_inputs
 from jspec.runtime.scheduler import StepPlan
 from jspec.runtime.step import Drafting, make_step
 from jspec.runtime.step_inputs import Bucket, DeviceState, pack
@@ -49,7 +50,9 @@ class ModelRunner:
     def __init__(self, model, *, layout: PoolLayout, decode_batch_sizes: list[int], extend_token_sizes: list[int],
                  max_extend_requests: int, num_top_logprobs: int = 20, progress: bool = True,
                  drafting: Drafting | None = None, top_k_top_p: bool = True, compile: bool = True,
-                 plain_decode: bool = False, shorter_chains: bool = False, prefix_pages: int = 0):
+                 plain_decode: bool = False, shorter_chains: bool = False, prefix_pages: int = 0,
+                 grammar: bool = False):
+        """grammar: every step takes token bitmasks (structured output, `jspec.runtime.grammar`)."""
         self.model = model
         self.drafting = drafting
         self.page_size = page_size = layout.page_size
@@ -69,13 +72,22 @@ class ModelRunner:
             variants.append((False, 0))
         if drafting is not None and shorter_chains:
             variants += [(True, k) for k in drafting.shorter_chains]
+        words = mask_words(model.config.vocab_size) if grammar else 0
+
+        def masks(speculate: bool, steps: int) -> dict:
+            if not grammar:
+                return {}
+            spec = drafting is not None and speculate
+            return dict(grammar_nodes=drafting.grammar_nodes(steps) if spec else 1, mask_words=words,
+                        grammar_forced=spec)
+
         for b in sorted(set(decode_batch_sizes)):
             for sort in sorts:
                 for speculate, steps in variants:
                     self.buckets.append(Bucket(ForwardMode.DECODE, b, b, b * updates_per_req, sort=sort,
                                                speculate=speculate, draft_steps=steps,
                                                snapshots=layout.num_snapshots > 0,
-                                               commit_tracks=drafting is not None))
+                                               commit_tracks=drafting is not None, **masks(speculate, steps)))
         ahead_pages = 0 if drafting is None else _pages(drafting.prefill_ahead, page_size)
         for t in sorted(set(extend_token_sizes)):
             b = min(t, max_extend_requests)
@@ -83,13 +95,14 @@ class ModelRunner:
             updates = t // page_size + b * (1 + ahead_pages) + 1 + prefix_pages
             self.buckets.append(Bucket(ForwardMode.EXTEND, t, b, updates,
                                        next_ids=drafting is not None and drafting.extend_next_ids,
-                                       snapshots=layout.num_snapshots > 0))
+                                       snapshots=layout.num_snapshots > 0, **masks(False, 0)))
         self.layout = layout
         self.mesh = model.mesh if model.mesh is not None else make_mesh(1)
         self._replicated = NamedSharding(self.mesh, P())
         draft_model = None if drafting is None else drafting.draft_model
         self.params = model.params if draft_model is None else (model.params, draft_model.params)
         self.compiled: dict[Bucket, object] = {}
+        self._open_masks: dict[Bucket, jax.Array] = {}  # grammar buckets: the all-allowed mask, on the device
         self.compile_seconds = 0.0
         self.state: DeviceState | None = None
         self._progress = progress
@@ -171,6 +184,9 @@ class ModelRunner:
         self.state = None
         self.params = None
         self.compiled.clear()
+        for mask in self._open_masks.values():
+            mask.delete()
+        self._open_masks.clear()
         self.drafting = None
 
     @property
@@ -188,10 +204,28 @@ class ModelRunner:
     def _lower(self, bucket: Bucket, state):
         """Trace and lower a bucket's step against `state` (arrays or shardings-carrying shapes)."""
         packed = jax.ShapeDtypeStruct((bucket.size,), jnp.int32, sharding=self._replicated)
+        mask = [jax.ShapeDtypeStruct(self._mask_shape(bucket), jnp.int32, sharding=self._replicated)
+                ] if bucket.grammar_nodes else []
         out_shardings = (self.state_shardings(state), self._replicated)
         with ops.tensor_parallel(self.mesh):
             return jax.jit(self.step_fn(bucket), donate_argnums=(1,), out_shardings=out_shardings).lower(
-                self.params, state, packed)
+                self.params, state, packed, *mask)
+
+    @staticmethod
+    def _mask_shape(bucket: Bucket) -> tuple[int, int, int]:
+        return bucket.batch_size, bucket.grammar_nodes, bucket.mask_words
+
+    def _mask_args(self, bucket: Bucket, masks) -> list:
+        """The step's grammar input: none for a bucket without one; the plan's masks; or, when no
+        row is constrained, an all-allowed mask kept on the device (nothing to transfer)."""
+        if not bucket.grammar_nodes:
+            return []
+        if masks is not None:
+            return [jax.device_put(masks, self._replicated)]
+        if bucket not in self._open_masks:
+            self._open_masks[bucket] = jax.device_put(np.full(self._mask_shape(bucket), -1, np.int32),
+                                                      self._replicated)
+        return [self._open_masks[bucket]]
 
     def _compile_all(self, progress: bool) -> None:
         t0 = time.perf_counter()
@@ -220,10 +254,11 @@ class ModelRunner:
             if bucket.mode is not ForwardMode.DECODE or bucket.sort:
                 continue
             packed = jax.device_put(pack(StepPlan(ForwardMode.DECODE, [], []), bucket), self._replicated)
+            mask = self._mask_args(bucket, None)
             samples = []
             for i in range(repeats + 1):  # the first run pays for loading the executable
                 t0 = time.perf_counter()
-                self.state, out = self.compiled[bucket](self.params, self.state, packed)
+                self.state, out = self.compiled[bucket](self.params, self.state, packed, *mask)
                 out.block_until_ready()
                 if i:
                     samples.append(time.perf_counter() - t0)
@@ -250,8 +285,9 @@ class ModelRunner:
         # Named in profiler traces (a no-op otherwise): the host side of a step, which with
         # overlap runs while the device still executes the step before it.
         with jax.profiler.TraceAnnotation(f"jspec.dispatch {bucket.mode.value} B{bucket.batch_size}"):
-            packed = jax.device_put(pack(plan, bucket), self._replicated)
-            self.state, out = self.compiled[bucket](self.params, self.state, packed)
+            masks, forced, limit = grammar_inputs(plan, bucket) if bucket.grammar_nodes else (None, None, None)
+            packed = jax.device_put(pack(plan, bucket, None if forced is None else (forced, limit)), self._replicated)
+            self.state, out = self.compiled[bucket](self.params, self.state, packed, *self._mask_args(bucket, masks))
             out.copy_to_host_async()
         return StepHandle(plan, bucket, out, time.perf_counter())
 

@@ -16,7 +16,9 @@ import numpy as np
 
 from jspec.errors import InvalidRequestError
 from jspec.runtime.detokenizer import DetokState
+from jspec.runtime.grammar import GRAMMAR_KEYS, Grammar, GrammarBackend
 from jspec.runtime.sampling_params import SEED_LIMIT, SamplingParams
+from jspec.runtime.step_inputs import MAX_HELD_STOPS
 
 
 class Status(enum.Enum):
@@ -34,6 +36,8 @@ class Request:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     stream: bool = False
+    grammar: "Grammar | None" = None  # structured output: the grammar state its accepted tokens reached
+    held_stops: tuple[int, ...] = ()  # min_new_tokens: the stop tokens held back (EOS ids, stop_token_ids)
 
     output_ids: list[int] = dataclasses.field(default_factory=list)
     output_logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -93,12 +97,13 @@ class RequestLimits:
     spec_extra: int
     max_top_logprobs: int
     disable_top_k_top_p: bool
+    eos_token_ids: tuple[int, ...] = ()
 
 
 def make_request(limits: RequestLimits, tokenizer, *, prompt, input_ids, sampling_params, return_logprob,
-                 top_logprobs_num, stream, rid, next_seed) -> Request:
-    """A validated `Request` from `Engine.generate`'s arguments (text is tokenized here);
-    next_seed(): the seed of a request that names none."""
+                 top_logprobs_num, stream, rid, next_seed, grammars: GrammarBackend | None = None) -> Request:
+    """A validated `Request` from `Engine.generate`'s arguments (text is tokenized here, a grammar
+    compiled with `grammars`); next_seed(): the seed of a request that names none."""
     if input_ids is None:
         if prompt is None:
             raise InvalidRequestError("prompt: either prompt or input_ids must be given")
@@ -145,10 +150,23 @@ def make_request(limits: RequestLimits, tokenizer, *, prompt, input_ids, samplin
         raise InvalidRequestError(f"top_logprobs_num: must be an int in [0, {limits.max_top_logprobs}]")
     if stream and sp.n > 1:
         raise InvalidRequestError(f"sampling_params.n: a streamed request returns one sample, got n = {sp.n}")
+    grammar = None
+    key = next((k for k in GRAMMAR_KEYS if getattr(sp, k) is not None), None)
+    if key is not None:
+        if grammars is None:
+            raise InvalidRequestError(f"sampling_params.{key}: structured output is off on this engine; start it "
+                                      "with grammar_backend='llguidance'")
+        grammar = grammars.compile(key, getattr(sp, key))
+    held = ()
+    if sp.min_new_tokens:
+        held = tuple(sorted(set(limits.eos_token_ids) | set(sp.stop_token_ids or ())))
+        if len(held) > MAX_HELD_STOPS:
+            raise InvalidRequestError(f"sampling_params.min_new_tokens: holds back at most {MAX_HELD_STOPS} stop "
+                                      f"tokens (EOS and stop_token_ids), this request has {len(held)}")
     seed = sp.seed if sp.seed is not None else next_seed()
     return Request(rid=rid or uuid.uuid4().hex, input_ids=input_ids, sampling=sp, seed=seed,
                    return_logprob=return_logprob or top_logprobs_num > 0, top_logprobs_num=top_logprobs_num,
-                   stream=stream, stream_queue=queue.Queue() if stream else None)
+                   stream=stream, stream_queue=queue.Queue() if stream else None, grammar=grammar, held_stops=held)
 
 
 def parallel_samples(req: Request, next_seed) -> list[Request]:
@@ -162,5 +180,7 @@ def parallel_samples(req: Request, next_seed) -> list[Request]:
     for j in range(1, sp.n):
         seed = (sp.seed + j) % SEED_LIMIT if sp.seed is not None else next_seed()
         samples.append(Request(rid=f"{req.rid}-{j}", input_ids=list(req.input_ids), sampling=sp, seed=seed,
-                               return_logprob=req.return_logprob, top_logprobs_num=req.top_logprobs_num))
+                               return_logprob=req.return_logprob, top_logprobs_num=req.top_logprobs_num,
+                               grammar=None if req.grammar is None else req.grammar.copy(),
+                               held_stops=req.held_stops))
     return samples

@@ -153,6 +153,25 @@ def filtered_probs(logits: jax.Array, batch: SamplingBatch, sort: bool | None = 
     return _filter(processed_logprobs(logits, batch), logits, batch, sort)
 
 
+def hold_stops(logits: jax.Array, index: jax.Array, min_new: jax.Array, stop_ids: jax.Array) -> jax.Array:
+    """min_new_tokens (SGLang's): a row's stop tokens (EOS and its stop_token_ids) are impossible
+    while its output is shorter than min_new. logits `[B, N, V]`, index `[B, N]` the output index of
+    the token each node draws, min_new `[B]`, stop_ids `[B, K]` (-1: none)."""
+    b, _, v = logits.shape
+    stop = jnp.zeros((b, v), bool).at[jnp.arange(b)[:, None], jnp.where(stop_ids >= 0, stop_ids, v)].set(
+        True, mode="drop")
+    held = (index < min_new[:, None])[:, :, None] & stop[:, None, :]
+    return jnp.where(held, -jnp.inf, logits)
+
+
+def apply_bitmask(logits: jax.Array, mask: jax.Array) -> jax.Array:
+    """Structured output: logits `[..., V]` with the tokens a grammar forbids at -inf. mask
+    `[..., W]` int32, bit v % 32 of word v // 32 set where token v is allowed (llguidance's layout)."""
+    ids = jnp.arange(logits.shape[-1], dtype=jnp.int32)
+    allowed = (jnp.right_shift(mask[..., ids // 32], ids % 32) & 1) > 0
+    return jnp.where(allowed, logits, -jnp.inf)
+
+
 def row_key(seed: jax.Array, step: jax.Array) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(0), seed), step)
 

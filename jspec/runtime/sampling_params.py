@@ -9,6 +9,7 @@ where they become a `jspec.runtime.sampler.SamplingBatch`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 from collections.abc import Mapping
@@ -65,6 +66,7 @@ class SamplingParams:
     """
 
     max_new_tokens: int = 128
+    min_new_tokens: int = 0  # EOS and stop_token_ids are held back (and stops ignored) until this many
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -78,6 +80,11 @@ class SamplingParams:
     seed: int | None = None
     skip_special_tokens: bool = True
     n: int = 1
+    # Structured output (at most one; `jspec.runtime.grammar`): a regular expression, a JSON schema
+    # (a JSON string, or a dict that is serialised), an EBNF grammar (GBNF as llama.cpp, or Lark).
+    regex: str | None = None
+    json_schema: str | None = None
+    ebnf: str | None = None
 
     def __post_init__(self):
         # Frozen: normalised values are written through object.__setattr__ once, here.
@@ -89,6 +96,9 @@ class SamplingParams:
         v["max_new_tokens"] = _as_int("max_new_tokens", self.max_new_tokens)
         if v["max_new_tokens"] < 0:
             _fail("max_new_tokens", f"must be >= 0, got {self.max_new_tokens!r}")
+        v["min_new_tokens"] = _as_int("min_new_tokens", self.min_new_tokens)
+        if v["min_new_tokens"] < 0:
+            _fail("min_new_tokens", f"must be >= 0, got {self.min_new_tokens!r}")
         v["temperature"] = _as_float("temperature", self.temperature)
         if v["temperature"] < 0:
             _fail("temperature", f"must be >= 0, got {self.temperature!r}")
@@ -119,6 +129,24 @@ class SamplingParams:
         v["n"] = _as_int("n", self.n)
         if v["n"] < 1:
             _fail("n", f"must be >= 1, got {self.n!r}")
+        v.update(self._validated_grammar())
+        return v
+
+    def _validated_grammar(self) -> dict:
+        v = {}
+        for field in ("regex", "json_schema", "ebnf"):
+            value = getattr(self, field)
+            if field == "json_schema" and isinstance(value, Mapping):
+                value = json.dumps(value)
+            if value is not None and (not isinstance(value, str) or not value):
+                _fail(field, f"must be a non-empty string, got {_show(value)}")
+            v[field] = value
+        given = [f for f, value in v.items() if value is not None]
+        if len(given) > 1:
+            _fail(given[1], f"only one of regex, json_schema and ebnf may be given, got {' and '.join(given)}")
+        if given and self.min_new_tokens:
+            # A grammar that has ended allows only EOS, which min_new_tokens would forbid.
+            _fail("min_new_tokens", f"cannot be combined with {given[0]}")
         return v
 
     def _validated_stop(self) -> tuple[str, ...] | None:

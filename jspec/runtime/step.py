@@ -67,6 +67,9 @@ class Drafting(Protocol):
     def after_extend(self, draft, ctx: ExtendContext, draft_caches, spec_state):
         """The drafter's part of a prompt chunk -> (draft_caches, spec_state)."""
 
+    def grammar_nodes(self, draft_steps: int) -> int:
+        """How many verified nodes (root first) of a speculative step take a grammar mask."""
+
     def rows(self, num_top: int):
         """The `SpecRows` layout of this engine's decode outputs, num_top top logprobs per token."""
 
@@ -78,7 +81,8 @@ class Drafting(Protocol):
 
 
 def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int, drafting: Drafting | None = None):
-    """The step function for one bucket: (params, DeviceState, packed int32) -> (DeviceState, out).
+    """The step function for one bucket: (params, DeviceState, packed int32[, vocab_mask]) ->
+    (DeviceState, out); vocab_mask `[B, 1, W]`: a grammar bucket's token bitmasks (`grammar.py`).
 
     out `[B, 2 + 2 n_top]` int32: the sampled token (-1 where the row did not sample), its logprob
     and the top logprobs (bit-cast floats). With a drafter that has weights, params is (target
@@ -86,7 +90,7 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
     draft_graphdef = None if drafting is None or drafting.draft_model is None else drafting.draft_model.graphdef
     capture_layers, all_hidden = ((), False) if drafting is None else drafting.target_outputs()
 
-    def step(params, state: DeviceState, packed):
+    def step(params, state: DeviceState, packed, vocab_mask=None):
         draft_params = None
         if draft_graphdef is not None:
             params, draft_params = params
@@ -135,7 +139,9 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
             prompt_mask = sampling.add_prompt_tokens(prompt_mask, tok_slot, input_ids, kind == TOKEN_PROMPT)
             counts = sampling.update_counts(counts, tok_slot, input_ids, kind == TOKEN_REFED_OUTPUT)
 
-        so = sampling.sample(out.logits, sampling_batch(x), counts[slots], prompt_mask[slots],
+        logits = out.logits if vocab_mask is None else sampling.apply_bitmask(out.logits, vocab_mask[:, 0])
+        logits = sampling.hold_stops(logits[:, None], x["out_index"][:, None], x["min_new"], x["held_stops"])[:, 0]
+        so = sampling.sample(logits, sampling_batch(x), counts[slots], prompt_mask[slots],
                              num_top_logprobs=num_top_logprobs, sort=bucket.sort, vocab_shards=target.tp_size)
         sampled = x["sample_mask"] > 0
         counts = sampling.update_counts(counts, slots, so.tokens, sampled)

@@ -33,7 +33,10 @@ if TYPE_CHECKING:
 TOKEN_PAD, TOKEN_PROMPT, TOKEN_REFED_OUTPUT, TOKEN_FROM_DEVICE = 0, 1, 2, 3
 
 INT_FIELDS_T = ("input_ids", "positions", "token_kind")
-INT_FIELDS_B = ("seq_lens", "req_slots", "has_initial", "sample_mask", "reset_mask", "out_index", "seeds", "top_k")
+INT_FIELDS_B = ("seq_lens", "req_slots", "has_initial", "sample_mask", "reset_mask", "out_index", "seeds", "top_k",
+                "min_new")
+# min_new_tokens holds back at most this many stop tokens per request (EOS ids and stop_token_ids).
+MAX_HELD_STOPS = 8
 # Decode steps of a hybrid target copy at most this many slots' GDN states into prefix-cache rows: a
 # fixed size, since the copy gathers that many state rows per GDN layer every step (one per request
 # would move the whole batch's state).
@@ -79,6 +82,13 @@ class Bucket:
     # (`track_at`, `track_dst` [B]), which the GDN commit fills if the accepted run passes that length.
     snapshots: bool = False
     commit_tracks: bool = False
+    # Structured output (`jspec.runtime.grammar`): the step takes a token bitmask `[B, grammar_nodes,
+    # mask_words]` as a second input beside the packed vector (0 nodes: no grammar, no mask input);
+    # a speculative bucket that drafts (grammar_forced) also packs each row's forced tokens
+    # `[B, grammar_nodes - 1]` and its accepted-run limit `[B]` (-1: the row is unconstrained).
+    grammar_nodes: int = 0
+    mask_words: int = 0
+    grammar_forced: bool = False
 
     def fields(self):
         t, b, u = self.num_tokens, self.batch_size, self.num_page_updates
@@ -86,6 +96,7 @@ class Bucket:
         out.append(("cu_q_lens", (b + 1,)))
         out += [(name, (b,)) for name in INT_FIELDS_B + FLOAT_FIELDS_B]
         out.append(("page_updates", (u, 3)))
+        out.append(("held_stops", (b, MAX_HELD_STOPS)))
         if self.snapshots and self.mode is ForwardMode.EXTEND:  # GDN snapshots (rows, -1: none)
             out += [("state_load", (b,)), ("state_save", (b,))]
         elif self.snapshots and self.commit_tracks:
@@ -94,6 +105,8 @@ class Bucket:
             out += [("track_src", (TRACKS_PER_STEP,)), ("track_dst", (TRACKS_PER_STEP,))]
         if self.next_ids:
             out.append(("next_ids", (t,)))
+        if self.grammar_forced:
+            out += [("forced", (b, max(self.grammar_nodes - 1, 0))), ("forced_limit", (b,))]
         return out
 
     @property
@@ -113,13 +126,15 @@ class Bucket:
         return out
 
 
-def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
-    """Host side: a step plan -> the bucket's int32 vector (padding rows point at the sinks)."""
+def pack(plan: StepPlan, bucket: Bucket, forced=None) -> np.ndarray:
+    """Host side: a step plan -> the bucket's int32 vector (padding rows point at the sinks).
+    forced: (tokens, limits) of a grammar_forced bucket (`jspec.runtime.grammar.step_inputs`)."""
     t_cap, b_cap, u_cap = bucket.num_tokens, bucket.batch_size, bucket.num_page_updates
     f = {name: np.zeros(shape, np.int32) for name, shape in bucket.fields() if name not in FLOAT_FIELDS_B}
     fl = {name: np.zeros((b_cap,), np.float32) for name in FLOAT_FIELDS_B}
     f["req_slots"][:] = SINK_SLOT
     f["top_k"][:] = -1
+    f["held_stops"][:] = -1
     snapshots = "state_load" in f
     if snapshots:
         f["state_load"][:] = -1
@@ -154,6 +169,8 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
         f["out_index"][i] = s.output_index
         f["seeds"][i] = req.seed
         f["top_k"][i] = sp.top_k
+        f["min_new"][i] = sp.min_new_tokens
+        f["held_stops"][i, :len(req.held_stops)] = req.held_stops
         if snapshots:
             f["state_load"][i] = s.state_load
             f["state_save"][i] = s.state_save
@@ -186,6 +203,10 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
                     i = s.start + k + 1
                     nxt[t + k] = seq[i] if i < len(seq) else -1
             t += s.num_tokens
+    if bucket.grammar_forced:
+        f["forced_limit"][:] = -1
+        if forced is not None:
+            f["forced"][:], f["forced_limit"][:] = forced
     if len(plan.page_updates) > u_cap:
         raise AssertionError(f"{len(plan.page_updates)} page updates exceed the bucket's {u_cap}")
     upd = f["page_updates"]

@@ -9,6 +9,7 @@ Choices are numbered prompt-major, as OpenAI numbers them.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -19,7 +20,8 @@ MAX_N = 128  # choices per request: more would be one client filling the whole b
 
 # OpenAI / SGLang body fields that are engine sampling keys of the same name.
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos",
-                 "repetition_penalty", "frequency_penalty", "presence_penalty", "seed", "skip_special_tokens")
+                 "repetition_penalty", "frequency_penalty", "presence_penalty", "seed", "skip_special_tokens",
+                 "regex", "json_schema", "ebnf")
 
 
 def engine_names(kind: str, max_tokens_field: str = "max_tokens") -> dict[str, str]:
@@ -34,6 +36,17 @@ def sampling_params(body, max_new_tokens: int | None) -> dict:
     sp = {k: getattr(body, k) for k in SAMPLING_KEYS if getattr(body, k) is not None}
     if max_new_tokens is not None:
         sp["max_new_tokens"] = max_new_tokens
+    fmt = getattr(body, "response_format", None)
+    if fmt is not None and fmt.type != "text":
+        # OpenAI's JSON modes become the engine's json_schema ("json_object": any JSON object).
+        if fmt.type == "json_schema" and (fmt.json_schema is None or fmt.json_schema.schema_ is None):
+            raise RequestError("response_format.json_schema.schema: required for type json_schema",
+                               "response_format")
+        schema = {"type": "object"} if fmt.type == "json_object" else fmt.json_schema.schema_
+        if any(k in sp for k in ("regex", "json_schema", "ebnf")):
+            raise RequestError("response_format: give either response_format or regex / json_schema / ebnf",
+                               "response_format")
+        sp["json_schema"] = json.dumps(schema)
     return sp
 
 

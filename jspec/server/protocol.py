@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Body(BaseModel):
@@ -43,11 +43,12 @@ class _SamplingFields(_Body):
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
-    # Known but not implemented: refused when set (see `unsupported_field`).
-    logit_bias: dict[str, float] | None = None
+    # SGLang's structured-output extras (the engine needs grammar_backend)
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    # Known but not implemented: refused when set (see `unsupported_field`).
+    logit_bias: dict[str, float] | None = None
     lora_path: str | None = None
 
 
@@ -76,8 +77,18 @@ class ChatMessage(BaseModel):
     content: str | list[TextPart] | None = None
 
 
+class JsonSchemaFormat(_Body):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(_Body):
-    type: str
+    """OpenAI's response_format: "text", "json_object" (any JSON object) or "json_schema"."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -108,7 +119,7 @@ class GenerateRequest(_Body):
 
 # Field -> value that means "not asked for"; anything else is refused with a 400 naming the field.
 UNSUPPORTED = {
-    "logit_bias": (None, {}), "regex": (None,), "json_schema": (None,), "ebnf": (None,), "lora_path": (None,),
+    "logit_bias": (None, {}), "lora_path": (None,),
     "echo": (False,), "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
     "tool_choice": (None, "none", "auto"),
 }
@@ -119,7 +130,4 @@ def unsupported_field(body: BaseModel) -> str | None:
     for field, neutral in UNSUPPORTED.items():
         if field in type(body).model_fields and getattr(body, field) not in neutral:
             return field
-    fmt = getattr(body, "response_format", None)
-    if fmt is not None and fmt.type != "text":
-        return "response_format"
     return None

@@ -18,10 +18,12 @@ import jax.numpy as jnp
 from jspec.runtime import sampler as sampling
 
 
-def chain(logits, d, q_all, sb: sampling.SamplingBatch, greedy, key_fn, *, sort):
+def chain(logits, d, q_all, sb: sampling.SamplingBatch, greedy, key_fn, *, sort, limit=None):
     """logits `[B, S+1, V]` (target at nodes 0..S), d `[B, S]` draft tokens, q_all `[B, S, V]` or
-    None (point masses). key_fn(k) -> `[B]` keys for the k-th random use (0..S). Returns the number
-    of kept drafts n `[B]` in 0..S and the bonus token `[B]`."""
+    None (point masses). key_fn(k) -> `[B]` keys for the k-th random use (0..S). limit `[B]` or
+    None: drafts from index limit on count as never proposed (a grammar-constrained row verifies
+    only its forced run), so the bonus at node limit comes from p itself. Returns the number of
+    kept drafts n `[B]` in 0..S and the bonus token `[B]`."""
     b, n_nodes, vocab = logits.shape
     s = n_nodes - 1
     if s == 0:  # nothing drafted (a speculative engine's plain step): the bonus is a plain sample
@@ -29,8 +31,10 @@ def chain(logits, d, q_all, sb: sampling.SamplingBatch, greedy, key_fn, *, sort)
         drawn = jax.vmap(jax.random.categorical)(key_fn(0), jnp.log(p)).astype(jnp.int32)
         return jnp.zeros((b,), jnp.int32), jnp.where(greedy, jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32),
                                                      drawn)
+    limit = jnp.full((b,), s, jnp.int32) if limit is None else limit
+    proposed = jnp.arange(s)[None, :] < limit[:, None]
     a = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    n_greedy = jnp.sum(jnp.cumprod((d == a[:, :s]).astype(jnp.int32), axis=1), axis=1)
+    n_greedy = jnp.sum(jnp.cumprod(((d == a[:, :s]) & proposed).astype(jnp.int32), axis=1), axis=1)
     bonus_greedy = jnp.take_along_axis(a, n_greedy[:, None], axis=1)[:, 0]
 
     rep = jax.tree_util.tree_map(lambda f: jnp.repeat(f, n_nodes, axis=0), sb)
@@ -38,7 +42,7 @@ def chain(logits, d, q_all, sb: sampling.SamplingBatch, greedy, key_fn, *, sort)
     p_d = jnp.take_along_axis(p_all[:, :s], d[:, :, None], axis=2)[:, :, 0]  # p(j)[d(j+1)]
     q_d = jnp.ones_like(p_d) if q_all is None else jnp.take_along_axis(q_all, d[:, :, None], axis=2)[:, :, 0]
     u = jnp.stack([jax.vmap(lambda kk: jax.random.uniform(kk))(key_fn(j)) for j in range(s)], axis=1)
-    keep = u * q_d < p_d  # u < p / q without dividing by a possibly tiny q
+    keep = (u * q_d < p_d) & proposed  # u < p / q without dividing by a possibly tiny q
     n_sample = jnp.sum(jnp.cumprod(keep.astype(jnp.int32), axis=1), axis=1)
     p_n = jnp.take_along_axis(p_all, n_sample[:, None, None], axis=1)[:, 0]  # [B, V]
     at = jnp.minimum(n_sample, s - 1)
@@ -48,9 +52,9 @@ def chain(logits, d, q_all, sb: sampling.SamplingBatch, greedy, key_fn, *, sort)
         q_n = jnp.take_along_axis(q_all, at[:, None, None], axis=1)[:, 0]
     residual = jnp.maximum(p_n - q_n, 0.0)
     mass = jnp.sum(residual, axis=-1, keepdims=True)
-    # After a fully kept chain the bonus comes from p(S) itself; a zero residual (p == q on the
-    # support, so rejection had probability 0) falls back to p as well.
-    use_p = (n_sample == s)[:, None] | (mass <= 0)
+    # After a fully kept chain (or run up to the limit) the bonus comes from p itself; a zero
+    # residual (p == q on the support, so rejection had probability 0) falls back to p as well.
+    use_p = (n_sample >= limit)[:, None] | (mass <= 0)
     r = jnp.where(use_p, p_n, residual / jnp.where(mass > 0, mass, 1.0))
     bonus_sample = jax.vmap(jax.random.categorical)(key_fn(s), jnp.log(r)).astype(jnp.int32)
 

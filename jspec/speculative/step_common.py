@@ -68,9 +68,11 @@ def begin(bucket: Bucket, graphdef, draft_graphdef, *, page_size: int, num_keys:
     """(params, state, packed) -> SpecStep. num_keys: random uses per request per step (key_fn(k),
     k < num_keys). With draft weights params is (target params, draft params)."""
 
-    def start(params, state: DeviceState, packed) -> SpecStep:
+    def start(params, state: DeviceState, packed, vocab_mask=None) -> SpecStep:
         target_params, draft_params = params if draft_graphdef is not None else (params, None)
         x = bucket.unpack(packed)
+        if vocab_mask is not None:  # structured output: `[B, M, W]` token bitmasks of nodes 0..M-1
+            x["vocab_mask"] = vocab_mask
         req_to_page = apply_page_updates(state.req_to_page, x["page_updates"])
         slots = x["req_slots"]
         valid = x["seq_lens"] > 0  # padding rows carry seq_len 0
@@ -124,11 +126,65 @@ def finish(c: SpecStep, rows: SpecRows) -> tuple[DeviceState, jax.Array]:
     return new, out
 
 
-def penalised(c: SpecStep, logits, tokens, ancestors):
+def penalised(c: SpecStep, logits, tokens, ancestors, depth=None):
     """Verify logits `[B, N, V]` under each request's penalties as they stand at every node
-    (`penalties.penalise_nodes`; tokens `[B, N]` the nodes' tokens, ancestors `[B, N, N]`)."""
-    return penalties.penalise_nodes(logits.astype(jnp.float32), c.sb, c.state.output_counts[c.slots],
-                                    c.state.prompt_mask[c.slots], tokens, ancestors)
+    (`penalties.penalise_nodes`; tokens `[B, N]` the nodes' tokens, ancestors `[B, N, N]`), its
+    stop tokens held back where the node's output index is below min_new_tokens (depth `[B, N]`:
+    a tree's node depths; None: a chain's, the node index), and under the grammar masks of the
+    first M nodes when the bucket has them."""
+    out = penalties.penalise_nodes(logits.astype(jnp.float32), c.sb, c.state.output_counts[c.slots],
+                                   c.state.prompt_mask[c.slots], tokens, ancestors)
+    depth = jnp.arange(out.shape[1])[None, :] if depth is None else depth
+    out = sampling.hold_stops(out, c.sb.step[:, None] + depth, c.x["min_new"], c.x["held_stops"])
+    if "vocab_mask" in c.x:
+        m = c.x["vocab_mask"].shape[1]
+        out = jnp.concatenate([sampling.apply_bitmask(out[:, :m], c.x["vocab_mask"]), out[:, m:]], axis=1)
+    return out
+
+
+def grammar_limit(c: SpecStep):
+    """`[B]` how deep each row may accept (a constrained row: its forced run; others: every draft),
+    or None when the bucket carries no grammar inputs."""
+    if "forced_limit" not in c.x:
+        return None
+    lim = c.x["forced_limit"]
+    return jnp.where(lim >= 0, lim, c.drafts.shape[1])
+
+
+def constrain(c: SpecStep) -> None:
+    """After drafting: a constrained row verifies the grammar's forced tokens instead of its drafts
+    (as point masses: the host chose them deterministically). In a tree the forced run becomes the
+    chain of nodes 1..k (node j at depth j, child of j - 1) and the row's other nodes hang off the
+    root, where the walk never goes (`walk_parents`)."""
+    forced = c.x["forced"]
+    if forced.shape[1] == 0:
+        return
+    on = c.x["forced_limit"] >= 0
+    m = forced.shape[1]
+    if "parents" in c.scratch:  # a tree: node j + 1 takes forced[j]
+        drafts = c.drafts.at[:, :m].set(forced)
+        node = jnp.arange(c.drafts.shape[1] + 1)[None, :]
+        chain = node <= c.x["forced_limit"][:, None]
+        parents = jnp.where(chain, node - 1, 0).at[:, 0].set(-1)
+        depth = jnp.where(chain, node, 1).at[:, 0].set(0)
+        c.scratch["parents"] = jnp.where(on[:, None], parents, c.scratch["parents"])
+        c.scratch["depth"] = jnp.where(on[:, None], depth, c.scratch["depth"])
+        c.drafts = jnp.where(on[:, None], drafts, c.drafts)
+        return
+    c.drafts = jnp.where(on[:, None], forced, c.drafts)
+    if c.scratch.get("q") is not None:
+        one_hot = jax.nn.one_hot(forced, c.scratch["q"].shape[-1], dtype=c.scratch["q"].dtype)
+        c.scratch["q"] = jnp.where(on[:, None, None], one_hot, c.scratch["q"])
+
+
+def walk_parents(c: SpecStep, parents):
+    """The parents a tree's acceptance walks: a constrained row's forced chain only (the nodes past
+    its forced run have no parent, so no walk reaches them)."""
+    if "forced_limit" not in c.x:
+        return parents
+    lim = c.x["forced_limit"]
+    node = jnp.arange(parents.shape[1])[None, :]
+    return jnp.where((lim >= 0)[:, None] & (node > lim[:, None]), -2, parents)
 
 
 def accept_chain(c: SpecStep, *, q=None, simulate_accept_length: float | None = None) -> None:
@@ -139,10 +195,11 @@ def accept_chain(c: SpecStep, *, q=None, simulate_accept_length: float | None = 
     logits = penalised(c, c.scratch["logits"], nodes, penalties.chain_ancestors(*nodes.shape))
     c.scratch["path_logits"] = logits  # node j drew the j-th emitted token
     if simulate_accept_length is None:
-        c.n, c.bonus = accept.chain(logits, c.drafts, q, c.sb, c.greedy, c.key_fn, sort=c.bucket.sort)
+        c.n, c.bonus = accept.chain(logits, c.drafts, q, c.sb, c.greedy, c.key_fn, sort=c.bucket.sort,
+                                    limit=grammar_limit(c))
     else:
         c.n, c.bonus = accept.simulated(logits, c.key_fn, simulate_accept_length, c.drafts.shape[1], c.sb, c.greedy,
-                                        sort=c.bucket.sort)
+                                        sort=c.bucket.sort, limit=grammar_limit(c))
     c.kept = c.drafts
     c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, c.n, -1),
                              track=snapshot_track(c), tp=c.target.tp_size)
@@ -167,10 +224,12 @@ def snapshot_track(c: SpecStep, path=None):
 def compose(start, phases: list[Phase], rows: SpecRows):
     """The engine's step: start, every phase in order, finish (output rows laid out as `rows`)."""
 
-    def step(params, state: DeviceState, packed):
-        c = start(params, state, packed)
-        for _, phase in phases:
+    def step(params, state: DeviceState, packed, vocab_mask=None):
+        c = start(params, state, packed, vocab_mask)
+        for name, phase in phases:
             phase(c)
+            if name == "draft" and c.bucket.grammar_forced:
+                constrain(c)
         return finish(c, rows)
 
     return step

@@ -25,7 +25,7 @@ from jspec.cache.pool import Caches
 from jspec.runtime.step_inputs import Bucket, SpecRows, kv_slots_at
 from jspec.speculative import accept, tree, verify
 from jspec.speculative.eagle_draft import catch_up, proposals
-from jspec.speculative.step_common import Phase, SpecStep, begin, compose, penalised, snapshot_track
+from jspec.speculative.step_common import Phase, SpecStep, begin, compose, penalised, snapshot_track, walk_parents
 
 
 def move_kv(caches: Caches, page_table, l0, path, n, valid, page_size: int) -> Caches:
@@ -111,9 +111,10 @@ def phases(*, num_steps: int, topk: int, num_draft_tokens: int,
 
     def accept_(c: SpecStep) -> None:
         parents, vt = c.scratch["parents"], c.scratch["vt"]
-        logits = penalised(c, c.scratch["logits"], vt, tree.ancestor_mask(parents))
+        logits = penalised(c, c.scratch["logits"], vt, tree.ancestor_mask(parents), depth=c.scratch["depth"])
         if simulate_accept_length is None:
-            path, c.n, c.bonus = tree.walk(logits, vt, parents, c.sb, c.greedy, c.key_fn, s, sort=c.bucket.sort)
+            path, c.n, c.bonus = tree.walk(logits, vt, walk_parents(c, parents), c.sb, c.greedy, c.key_fn, s,
+                                           sort=c.bucket.sort)
         else:  # benchmark only: a forced number kept along the first-child path
             path = first_child_path(parents, s)
             c.n, c.bonus = accept.simulated(jnp.take_along_axis(logits, path[:, :, None], axis=1), c.key_fn,

@@ -88,6 +88,26 @@ def test_stop_token_ids_and_eos(engine):
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_tok}
 
 
+def test_min_new_tokens_holds_stops_back_then_lets_them_end(engine):
+    """SGLang's min_new_tokens: the stop token cannot be drawn before it (the device masks it), a
+    stop string completed before it does not count, and the first stop token drawn after it ends
+    the request."""
+    p = tm.random_ids(9, seed=4)  # a prompt whose held-back first choice comes back soon after
+    free = engine.generate(input_ids=p, sampling_params={"max_new_tokens": 16, "temperature": 0, "ignore_eos": True})
+    ids = free["output_ids"]
+    stop_tok = ids[0]  # the model's first choice: wanted at once, held back for four tokens
+    held = engine.generate(input_ids=p, sampling_params={"max_new_tokens": 16, "temperature": 0,
+                                                         "stop_token_ids": [stop_tok], "min_new_tokens": 4})
+    out = held["output_ids"]
+    assert stop_tok not in out[:4] and out[0] != ids[0]
+    assert held["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_tok} and out[-1] == stop_tok
+    assert len(out) > 4
+    word = free["text"].split()[1]  # completed by the second token: ignored until four are out
+    late = engine.generate(input_ids=p, sampling_params={"max_new_tokens": 16, "temperature": 0, "stop": [word],
+                                                         "min_new_tokens": 4, "ignore_eos": True})
+    assert len(late["output_ids"]) >= 4 and late["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
+
+
 def test_stop_string_trims_text(engine):
     p = tm.random_ids(9, seed=3)
     free = engine.generate(input_ids=p, sampling_params={"max_new_tokens": 10, "temperature": 0, "ignore_eos": True})

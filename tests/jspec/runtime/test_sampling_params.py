@@ -79,6 +79,11 @@ def test_valid_values_are_normalised():
         (dict(seed="7"), "seed"),
         (dict(n=1.5), "n"),
         (dict(n=0), "n"),
+        (dict(min_new_tokens=-1), "min_new_tokens"),
+        (dict(min_new_tokens=2.0), "min_new_tokens"),
+        (dict(regex=""), "regex"),
+        (dict(json_schema=["a"]), "json_schema"),
+        (dict(regex="a", ebnf="root ::= \"a\""), "ebnf"),
         (dict(best_of=2), "best_of"),
         (dict(temprature=0.5), "temprature"),
     ],
@@ -132,3 +137,18 @@ def test_greedy_normalisation(params, greedy):
         assert (n.temperature, n.top_k) == (0.0, 1) and n.is_greedy
     else:
         assert n == p
+
+
+def test_min_new_tokens_holds_back_a_bounded_number_of_stop_tokens():
+    from jspec.runtime.request import RequestLimits, make_request
+    from jspec.runtime.step_inputs import MAX_HELD_STOPS
+
+    limits = RequestLimits(vocab_size=VOCAB, context_length=512, pool_tokens=1024, spec_extra=0, max_top_logprobs=0,
+                           disable_top_k_top_p=False, eos_token_ids=(2, 7))
+    make = lambda sp: make_request(limits, None, prompt=None, input_ids=[1], sampling_params=sp,  # noqa: E731
+                                   return_logprob=False, top_logprobs_num=0, stream=False, rid=None,
+                                   next_seed=lambda: 0)
+    assert make({"min_new_tokens": 3, "stop_token_ids": [9, 2]}).held_stops == (2, 7, 9)
+    assert make({"stop_token_ids": [9]}).held_stops == ()  # nothing held without min_new_tokens
+    with pytest.raises(InvalidRequestError, match="sampling_params.min_new_tokens: holds back at most"):
+        make({"min_new_tokens": 3, "stop_token_ids": list(range(10, 10 + MAX_HELD_STOPS))})

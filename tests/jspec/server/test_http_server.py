@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -37,13 +38,15 @@ from tests.support.engines import check_no_leaks
 SETTINGS = dict(dtype="float32", cuda_graph_bs=[4], max_running_requests=4, chunked_prefill_size=64,
                 prefill_token_buckets=[64], context_length=256, disable_top_k_top_p=True, speculative_adaptive=False,
                 speculative_algorithm="EAGLE3", speculative_draft_model_path=tiny_dir("qwen3-eagle3"),
-                speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+                speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+                grammar_backend="llguidance")
 # The same settings as `jspec serve` flags (the SIGTERM test's subprocess).
 FLAGS = ["--dtype", "float32", "--cuda-graph-bs", "4", "--max-running-requests", "4", "--chunked-prefill-size", "64",
          "--prefill-token-buckets", "64", "--context-length", "256", "--disable-top-k-top-p",
          "--speculative-adaptive", "off", "--speculative-algorithm", "EAGLE3",
          "--speculative-draft-model-path", tiny_dir("qwen3-eagle3"), "--speculative-num-steps", "3",
-         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--quiet"]
+         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--grammar-backend", "llguidance",
+         "--quiet"]
 GREEDY = dict(temperature=0.0)
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 TIMEOUT = 60.0  # seconds any one HTTP request may take
@@ -265,8 +268,12 @@ BAD = [  # (endpoint, body or raw bytes, the param the 400 must name)
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, "messages[0].content"),
     ("/v1/chat/completions", {"model": "m", "messages": CHAT, "top_logprobs": 2}, "top_logprobs"),
     ("/v1/chat/completions", {"model": "m", "messages": CHAT, "max_completion_tokens": -2}, "max_completion_tokens"),
-    ("/v1/chat/completions", {"model": "m", "messages": CHAT, "response_format": {"type": "json_object"}},
+    ("/v1/chat/completions", {"model": "m", "messages": CHAT, "response_format": {"type": "json_schema"}},
      "response_format"),
+    ("/v1/chat/completions", {"model": "m", "messages": CHAT, "response_format": {"type": "xml"}},
+     "response_format.type"),
+    ("/v1/completions", {**COMPLETION, "regex": "a(b"}, "regex"),
+    ("/generate", {"text": "Hello", "sampling_params": {"json_schema": "{oops"}}, "sampling_params.json_schema"),
     ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x " * 400}]}, "messages"),
     ("/generate", {"text": "Hello", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
     ("/generate", {"text": "Hello", "sampling_params": {"bogus": 1}}, "sampling_params.bogus"),
@@ -293,6 +300,28 @@ def test_bad_requests_get_a_400_naming_the_field(served):
     assert r.status_code == 200, r.text
     r = served.http.post("/nowhere", json={})
     assert r.status_code == 404 and r.json()["error"]["code"] == 404
+    _idle(served)
+
+
+def test_structured_output_through_openai_and_native_endpoints(served):
+    """response_format json_schema (OpenAI), regex (SGLang's extra) and /generate's sampling_params:
+    the texts follow them, greedy and streamed alike, under EAGLE3."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
+                                               "year": {"type": "integer", "minimum": 1000, "maximum": 2100}},
+              "required": ["city", "year"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    for stream in (False, True):
+        r = served.client.chat.completions.create(model="m", messages=CHAT, max_tokens=64, response_format=fmt,
+                                                  stream=stream, **GREEDY)
+        text = _stream_text(r, chat=True)[0] if stream else r.choices[0].message.content
+        doc = json.loads(text)
+        assert doc["city"] in ("Paris", "Rome") and 1000 <= doc["year"] <= 2100, text
+    r = served.client.completions.create(model="m", prompt="The answer:", max_tokens=16, **GREEDY,
+                                         extra_body={"regex": "(yes|no)[.!]"})
+    assert re.fullmatch("(yes|no)[.!]", r.choices[0].text) and r.choices[0].finish_reason == "stop"
+    r = served.http.post("/generate", json={"text": "Say:", "sampling_params": {
+        "max_new_tokens": 16, "temperature": 0, "ebnf": 'root ::= "A" [0-9] [0-9]'}})
+    assert re.fullmatch("A[0-9][0-9]", r.json()["text"]), r.text
     _idle(served)
 
 

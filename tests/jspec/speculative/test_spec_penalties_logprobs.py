@@ -1,11 +1,17 @@
-"""Penalties and logprobs under speculation, every drafter family: greedy output with repetition,
-frequency and presence penalties equals the plain engine's penalised greedy output (a draft node is
-verified against the distribution it would have had its earlier drafts been accepted), and the
-reported logprobs and top logprobs of every emitted token equal the plain engine's. Overlapped (v2)
-and synchronous (v1) engines alternate across the families; their device steps are the same.
-The penalised node distributions themselves: tests/jspec/speculative/test_penalise_nodes.py."""
+"""Penalties, logprobs and structured output under speculation, every drafter family: greedy output
+with repetition, frequency and presence penalties equals the plain engine's penalised greedy output
+(a draft node is verified against the distribution it would have had its earlier drafts been
+accepted), the reported logprobs and top logprobs of every emitted token equal the plain engine's,
+and greedy output under a regex and a JSON schema matches them and equals the plain engine's
+constrained output (chains and trees accept the grammar's forced runs). Overlapped (v2) and synchronous (v1)
+engines alternate across the families; their device steps are the same.
+The penalised node distributions themselves: tests/jspec/speculative/test_penalise_nodes.py;
+grammar parts and the plain engine: tests/jspec/runtime/test_grammar.py."""
 
 from __future__ import annotations
+
+import json
+import re
 
 import numpy as np
 import pytest
@@ -19,9 +25,23 @@ PS = 4
 PROMPTS = [tm.random_ids(7, seed=41) * 2 + tm.random_ids(n, seed=800 + n) for n in (3, 6, 1)]
 BASE = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 # One request per setting, in one batch: no penalty, then each penalty alone, then all three.
+# min_new_tokens: eight stop tokens (ones the targets' free greedy outputs start with), held back for
+# the first MIN_NEW tokens (a node's own output index decides, along the draft path), then the first
+# one drawn ends the request.
+STOPS, MIN_NEW = [13, 34, 43, 47, 52, 78, 79, 96], 5
 SAMPLING = [BASE, {**BASE, "repetition_penalty": 3.0}, {**BASE, "frequency_penalty": 2.0},
-            {**BASE, "presence_penalty": 1.5, "frequency_penalty": 1.0, "repetition_penalty": 2.0}]
+            {**BASE, "presence_penalty": 1.5, "frequency_penalty": 1.0, "repetition_penalty": 2.0},
+            {**BASE, "ignore_eos": False, "stop_token_ids": STOPS, "min_new_tokens": MIN_NEW}]
 TOP = 3
+# Structured output (a byte-level tokenizer of the tiny vocabulary, tokenizer_path): after the digits
+# the grammar forces a 12-character run, which chain drafters verify in one step.
+REGEX = r"ab[0-9]{1,3}-fixed-tail-[a-z]{2}"
+SCHEMA = json.dumps({"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
+                                                      "tag": {"type": "string", "enum": ["alpha", "beta"]}},
+                     "required": ["id", "tag"], "additionalProperties": False,
+                     "x-guidance": {"whitespace_flexible": False}})
+GBASE = {"max_new_tokens": 28, "temperature": 0}
+GRAMMAR = [{**GBASE, "regex": REGEX}, {**GBASE, "json_schema": SCHEMA}, {**GBASE, "ignore_eos": True}]
 
 # (algorithm, target, drafter, num_steps, topk, num_draft_tokens, overlap)
 CASES = {
@@ -40,13 +60,24 @@ def dirs(tmp_path_factory, tiny_checkpoint):
     d = build_models(tmp_path_factory.mktemp("spec_penalties"), ("qwen3", "eagle3", "bigram", "agree_eagle", "block_bigram",
                                                       "agree_dflash", "bigram_next"), tiny_checkpoint)
     d["llama"] = tiny_checkpoint("llama", 42)  # STANDALONE's draft: another architecture, same vocabulary
+    tok = tmp_path_factory.mktemp("char_tokenizer")
+    tm.char_tokenizer().save(str(tok / "tokenizer.json"))
+    d["tokenizer"] = str(tok)
     return d
+
+
+def _engine(dirs, target, **kw):
+    return Engine(dirs[target], page_size=PS, disable_radix_cache=True, grammar_backend="llguidance",
+                  tokenizer_path=dirs["tokenizer"], **kw, **SPEC_BS4)
 
 
 def _run(eng):
     outs = eng.generate(input_ids=[p for p in PROMPTS for _ in SAMPLING], sampling_params=SAMPLING * len(PROMPTS),
                         return_logprob=True, top_logprobs_num=TOP)
-    return outs
+    # Constrained rows beside a free one, so a batch mixes rows that accept drafts and rows that
+    # accept forced runs only.
+    constrained = eng.generate(input_ids=PROMPTS[:1] * len(GRAMMAR), sampling_params=GRAMMAR)
+    return outs, constrained
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +87,7 @@ def plain(dirs):
 
     def get(target):
         if target not in got:
-            with Engine(dirs[target], page_size=PS, disable_radix_cache=True, **SPEC_BS4) as eng:
+            with _engine(dirs, target) as eng:
                 got[target] = _run(eng)
         return got[target]
 
@@ -64,7 +95,7 @@ def plain(dirs):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_penalised_greedy_and_logprobs_equal_the_plain_engine(dirs, plain, case):
+def test_penalties_logprobs_and_grammars_equal_the_plain_engine(dirs, plain, case):
     algo, target, draft, steps, topk, ndt, overlap = CASES[case]
     kw = dict(speculative_algorithm=algo, speculative_num_steps=steps, speculative_eagle_topk=topk,
               speculative_num_draft_tokens=ndt)
@@ -74,12 +105,24 @@ def test_penalised_greedy_and_logprobs_equal_the_plain_engine(dirs, plain, case)
         kw.pop("speculative_eagle_topk")
         kw.pop("speculative_num_draft_tokens")
     mode = dict(transfer_guard="disallow") if overlap else dict(disable_overlap_schedule=True)
-    want = plain(target)
-    with Engine(dirs[target], page_size=PS, disable_radix_cache=True, **kw, **mode, **SPEC_BS4) as eng:
-        got = _run(eng)
+    want, want_g = plain(target)
+    with _engine(dirs, target, **kw, **mode) as eng:
+        got, got_g = _run(eng)
         assert output_ids(got) == output_ids(want)
+        assert output_ids(got_g) == output_ids(want_g)
+        assert re.fullmatch(REGEX, got_g[0]["text"]), got_g[0]["text"]
+        doc = json.loads(got_g[1]["text"])
+        assert set(doc) == {"id", "tag"} and doc["tag"] in ("alpha", "beta"), doc
+        # The forced run "-fixed-tail-" (12 tokens) goes by in steps of up to num_steps + 1 tokens
+        # (a tree's as a chain hanging off its root).
+        verifies = got_g[0]["meta_info"]["spec_verify_ct"]
+        assert verifies <= len(got_g[0]["output_ids"]) - 8, (verifies, got_g[0]["output_ids"])
         # The penalties change what is generated, so the drafts are verified against them.
         ids = output_ids(want)
+        held = ids[len(SAMPLING) - 1::len(SAMPLING)]
+        assert all(len(h) >= MIN_NEW and not set(h[:MIN_NEW]) & set(STOPS) for h in held), held
+        assert any(set(b[:MIN_NEW]) & set(STOPS) for b in ids[::len(SAMPLING)])  # the hold changed something
+        assert all(len(h) == BASE["max_new_tokens"] or h[-1] in STOPS for h in held)  # a stop ends it after that
         assert any(ids[i] != ids[i + k] for i in range(0, len(ids), len(SAMPLING)) for k in range(1, len(SAMPLING)))
         assert sum(o["meta_info"]["spec_verify_ct"] for o in got) < sum(len(o["output_ids"]) for o in got)
         for g, w in zip(got, want):

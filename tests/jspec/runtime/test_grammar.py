@@ -1,0 +1,191 @@
+"""Structured output (regex, json_schema, ebnf) on a plain engine, and its parts: the device bitmask
+against llguidance's numpy oracle, the host's masks along a forced run against the matcher walked
+token by token, bad grammars refused with the key named, acceptance limited to a forced run keeps
+the target distribution (chi-square). Under every drafter: test_spec_penalties_logprobs.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from jspec import Engine
+from jspec.errors import ConfigError, InvalidRequestError
+from jspec.runtime import sampler as sampling
+from jspec.runtime.grammar import GrammarBackend, mask_words
+from jspec.runtime.sampling_params import SamplingParams
+from jspec.speculative import accept
+from tests.support import models as tm
+from tests.support.compiles import compilations
+from tests.support.engines import SMALL, check_no_leaks
+
+# Compact JSON (llguidance's x-guidance option): a random model left free to add whitespace adds nothing else.
+SCHEMA = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
+                                           "tag": {"type": "string", "enum": ["ab", "cd"]}},
+          "required": ["id", "tag"], "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}
+REGEX = r"ab[0-9]{1,3}-fixed-tail-[a-z]{2}"
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return GrammarBackend(tm.char_tokenizer().to_str(), tm.VOCAB, [])
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("grammar_qwen3"))
+    tm.build("qwen3", d, seed=5)
+    tm.char_tokenizer().save(os.path.join(d, "tokenizer.json"))
+    eng = Engine(d, page_size=4, chunked_prefill_size=16, context_length=96, grammar_backend="llguidance",
+                 transfer_guard="disallow", **SMALL)
+    yield eng
+    eng.shutdown()
+
+
+def _ids(text: str) -> list[int]:
+    return tm.char_tokenizer().encode(text).ids
+
+
+# --------------------------------------------------------------------------- parts
+def test_device_bitmask_equals_llguidance_numpy_oracle(backend):
+    from llguidance import numpy as llg_np
+
+    rng = np.random.default_rng(0)
+    masks = rng.integers(-2**31, 2**31, size=(3, mask_words(tm.VOCAB)), dtype=np.int64).astype(np.int32)
+    logits = rng.normal(size=(3, tm.VOCAB)).astype(np.float32)
+    want = logits.copy()
+    llg_np.apply_token_bitmask_inplace(want, masks)
+    np.testing.assert_array_equal(np.asarray(sampling.apply_bitmask(jnp.asarray(logits), jnp.asarray(masks))), want)
+
+
+def test_masks_along_a_forced_run_equal_the_matcher_walked_token_by_token(backend):
+    g = backend.compile("regex", REGEX)
+    for tok in _ids("ab123"):
+        assert g.accept(tok)
+    forced = g.forced(20)
+    assert forced == _ids("-fixed-tail-")  # after three digits the grammar allows one thing only
+    rows = np.zeros((len(forced) + 1, mask_words(tm.VOCAB)), np.int32)
+    # The digit run may still go on: nothing is forced before the third digit's choice is made.
+    g2 = backend.compile("regex", REGEX)
+    for tok in _ids("ab1"):
+        g2.accept(tok)
+    assert g2.forced(5) == []
+    g.fill_path(rows, forced)
+    walk = backend.compile("regex", REGEX)
+    for tok in _ids("ab123"):
+        walk.accept(tok)
+    for i, tok in enumerate(forced + [None]):
+        one = np.zeros(mask_words(tm.VOCAB), np.int32)
+        walk.fill(one)
+        np.testing.assert_array_equal(rows[i], one)
+        if tok is not None:
+            walk.accept(tok)
+    assert g.forced(20) == forced  # fill_path left the matcher where it was
+
+
+@pytest.mark.parametrize("key,text,needle", [
+    ("regex", "a(b", "unclosed group"),
+    ("json_schema", "{not json", "not valid JSON"),
+    ("json_schema", json.dumps({"type": "no-such-type"}), "no-such-type"),
+    ("ebnf", 'root ::= missing', "Rule 'missing' not found"),
+])
+def test_a_grammar_that_does_not_compile_names_its_key(backend, key, text, needle):
+    with pytest.raises(InvalidRequestError, match=f"sampling_params.{key}") as e:
+        backend.compile(key, text)
+    assert needle in str(e.value)
+
+
+def test_sampling_params_take_one_grammar_key():
+    assert SamplingParams(json_schema=SCHEMA).json_schema == json.dumps(SCHEMA)  # a dict is serialised
+    with pytest.raises(InvalidRequestError, match="sampling_params.json_schema: only one of"):
+        SamplingParams(regex="a", json_schema="{}")
+    with pytest.raises(InvalidRequestError, match="sampling_params.regex: must be a non-empty string"):
+        SamplingParams(regex=3)
+    with pytest.raises(InvalidRequestError, match="sampling_params.min_new_tokens: cannot be combined with regex"):
+        SamplingParams(regex="a+", min_new_tokens=2)
+
+
+def test_acceptance_stopped_at_a_forced_run_draws_the_bonus_from_the_target():
+    """limit 1 on a 3-draft chain: the first draft is verified as usual, the second never is, so
+    the emitted pair follows p0 x p1 exactly (no residual distribution at node 1)."""
+    v, n = 5, 20000
+    rng = np.random.default_rng(3)
+    logits = jnp.asarray(rng.normal(size=(1, 4, v)) * 1.5, jnp.float32)
+    p = np.asarray(jax.nn.softmax(logits[0], axis=-1), np.float64)
+    p /= p.sum(axis=-1, keepdims=True)
+    d = jnp.asarray([[2, 2, 2]], jnp.int32)
+    sb = sampling.SamplingBatch(*(jnp.asarray([x]) for x in (1.0, 1.0, -1, 0.0, 1.0, 0.0, 0.0)),
+                                seed=jnp.asarray([0]), step=jnp.asarray([0]))
+
+    def one(i):
+        keys = lambda k: jax.random.split(jax.random.fold_in(jax.random.key(i), k), 1)  # noqa: E731
+        kept, bonus = accept.chain(logits, d, None, sb, jnp.asarray([False]), keys, sort=False,
+                                   limit=jnp.asarray([1]))
+        return kept[0], bonus[0]
+
+    kept, bonus = jax.jit(jax.vmap(one))(jnp.arange(n))
+    kept, bonus = np.asarray(kept), np.asarray(bonus)
+    assert kept.max() <= 1
+    first = np.where(kept == 1, 2, bonus)
+    assert stats.chisquare(np.bincount(first, minlength=v), p[0] * n).pvalue > 1e-3
+    second = bonus[kept == 1]  # after the kept draft: p1 itself, though d2 = 2 was "drafted"
+    assert stats.chisquare(np.bincount(second, minlength=v), p[1] * len(second)).pvalue > 1e-3
+
+
+# --------------------------------------------------------------------------- engine
+def test_outputs_follow_regex_json_schema_and_ebnf(engine):
+    base = {"max_new_tokens": 48, "temperature": 0}
+    outs = engine.generate(input_ids=[_ids("id?"), _ids("go"), _ids("x")],
+                           sampling_params=[{**base, "json_schema": json.dumps(SCHEMA)}, {**base, "regex": REGEX},
+                                            {**base, "ebnf": 'root ::= "yes" | "no" | "maybe"'}])
+    doc, text, word = (o["text"] for o in outs)
+    assert all(o["meta_info"]["finish_reason"]["type"] == "stop" for o in outs), [o["meta_info"] for o in outs]
+    parsed = json.loads(doc)
+    assert set(parsed) == {"id", "tag"} and isinstance(parsed["id"], int) and parsed["tag"] in ("ab", "cd")
+    assert re.fullmatch(REGEX, text) and word in ("yes", "no", "maybe")
+    free = engine.generate(input_ids=_ids("go"), sampling_params={**base, "max_new_tokens": 12})
+    assert not re.fullmatch(REGEX, free["text"])  # the grammar, not the model, made the text match
+
+
+def test_sampled_parallel_and_streamed_requests_follow_the_grammar(engine):
+    sp = {"max_new_tokens": 40, "temperature": 1.0, "regex": REGEX}
+    outs = engine.generate(input_ids=[_ids("a"), _ids("b")], sampling_params=[{**sp, "n": 3, "seed": 4}, sp])
+    assert len(outs) == 4 and all(re.fullmatch(REGEX, o["text"]) for o in outs)
+    assert len({o["text"] for o in outs[:3]}) > 1  # three samples, not one copied
+    pieces = list(engine.generate(input_ids=_ids("a"), sampling_params={**sp, "seed": 4}, stream=True))
+    assert "".join(p["text"] for p in pieces) == outs[0]["text"]
+    check_no_leaks(engine)
+
+
+def test_a_bad_grammar_is_refused_and_the_engine_keeps_serving(engine):
+    with pytest.raises(InvalidRequestError, match="sampling_params.regex"):
+        engine.generate(input_ids=_ids("a"), sampling_params={"max_new_tokens": 4, "regex": "a(b"})
+    out = engine.generate(input_ids=_ids("a"), sampling_params={"max_new_tokens": 8, "temperature": 0,
+                                                               "regex": "[xyz]+"})
+    assert re.fullmatch("[xyz]+", out["text"])
+
+
+def test_constrained_requests_compile_nothing_after_warm_up(engine):
+    with compilations() as seen:
+        engine.generate(input_ids=[_ids("q"), _ids("r")],
+                        sampling_params=[{"max_new_tokens": 10, "temperature": 0, "regex": REGEX},
+                                         {"max_new_tokens": 10, "temperature": 0}])
+    assert seen == []
+
+
+def test_structured_output_needs_a_backend(engine):
+    from jspec.runtime.request import RequestLimits, make_request
+
+    limits = RequestLimits(vocab_size=tm.VOCAB, context_length=512, pool_tokens=1024, spec_extra=0, max_top_logprobs=0,
+                           disable_top_k_top_p=False)
+    with pytest.raises(InvalidRequestError, match="sampling_params.regex: structured output is off"):
+        make_request(limits, None, prompt=None, input_ids=[1], sampling_params={"regex": "a"}, return_logprob=False,
+                     top_logprobs_num=0, stream=False, rid=None, next_seed=lambda: 0)
+    with pytest.raises(ConfigError, match="grammar_backend must be one of"):
+        Engine(engine.model.path, grammar_backend="xgrammar", **SMALL)
