@@ -188,12 +188,11 @@ def char_tokenizer():
     are, so that llguidance can read it: structured-output tests (regex, JSON) on tiny models."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    shown = pre_tokenizers.ByteLevel.alphabet()  # the printable stand-in of every byte
-    # GPT-2's byte -> character map: printable bytes stand for themselves, the rest (space) shift.
-    direct = [b for b in range(33, 127)]
-    byte_char = {b: chr(b) for b in direct}
-    byte_char[32] = chr(256 + 32)  # space: the 33rd byte outside the printable ranges ("Ġ")
-    assert all(c in shown for c in byte_char.values())
+    # GPT-2's byte -> character map: printable ASCII stands for itself; the space is the 33rd byte
+    # outside the printable ranges, so it becomes chr(256 + 32) ("Ġ").
+    byte_char = {b: chr(b) for b in range(33, 127)}
+    byte_char[32] = chr(256 + 32)
+    assert set(byte_char.values()) <= set(pre_tokenizers.ByteLevel.alphabet())
     vocab = {"<eos>": 0, **{byte_char[b]: i + 1 for i, b in enumerate(range(32, 127))}, "<unk>": VOCAB - 1}
     tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
