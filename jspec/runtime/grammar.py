@@ -5,14 +5,15 @@ out of serving) compiles a request's grammar against the model's tokenizer and t
 which tokens may come next. The device never sees the grammar, only a bitmask per verified node
 (`Bucket.grammar_nodes`; bit v of word v // 32 allows token v), applied to the target's logits
 before sampling, acceptance and reported logprobs; the host advances the grammar with the tokens a
-step emitted (`Grammar.accept`).
+step emitted (`Grammar.accept`), so a constrained request's next step is planned only once its last
+one has been read.
 
-Under speculation the host does not know the drafter's tokens when it dispatches a step, so it
-cannot mask the nodes they lead to. A constrained row instead verifies the grammar's own forced
-continuation (`Grammar.forced`: tokens the grammar admits alone, e.g. JSON keys and punctuation),
-whose node masks the host can compute, and accepts no deeper than that run; the bonus is drawn at
-the node where the run ends, from the masked target distribution. Output is exactly what the
-non-speculative constrained engine produces; the drafter's own proposals go unused for such rows.
+Under speculation the masks of the draft nodes depend on the drafts, which only the device knows
+when the step starts: such a step runs in two parts (`jspec.speculative.grammar_nodes`). The host
+reads the drafts in between (only when a constrained row is in the batch) and, per constrained row
+(`draft_inputs`): where the grammar forces a run of tokens, verifies that run instead of the drafts
+(it is accepted whole); otherwise walks the grammar along the draft tree, keeping the nodes whose
+path it allows, with each node's mask. Output is exactly the non-speculative constrained output.
 """
 
 from __future__ import annotations
@@ -142,23 +143,80 @@ class GrammarBackend:
         return Grammar(matcher, spec)
 
 
-def step_inputs(plan, bucket) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
-    """The grammar inputs of one step: masks `[B, M, W]` int32 (None: no constrained row, the
-    device uses its all-allowed mask), and for a speculative bucket with M > 1 the forced tokens
-    `[B, M - 1]` and each row's accepted-run limit `[B]` (-1: unconstrained). Rows that sample
-    nothing this step (a prompt chunk that does not end) keep all tokens allowed."""
-    m = bucket.grammar_nodes
-    rows = [(i, s.req.grammar) for i, s in enumerate(plan.reqs) if s.req.grammar is not None and s.sample]
-    spec = bucket.grammar_forced
-    forced = np.zeros((bucket.batch_size, max(m - 1, 0)), np.int32) if spec else None
-    limit = np.full((bucket.batch_size,), -1, np.int32) if spec else None
+def constrained(plan):
+    """(row, grammar) of the rows that sample under a grammar this step."""
+    return [(i, s.req.grammar) for i, s in enumerate(plan.reqs) if s.req.grammar is not None and s.sample]
+
+
+def step_inputs(plan, bucket) -> np.ndarray | None:
+    """Masks `[B, 1, W]` of a step that samples one token per row (a prompt chunk, a plain decode
+    step), or None when no row is constrained (the device keeps an all-allowed mask)."""
+    rows = constrained(plan)
     if not rows:
-        return None, forced, limit
-    masks = np.full((bucket.batch_size, m, bucket.mask_words), -1, np.int32)
+        return None
+    masks = np.full((bucket.batch_size, 1, bucket.mask_words), -1, np.int32)
     for i, g in rows:
-        path = g.forced(m - 1) if spec else []
-        g.fill_path(masks[i], path)
-        if spec:
-            forced[i, :len(path)] = path
-            limit[i] = len(path)
-    return masks, forced, limit
+        g.fill(masks[i, 0])
+    return masks
+
+
+def _allowed(row: np.ndarray, tok: int) -> bool:
+    return bool((int(row[tok >> 5]) >> (tok & 31)) & 1)
+
+
+def _walk_tree(g: Grammar, tokens, parents, masks: np.ndarray, walk: np.ndarray, max_depth: int) -> None:
+    """Depth first over a row's draft tree (tokens `[N]`, node 0 the root, parents `[N]`, a chain's
+    j - 1): every node whose path the grammar allows gets walk 1 and its mask; the matcher consumes
+    each allowed token on the way down and rolls it back on the way up. A forbidden draft stays
+    walkable but is not descended: the masked target gives it probability 0, so acceptance rejects
+    it exactly as speculative sampling rejects any draft (with the drafter's q in the residual)."""
+    children = [[] for _ in range(len(tokens))]
+    for j in range(1, len(tokens)):
+        children[int(parents[j])].append(j)
+
+    def visit(node: int, depth: int) -> None:
+        walk[node] = 1
+        g.fill(masks[node])
+        if depth == max_depth:
+            return
+        for child in children[node]:
+            tok = int(tokens[child])
+            if not _allowed(masks[node], tok):  # consuming it would break the matcher
+                walk[child] = 1
+                continue
+            g.accept(tok)
+            visit(child, depth + 1)
+            g.matcher.rollback(1)
+
+    visit(0, 0)
+
+
+def draft_inputs(plan, bucket, view: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The grammar decisions of a split speculative step (`jspec.speculative.grammar_nodes`): the
+    packed int32 `[bucket.grammar_size]` (replaced, tokens, walk) and masks `[B, N, W]` (None when no
+    row is constrained). view `[B, D + N]`: the drafts, then every node's parent."""
+    b, n = bucket.batch_size, bucket.grammar_nodes
+    d = n - 1
+    replaced, tokens, walk = np.zeros((b,), np.int32), np.zeros((b, d), np.int32), np.ones((b, n), np.int32)
+    rows = constrained(plan)
+    masks = None
+    if rows:
+        masks = np.full((b, n, bucket.mask_words), -1, np.int32)
+        for i, g in rows:
+            walk[i] = 0
+            forced = g.forced(min(bucket.grammar_depth, d))
+            if forced:
+                replaced[i] = 1
+                tokens[i, :len(forced)] = forced
+                walk[i, :len(forced) + 1] = 1
+                g.fill_path(masks[i], forced)
+            else:
+                nodes = np.concatenate([[0], view[i, :d]])
+                _walk_tree(g, nodes, view[i, d:], masks[i], walk[i], bucket.grammar_depth)
+    return np.concatenate([replaced, tokens.reshape(-1), walk.reshape(-1)]), masks
+
+
+def draft_inputs_open(bucket) -> np.ndarray:
+    """The packed decisions of a split step without constrained rows: nothing replaced, every node walkable."""
+    b, n = bucket.batch_size, bucket.grammar_nodes
+    return np.concatenate([np.zeros((b * n,), np.int32), np.ones((b * n,), np.int32)])

@@ -28,7 +28,9 @@ from jspec.cache.pool import PoolLayout, allocate_caches, pool_specs
 from jspec.models import ops
 from jspec.models.batch import ForwardMode
 from jspec.runtime.grammar import mask_words, step_inputs as grammar_inputs
+from jspec.runtime import split_step
 from jspec.runtime.scheduler import StepPlan
+from jspec.runtime.split_step import SplitExecutable
 from jspec.runtime.step import Drafting, make_step
 from jspec.runtime.step_inputs import Bucket, DeviceState, pack
 from jspec.sharding import make_mesh
@@ -77,9 +79,10 @@ class ModelRunner:
         def masks(speculate: bool, steps: int) -> dict:
             if not grammar:
                 return {}
-            spec = drafting is not None and speculate
-            return dict(grammar_nodes=drafting.grammar_nodes(steps) if spec else 1, mask_words=words,
-                        grammar_forced=spec)
+            if drafting is None or not speculate:  # one sampled token per row
+                return dict(grammar_nodes=1, mask_words=words)
+            nodes, depth = drafting.grammar_nodes(steps)
+            return dict(grammar_nodes=nodes, grammar_depth=depth, mask_words=words, grammar_split=True)
 
         for b in sorted(set(decode_batch_sizes)):
             for sort in sorts:
@@ -169,9 +172,10 @@ class ModelRunner:
                 largest[b.mode] = b
         temp = 0
         for bucket in largest.values():
-            exe = self._lower(bucket, state).compile()
-            stats = exe.memory_analysis()
-            temp = max(temp, 0 if stats is None else int(stats.temp_size_in_bytes))
+            lowered = self._lower(bucket, state)
+            for part in lowered if isinstance(lowered, tuple) else (lowered,):
+                stats = part.compile().memory_analysis()
+                temp = max(temp, 0 if stats is None else int(stats.temp_size_in_bytes))
         return temp
 
     def release(self) -> None:
@@ -183,6 +187,9 @@ class ModelRunner:
                     leaf.delete()
         self.state = None
         self.params = None
+        for exe in self.compiled.values():
+            if isinstance(exe, SplitExecutable):
+                exe.delete()
         self.compiled.clear()
         for mask in self._open_masks.values():
             mask.delete()
@@ -205,11 +212,22 @@ class ModelRunner:
         """Trace and lower a bucket's step against `state` (arrays or shardings-carrying shapes)."""
         packed = jax.ShapeDtypeStruct((bucket.size,), jnp.int32, sharding=self._replicated)
         mask = [jax.ShapeDtypeStruct(self._mask_shape(bucket), jnp.int32, sharding=self._replicated)
-                ] if bucket.grammar_nodes else []
+                ] if bucket.grammar_nodes and not bucket.grammar_split else []
         out_shardings = (self.state_shardings(state), self._replicated)
         with ops.tensor_parallel(self.mesh):
+            if bucket.grammar_split:  # two parts (split_step.py)
+                return split_step.lower(self.step_fn(bucket), bucket, self.params, state, packed,
+                                        out_shardings=out_shardings, sharding=self._replicated)
             return jax.jit(self.step_fn(bucket), donate_argnums=(1,), out_shardings=out_shardings).lower(
                 self.params, state, packed, *mask)
+
+    def _run(self, bucket: Bucket, packed, masks=None, plan=None):
+        """Launch a bucket's compiled step: (state, out). masks: a one-token step's grammar masks
+        (None: all allowed); plan: what a split step's grammar walk reads."""
+        exe = self.compiled[bucket]
+        if bucket.grammar_split:
+            return exe(self.params, self.state, packed, plan)
+        return exe(self.params, self.state, packed, *self._mask_args(bucket, masks))
 
     @staticmethod
     def _mask_shape(bucket: Bucket) -> tuple[int, int, int]:
@@ -233,8 +251,14 @@ class ModelRunner:
         for bucket in tqdm(self.buckets, desc="capture (trace buckets)", disable=not progress, unit="bucket"):
             lowered[bucket] = self._lower(bucket, self.state)
         # Tracing holds the GIL; XLA's compilation releases it, so the buckets compile side by side.
+        def compile_one(b: Bucket):
+            if not b.grammar_split:
+                return b, lowered[b].compile()
+            draft, verify = (part.compile() for part in lowered[b])
+            return b, SplitExecutable(draft, verify, b, self._replicated)
+
         with ThreadPoolExecutor(max_workers=max(1, min(len(lowered), os.cpu_count() or 1))) as pool:
-            done = pool.map(lambda b: (b, lowered[b].compile()), list(lowered))
+            done = pool.map(compile_one, list(lowered))
             self.compiled.update(tqdm(done, total=len(lowered), desc="compile buckets", disable=not progress,
                                       unit="bucket"))
         self.compile_seconds = time.perf_counter() - t0
@@ -254,11 +278,10 @@ class ModelRunner:
             if bucket.mode is not ForwardMode.DECODE or bucket.sort:
                 continue
             packed = jax.device_put(pack(StepPlan(ForwardMode.DECODE, [], []), bucket), self._replicated)
-            mask = self._mask_args(bucket, None)
             samples = []
             for i in range(repeats + 1):  # the first run pays for loading the executable
                 t0 = time.perf_counter()
-                self.state, out = self.compiled[bucket](self.params, self.state, packed, *mask)
+                self.state, out = self._run(bucket, packed)
                 out.block_until_ready()
                 if i:
                     samples.append(time.perf_counter() - t0)
@@ -285,9 +308,9 @@ class ModelRunner:
         # Named in profiler traces (a no-op otherwise): the host side of a step, which with
         # overlap runs while the device still executes the step before it.
         with jax.profiler.TraceAnnotation(f"jspec.dispatch {bucket.mode.value} B{bucket.batch_size}"):
-            masks, forced, limit = grammar_inputs(plan, bucket) if bucket.grammar_nodes else (None, None, None)
-            packed = jax.device_put(pack(plan, bucket, None if forced is None else (forced, limit)), self._replicated)
-            self.state, out = self.compiled[bucket](self.params, self.state, packed, *self._mask_args(bucket, masks))
+            masks = grammar_inputs(plan, bucket) if bucket.grammar_nodes and not bucket.grammar_split else None
+            packed = jax.device_put(pack(plan, bucket), self._replicated)
+            self.state, out = self._run(bucket, packed, masks, plan)
             out.copy_to_host_async()
         return StepHandle(plan, bucket, out, time.perf_counter())
 

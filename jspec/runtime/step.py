@@ -67,8 +67,8 @@ class Drafting(Protocol):
     def after_extend(self, draft, ctx: ExtendContext, draft_caches, spec_state):
         """The drafter's part of a prompt chunk -> (draft_caches, spec_state)."""
 
-    def grammar_nodes(self, draft_steps: int) -> int:
-        """How many verified nodes (root first) of a speculative step take a grammar mask."""
+    def grammar_nodes(self, draft_steps: int) -> tuple[int, int]:
+        """(verified nodes, deepest accepted node) of a speculative step, for grammar masks."""
 
     def rows(self, num_top: int):
         """The `SpecRows` layout of this engine's decode outputs, num_top top logprobs per token."""

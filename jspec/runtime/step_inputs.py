@@ -83,12 +83,19 @@ class Bucket:
     snapshots: bool = False
     commit_tracks: bool = False
     # Structured output (`jspec.runtime.grammar`): the step takes a token bitmask `[B, grammar_nodes,
-    # mask_words]` as a second input beside the packed vector (0 nodes: no grammar, no mask input);
-    # a speculative bucket that drafts (grammar_forced) also packs each row's forced tokens
-    # `[B, grammar_nodes - 1]` and its accepted-run limit `[B]` (-1: the row is unconstrained).
+    # mask_words]` beside the packed vector (0 nodes: no grammar, no mask input). A speculative bucket
+    # that drafts runs split in two (grammar_split, `jspec.speculative.grammar_nodes`): the draft
+    # part, then the rest with the host's grammar decisions (`grammar_size` int32) and the masks.
     grammar_nodes: int = 0
     mask_words: int = 0
-    grammar_forced: bool = False
+    grammar_split: bool = False
+    grammar_depth: int = 0  # grammar_split: the deepest node acceptance reaches (the drafts per step)
+
+    @property
+    def grammar_size(self) -> int:
+        """int32 of a split step's grammar decisions: replaced [B], tokens [B, N-1], walk [B, N]."""
+        b, n = self.batch_size, self.grammar_nodes
+        return b + b * (n - 1) + b * n
 
     def fields(self):
         t, b, u = self.num_tokens, self.batch_size, self.num_page_updates
@@ -105,8 +112,6 @@ class Bucket:
             out += [("track_src", (TRACKS_PER_STEP,)), ("track_dst", (TRACKS_PER_STEP,))]
         if self.next_ids:
             out.append(("next_ids", (t,)))
-        if self.grammar_forced:
-            out += [("forced", (b, max(self.grammar_nodes - 1, 0))), ("forced_limit", (b,))]
         return out
 
     @property
@@ -126,9 +131,8 @@ class Bucket:
         return out
 
 
-def pack(plan: StepPlan, bucket: Bucket, forced=None) -> np.ndarray:
-    """Host side: a step plan -> the bucket's int32 vector (padding rows point at the sinks).
-    forced: (tokens, limits) of a grammar_forced bucket (`jspec.runtime.grammar.step_inputs`)."""
+def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
+    """Host side: a step plan -> the bucket's int32 vector (padding rows point at the sinks)."""
     t_cap, b_cap, u_cap = bucket.num_tokens, bucket.batch_size, bucket.num_page_updates
     f = {name: np.zeros(shape, np.int32) for name, shape in bucket.fields() if name not in FLOAT_FIELDS_B}
     fl = {name: np.zeros((b_cap,), np.float32) for name in FLOAT_FIELDS_B}
@@ -203,10 +207,6 @@ def pack(plan: StepPlan, bucket: Bucket, forced=None) -> np.ndarray:
                     i = s.start + k + 1
                     nxt[t + k] = seq[i] if i < len(seq) else -1
             t += s.num_tokens
-    if bucket.grammar_forced:
-        f["forced_limit"][:] = -1
-        if forced is not None:
-            f["forced"][:], f["forced_limit"][:] = forced
     if len(plan.page_updates) > u_cap:
         raise AssertionError(f"{len(plan.page_updates)} page updates exceed the bucket's {u_cap}")
     upd = f["page_updates"]

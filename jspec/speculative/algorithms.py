@@ -62,13 +62,14 @@ class _Drafting:
         return dict(page_size=page_size, num_steps=self.spec.num_steps, rows=self.rows(num_top),
                     simulate_accept_length=self.spec.simulate_accept_length)
 
-    def grammar_nodes(self, draft_steps: int) -> int:
-        """Nodes of a speculative step that get a grammar mask (`jspec.runtime.grammar`): the root and
-        the longest forced run it verifies (a chain's drafts, draft_steps or the configured number;
-        a tree's depth, within its node count)."""
+    def grammar_nodes(self, draft_steps: int) -> tuple[int, int]:
+        """(nodes, depth) of a speculative step as the grammar sees them (`jspec.runtime.grammar`):
+        every verified node, and the deepest one acceptance reaches (a chain: draft_steps drafts,
+        0 the configured number; a tree: num_draft_tokens nodes, num_steps deep)."""
         if self.spec.topk > 1:
-            return min(self.spec.num_steps, self.spec.num_draft_tokens - 1) + 1
-        return (draft_steps or self.spec.num_steps) + 1
+            return self.spec.num_draft_tokens, self.spec.num_steps
+        s = draft_steps or self.spec.num_steps
+        return s + 1, s
 
     def rows(self, num_top: int) -> SpecRows:
         """The output row layout of every decode step of this engine."""

@@ -17,7 +17,7 @@ from flax import nnx
 
 from jspec.runtime import sampler as sampling
 from jspec.runtime.step_inputs import Bucket, DeviceState, SpecRows, apply_page_updates, sampling_batch
-from jspec.speculative import accept, penalties, verify
+from jspec.speculative import accept, grammar_nodes, penalties, verify
 
 
 @dataclasses.dataclass
@@ -66,10 +66,23 @@ Phase = tuple[str, Callable[[SpecStep], None]]
 
 def begin(bucket: Bucket, graphdef, draft_graphdef, *, page_size: int, num_keys: int):
     """(params, state, packed) -> SpecStep. num_keys: random uses per request per step (key_fn(k),
-    k < num_keys). With draft weights params is (target params, draft params)."""
+    k < num_keys). With draft weights params is (target params, draft params). The returned
+    function's `resume(params, carry)` rebuilds a SpecStep from `carry(c)` (a step in two parts)."""
+
+    def modules(params):
+        target_params, draft_params = params if draft_graphdef is not None else (params, None)
+        return (nnx.merge(graphdef, target_params),
+                None if draft_graphdef is None else nnx.merge(draft_graphdef, draft_params))
+
+    def key_fn_of(x, out_index):
+        def key_fn(k: int):
+            # One stream per request, indexed by (index of the step's first output, use k): the same
+            # tokens whatever else is in the batch.
+            return jax.vmap(lambda sd, st: sampling.row_key(sd, st * num_keys + k))(x["seeds"], out_index)
+
+        return key_fn
 
     def start(params, state: DeviceState, packed, vocab_mask=None) -> SpecStep:
-        target_params, draft_params = params if draft_graphdef is not None else (params, None)
         x = bucket.unpack(packed)
         if vocab_mask is not None:  # structured output: `[B, M, W]` token bitmasks of nodes 0..M-1
             x["vocab_mask"] = vocab_mask
@@ -81,22 +94,38 @@ def begin(bucket: Bucket, graphdef, draft_graphdef, *, page_size: int, num_keys:
         # is the host's (output index - position) plus the device's position.
         l0 = jnp.where(valid, state.seq_lens[slots], 0)
         out_index = l0 + x["out_index"] - x["positions"][:bucket.batch_size]
-
-        def key_fn(k: int):
-            # One stream per request, indexed by (index of the step's first output, use k): the same
-            # tokens whatever else is in the batch.
-            return jax.vmap(lambda sd, st: sampling.row_key(sd, st * num_keys + k))(x["seeds"], out_index)
-
+        target, drafter = modules(params)
         return SpecStep(
             bucket=bucket, page_size=page_size, state=state, x=x, req_to_page=req_to_page, slots=slots, valid=valid,
             l0=l0, page_table=req_to_page[slots], sb=sampling_batch(x, step=out_index),
-            greedy=x["temperature"] < sampling.GREEDY_TEMPERATURE, key_fn=key_fn, last=state.last_token[slots],
-            target=nnx.merge(graphdef, target_params),
-            drafter=None if draft_graphdef is None else nnx.merge(draft_graphdef, draft_params),
+            greedy=x["temperature"] < sampling.GREEDY_TEMPERATURE, key_fn=key_fn_of(x, out_index),
+            last=state.last_token[slots], target=target, drafter=drafter,
             caches=state.caches, draft_caches=state.draft_caches, spec_state=state.spec_state,
         )
 
+    def resume(params, buffers: dict, rest: dict) -> SpecStep:
+        target, drafter = modules(params)
+        return SpecStep(bucket=bucket, page_size=page_size, key_fn=key_fn_of(rest["x"], rest["sb"].step),
+                        target=target, drafter=drafter, **buffers, **rest)
+
+    start.bucket, start.resume = bucket, resume
     return start
+
+
+# SpecStep fields that are not arrays: rebuilt by `resume`, never carried between the two parts.
+_REBUILT = ("bucket", "page_size", "key_fn", "target", "drafter")
+
+
+_BUFFERS = ("state", "caches", "draft_caches", "spec_state")  # donated from one part to the next
+
+
+def carry(c: SpecStep) -> tuple[dict, dict]:
+    """The arrays of a SpecStep between the two parts of a split step: (the device state's buffers,
+    donated and updated in place; everything else, small). The pools travel once, in caches /
+    draft_caches / spec_state, not again inside the state they came from."""
+    out = {f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.name not in _REBUILT}
+    out["state"] = dataclasses.replace(c.state, caches=None, draft_caches=None, spec_state=None)
+    return {k: out.pop(k) for k in _BUFFERS}, out
 
 
 def finish(c: SpecStep, rows: SpecRows) -> tuple[DeviceState, jax.Array]:
@@ -143,48 +172,33 @@ def penalised(c: SpecStep, logits, tokens, ancestors, depth=None):
 
 
 def grammar_limit(c: SpecStep):
-    """`[B]` how deep each row may accept (a constrained row: its forced run; others: every draft),
-    or None when the bucket carries no grammar inputs."""
-    if "forced_limit" not in c.x:
-        return None
-    lim = c.x["forced_limit"]
-    return jnp.where(lim >= 0, lim, c.drafts.shape[1])
-
-
-def constrain(c: SpecStep) -> None:
-    """After drafting: a constrained row verifies the grammar's forced tokens instead of its drafts
-    (as point masses: the host chose them deterministically). In a tree the forced run becomes the
-    chain of nodes 1..k (node j at depth j, child of j - 1) and the row's other nodes hang off the
-    root, where the walk never goes (`walk_parents`)."""
-    forced = c.x["forced"]
-    if forced.shape[1] == 0:
-        return
-    on = c.x["forced_limit"] >= 0
-    m = forced.shape[1]
-    if "parents" in c.scratch:  # a tree: node j + 1 takes forced[j]
-        drafts = c.drafts.at[:, :m].set(forced)
-        node = jnp.arange(c.drafts.shape[1] + 1)[None, :]
-        chain = node <= c.x["forced_limit"][:, None]
-        parents = jnp.where(chain, node - 1, 0).at[:, 0].set(-1)
-        depth = jnp.where(chain, node, 1).at[:, 0].set(0)
-        c.scratch["parents"] = jnp.where(on[:, None], parents, c.scratch["parents"])
-        c.scratch["depth"] = jnp.where(on[:, None], depth, c.scratch["depth"])
-        c.drafts = jnp.where(on[:, None], drafts, c.drafts)
-        return
-    c.drafts = jnp.where(on[:, None], forced, c.drafts)
-    if c.scratch.get("q") is not None:
-        one_hot = jax.nn.one_hot(forced, c.scratch["q"].shape[-1], dtype=c.scratch["q"].dtype)
-        c.scratch["q"] = jnp.where(on[:, None, None], one_hot, c.scratch["q"])
+    """`[B]` how many drafts each row may accept (`grammar_nodes.chain_limit`), or None when the
+    step has no grammar inputs."""
+    return None if "walk" not in c.scratch else grammar_nodes.chain_limit(c.scratch["walk"])
 
 
 def walk_parents(c: SpecStep, parents):
-    """The parents a tree's acceptance walks: a constrained row's forced chain only (the nodes past
-    its forced run have no parent, so no walk reaches them)."""
-    if "forced_limit" not in c.x:
-        return parents
-    lim = c.x["forced_limit"]
-    node = jnp.arange(parents.shape[1])[None, :]
-    return jnp.where((lim >= 0)[:, None] & (node > lim[:, None]), -2, parents)
+    """The parents a tree's acceptance walks (`grammar_nodes.walk_parents`)."""
+    return parents if "walk" not in c.scratch else grammar_nodes.walk_parents(parents, c.scratch["walk"])
+
+
+def apply_grammar(c: SpecStep, grammar, masks) -> None:
+    """The host's decisions about the drafts (`grammar_nodes`), before the verify: packed int32
+    `[B + B*D + B*N]` (replaced, tokens, walk) and masks `[B, N, W]`."""
+    b, d = c.drafts.shape
+    n = d + 1
+    replaced = grammar[:b] > 0
+    tokens = grammar[b:b + b * d].reshape(b, d)
+    walk = grammar[b + b * d:].reshape(b, n) > 0
+    c.x["vocab_mask"] = masks
+    c.scratch["walk"] = walk
+    if "parents" in c.scratch:
+        c.drafts, c.scratch["parents"], c.scratch["depth"] = grammar_nodes.override_tree(
+            c.drafts, c.scratch["parents"], c.scratch["depth"], replaced, tokens, walk)
+    else:
+        c.drafts, q = grammar_nodes.override_chain(c.drafts, c.scratch.get("q"), replaced, tokens)
+        if q is not None:
+            c.scratch["q"] = q
 
 
 def accept_chain(c: SpecStep, *, q=None, simulate_accept_length: float | None = None) -> None:
@@ -221,15 +235,48 @@ def snapshot_track(c: SpecStep, path=None):
     return jnp.where(hit, node, -1), c.x["track_dst"]
 
 
+@dataclasses.dataclass(frozen=True)
+class SplitStep:
+    """A speculative step in two parts, for structured output: `draft(params, state, packed) ->
+    (buffers, rest, view)` runs the draft phase (`carry`; view `[B, D + N]` int32: the drafts, then
+    every node's parent, for the host's grammar walk); `verify(params, buffers, rest, grammar,
+    masks) -> (state, out)` applies the host's decisions (`apply_grammar`) and runs the rest."""
+
+    draft: Callable
+    verify: Callable
+
+
 def compose(start, phases: list[Phase], rows: SpecRows):
-    """The engine's step: start, every phase in order, finish (output rows laid out as `rows`)."""
+    """The engine's step: start, every phase in order, finish (output rows laid out as `rows`).
+    A bucket with `grammar_split` gets the `SplitStep` of the same phases."""
+    if start.bucket.grammar_split:
+        return _split(start, phases, rows)
 
     def step(params, state: DeviceState, packed, vocab_mask=None):
         c = start(params, state, packed, vocab_mask)
-        for name, phase in phases:
+        for _, phase in phases:
             phase(c)
-            if name == "draft" and c.bucket.grammar_forced:
-                constrain(c)
         return finish(c, rows)
 
     return step
+
+
+def _split(start, phases: list[Phase], rows: SpecRows) -> SplitStep:
+    assert phases[0][0] == "draft", [name for name, _ in phases]
+
+    def draft(params, state: DeviceState, packed):
+        c = start(params, state, packed)
+        phases[0][1](c)
+        parents = c.scratch.get("parents")
+        if parents is None:  # a chain: node j's parent is j - 1
+            parents = verify.chain_parents(*c.drafts.shape[:1], c.drafts.shape[1] + 1)
+        return *carry(c), jnp.concatenate([c.drafts, parents], axis=1).astype(jnp.int32)
+
+    def verify_(params, buffers: dict, rest: dict, grammar, masks):
+        c = start.resume(params, buffers, rest)
+        apply_grammar(c, grammar, masks)
+        for _, phase in phases[1:]:
+            phase(c)
+        return finish(c, rows)
+
+    return SplitStep(draft=draft, verify=verify_)

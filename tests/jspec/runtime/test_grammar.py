@@ -89,6 +89,50 @@ def test_masks_along_a_forced_run_equal_the_matcher_walked_token_by_token(backen
     assert g.forced(20) == forced  # fill_path left the matcher where it was
 
 
+def _mask_after(backend, text: str) -> np.ndarray:
+    g = backend.compile("regex", REGEX)
+    for tok in _ids(text):
+        assert g.accept(tok)
+    row = np.zeros(mask_words(tm.VOCAB), np.int32)
+    g.fill(row)
+    return row
+
+
+def test_a_split_step_walks_each_constrained_rows_grammar_along_its_draft_tree(backend):
+    """draft_inputs: the nodes whose path the grammar allows are walkable, each with the mask of
+    the state its path reaches; a forbidden node is walkable too (its parent's mask rejects it) but
+    nothing under it is (the grammar is broken there); where the grammar forces a run, the row
+    verifies that run instead; unconstrained rows keep all."""
+    from types import SimpleNamespace
+
+    from jspec.runtime.grammar import draft_inputs
+
+    w = mask_words(tm.VOCAB)
+    bucket = SimpleNamespace(batch_size=3, grammar_nodes=5, grammar_depth=3, mask_words=w)
+    free, forced = backend.compile("regex", REGEX), backend.compile("regex", REGEX)
+    for tok in _ids("ab1"):
+        free.accept(tok)
+    for tok in _ids("ab123"):
+        forced.accept(tok)
+    row = lambda g: SimpleNamespace(req=SimpleNamespace(grammar=g), sample=True)  # noqa: E731
+    plan = SimpleNamespace(reqs=[row(free), row(None), row(forced)])
+    # Row 0's tree: 1 = "2" and 2 = "x" under the root, 3 = "-" under 1, 4 = "f" under 2 ("x" is not allowed).
+    drafts = [_ids("2x-f"), _ids("abcd"), _ids("zzzz")]
+    parents = [[-1, 0, 0, 1, 2], [-1, 0, 1, 2, 3], [-1, 0, 1, 2, 3]]
+    view = np.array([d + p for d, p in zip(drafts, parents)], np.int32)
+    packed, masks = draft_inputs(plan, bucket, view)
+    replaced, tokens, walk = packed[:3], packed[3:15].reshape(3, 4), packed[15:].reshape(3, 5)
+    assert replaced.tolist() == [0, 0, 1]
+    assert walk.tolist() == [[1, 1, 1, 1, 0], [1] * 5, [1, 1, 1, 1, 0]]
+    for node, text in ((0, "ab1"), (1, "ab12"), (3, "ab12-")):
+        np.testing.assert_array_equal(masks[0, node], _mask_after(backend, text))
+    assert (masks[1] == -1).all()
+    assert tokens[2, :3].tolist() == _ids("-fi")  # the forced run, as deep as the step reaches
+    for node, text in enumerate(("ab123", "ab123-", "ab123-f", "ab123-fi")):
+        np.testing.assert_array_equal(masks[2, node], _mask_after(backend, text))
+    np.testing.assert_array_equal(_mask_after(backend, "ab1"), (lambda r: (free.fill(r), r)[1])(np.zeros(w, np.int32)))
+
+
 @pytest.mark.parametrize("key,text,needle", [
     ("regex", "a(b", "unclosed group"),
     ("json_schema", "{not json", "not valid JSON"),
@@ -189,3 +233,32 @@ def test_structured_output_needs_a_backend(engine):
                      top_logprobs_num=0, stream=False, rid=None, next_seed=lambda: 0)
     with pytest.raises(ConfigError, match="grammar_backend must be one of"):
         Engine(engine.model.path, grammar_backend="xgrammar", **SMALL)
+
+
+def test_eagle3_drafts_under_a_grammar_equal_the_plain_engine_and_are_accepted():
+    """The shipped tiny Qwen3 + EAGLE3, greedy under a JSON schema and a regex: the same text as the
+    plain engine, in far fewer verify steps than tokens (forced runs and the drafter's own
+    proposals, each checked against the grammar along its path)."""
+    from jspec.tiny import tiny_dir
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
+                                               "city": {"type": "string", "enum": ["Paris", "London", "Berlin"]}},
+              "required": ["name", "age", "city"], "additionalProperties": False}
+    sp = [{"max_new_tokens": 60, "temperature": 0, "json_schema": json.dumps(schema)},
+          {"max_new_tokens": 30, "temperature": 0, "regex": r"(yes|no), because [a-z ]{5,20}\."}]
+    prompts = ["Tell me about a person.", "Is the sky blue?"]
+    settings = dict(grammar_backend="llguidance", dtype="float32", cuda_graph_bs=[4], max_running_requests=4,
+                    chunked_prefill_size=64, prefill_token_buckets=[64], context_length=256, disable_top_k_top_p=True,
+                    show_progress=False, compilation_cache_dir="none")
+    with Engine(tiny_dir("qwen3"), **settings) as eng:
+        want = eng.generate(prompt=prompts, sampling_params=sp)
+    with Engine(tiny_dir("qwen3"), speculative_algorithm="EAGLE3", speculative_draft_model_path=tiny_dir("qwen3-eagle3"),
+                speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+                speculative_adaptive=False, **settings) as eng:
+        got = eng.generate(prompt=prompts, sampling_params=sp)
+        check_no_leaks(eng)
+    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
+    json.loads(got[0]["text"])
+    assert re.fullmatch(r"(yes|no), because [a-z ]{5,20}\.", got[1]["text"])
+    tokens = sum(len(g["output_ids"]) for g in got)
+    assert sum(g["meta_info"]["spec_verify_ct"] for g in got) <= 0.6 * tokens
