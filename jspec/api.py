@@ -98,7 +98,8 @@ class Engine:
                                   plain_decode=self.spec is not None and (self.spec.adaptive or
                                                                           self.spec.disable_by_batch_size is not None),
                                   shorter_chains=self.spec is not None and self.spec.adaptive,
-                                  prefix_pages=cfg.prefix_pages_per_step, grammar=cfg.grammar_backend is not None)
+                                  prefix_pages=cfg.prefix_pages_per_step, grammar=cfg.grammar_backend is not None,
+                                  input_logprobs=cfg.enable_input_logprobs)
         tokenizer_json = None if tokenizer_dir is None else os.path.join(tokenizer_dir, "tokenizer.json")
         self.grammars = GrammarBackend.create(
             cfg.grammar_backend, vocab_size=self.config.vocab_size, eos_token_ids=self.eos_token_ids,
@@ -136,7 +137,8 @@ class Engine:
                                     pool_tokens=cfg.pool_tokens, spec_extra=cfg.spec_extra,
                                     max_top_logprobs=cfg.max_top_logprobs_num,
                                     disable_top_k_top_p=cfg.disable_top_k_top_p,
-                                    eos_token_ids=tuple(sorted(self.eos_token_ids)))
+                                    eos_token_ids=tuple(sorted(self.eos_token_ids)),
+                                    input_logprobs=cfg.enable_input_logprobs)
         self._wake = threading.Condition()
         self._stopped = False
         self._error: BaseException | None = None
@@ -192,16 +194,19 @@ class Engine:
     def _next_seed(self) -> int:  # drawn from the engine's random_seed, one per unseeded request
         return (self.engine_config.random_seed * 1_000_003 + next(self._seed_counter)) % 2**31
 
-    def _make_request(self, prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, stream, rid):
+    def _make_request(self, prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, stream, rid,
+                      logprob_start_len=-1):
         return make_request(self.limits, self.tokenizer, prompt=prompt, input_ids=input_ids,
                             sampling_params=sampling_params, return_logprob=return_logprob,
                             top_logprobs_num=top_logprobs_num, stream=stream, rid=rid, next_seed=self._next_seed,
-                            grammars=self.grammars)
+                            grammars=self.grammars, logprob_start_len=logprob_start_len)
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
-                 top_logprobs_num=0, stream=False, rid=None):
+                 top_logprobs_num=0, stream=False, rid=None, logprob_start_len=-1):
         """Generate for one prompt (returns a dict) or a list of prompts (returns a list of dicts).
         A sampling_params with n > 1 makes n samples of its prompt (a list, n per prompt in order).
+        logprob_start_len >= 0 (an engine with enable_input_logprobs): meta_info also holds the
+        prompt's input_token_logprobs from that position on.
 
         With stream=True (single prompt, n = 1) returns an iterator of incremental dicts.
         """
@@ -222,12 +227,12 @@ class Engine:
             reqs = [
                 self._make_request(items[i] if prompt is not None else None,
                                    items[i] if prompt is None else None, sps[i], return_logprob,
-                                   top_logprobs_num, False, rids[i])
+                                   top_logprobs_num, False, rids[i], logprob_start_len)
                 for i in range(n)
             ]
         else:
             reqs = [self._make_request(prompt, input_ids, sampling_params, return_logprob, top_logprobs_num,
-                                       stream, rid)]
+                                       stream, rid, logprob_start_len)]
         if any(r.sampling.n > 1 for r in reqs):  # SGLang's parallel sampling: n results per prompt, prompt-major
             reqs = [s for r in reqs for s in parallel_samples(r, self._next_seed)]
             batch = True

@@ -65,6 +65,7 @@ class EngineConfig:
     mamba_track_interval: int = 256  # hybrid: decode keeps the GDN state every this many tokens
     grammar_backend: str | None = None  # structured output (regex / json_schema / ebnf): "llguidance"
     tokenizer_path: str | None = None  # a directory with tokenizer.json (default: the model's own)
+    enable_input_logprobs: bool = False  # prompt-chunk variants reporting input token logprobs (logprob_start_len)
 
     @property
     def max_extend_requests(self) -> int:
@@ -88,7 +89,8 @@ class EngineConfig:
                     radix_cache=self.radix_cache_enabled, schedule_policy=self.schedule_policy,
                     max_mamba_cache_size=self.layout.num_slots - 1 + self.layout.num_snapshots
                     if self.model_config.is_hybrid else None, mamba_track_interval=self.mamba_track_interval,
-                    grammar_backend=self.grammar_backend, tokenizer_path=self.tokenizer_path)
+                    grammar_backend=self.grammar_backend, tokenizer_path=self.tokenizer_path,
+                    enable_input_logprobs=self.enable_input_logprobs)
 
     @property
     def radix_cache_enabled(self) -> bool:
@@ -115,7 +117,7 @@ class EngineConfig:
                disable_radix_cache: bool = False, schedule_policy: str = "fcfs",
                max_mamba_cache_size: int | None = None, mamba_track_interval: int = 256,
                grammar_backend: str | None = None, tokenizer_path: str | None = None,
-               **speculative) -> EngineConfig:
+               enable_input_logprobs: bool = False, **speculative) -> EngineConfig:
         """Validate SGLang-style keyword settings; `speculative` holds the speculative_* keys."""
         unknown = sorted(k for k in speculative if not k.startswith("speculative_") or k not in SPEC_KEYS)
         if unknown:
@@ -182,7 +184,8 @@ class EngineConfig:
                    mem_fraction_static=mem_fraction_static, tp_size=tp, ep_size=ep,
                    disable_radix_cache=bool(disable_radix_cache), schedule_policy=schedule_policy,
                    max_mamba_cache_size=max_mamba_cache_size, mamba_track_interval=mamba_track_interval,
-                   grammar_backend=grammar_backend, tokenizer_path=None if tokenizer_path is None else str(tokenizer_path))
+                   grammar_backend=grammar_backend, tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
+                   enable_input_logprobs=bool(enable_input_logprobs))
 
     def with_memory_plan(self, plan: MemoryPlan) -> EngineConfig:
         """This config with the pool sized by `plan` (see `Engine`, which measures it)."""

@@ -82,6 +82,8 @@ def add_engine_flags(p) -> None:
     g.add_argument("--grammar-backend", choices=("llguidance", "none"),
                    help="structured output (regex / json_schema / ebnf requests); off by default")
     g.add_argument("--tokenizer-path", help="directory with the tokenizer.json to use (default: the model's)")
+    g.add_argument("--enable-input-logprobs", action="store_true", default=None,
+                   help="compile prompt-chunk variants that report input token logprobs (logprob_start_len)")
     g.add_argument("--quiet", action="store_true", help="no compile progress bar")
 
 
@@ -125,6 +127,8 @@ def _add_workload_flags(p) -> None:
     g.add_argument("--repetition-penalty", type=float, default=None)
     g.add_argument("--return-logprob", action="store_true", help="every request asks for its tokens' logprobs")
     g.add_argument("--top-logprobs-num", type=int, default=None, help="... and this many top logprobs per token")
+    g.add_argument("--regex", help="every request's output matches this regular expression (needs --grammar-backend)")
+    g.add_argument("--json-schema", help="every request's output is JSON of this schema (a JSON string)")
 
 
 def _default_output(kind: str):

@@ -20,7 +20,7 @@ ENGINE_FLAGS = ("dtype", "page_size", "max_running_requests", "max_total_tokens"
                 "compilation_cache_dir", "disable_top_k_top_p", "speculative_adaptive",
                 "speculative_disable_by_batch_size", "tp_size", "ep_size", "disable_radix_cache",
                 "schedule_policy", "max_mamba_cache_size", "mamba_track_interval", "grammar_backend",
-                "tokenizer_path")
+                "tokenizer_path", "enable_input_logprobs")
 # Speculative keywords, passed to the Engine only when an algorithm is set, so that runs without
 # speculation work on engines that do not know them yet.
 SPEC_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
@@ -30,7 +30,7 @@ SETTING_KEYS = ("dataset_name", "dataset_path", "num_prompts", "seed", "request_
                 "random_range_ratio", "gsp_num_groups", "gsp_prompts_per_group", "gsp_system_prompt_len",
                 "gsp_question_len", "gsp_output_len", "sharegpt_output_len", "sharegpt_context_len",
                 "multiturn_max_turns", "frequency_penalty", "presence_penalty", "repetition_penalty",
-                "return_logprob", "top_logprobs_num")
+                "return_logprob", "top_logprobs_num", "regex", "json_schema")
 
 
 def engine_kwargs(args) -> dict:
@@ -55,7 +55,8 @@ def sampling_params(args) -> dict:
     # ignore_eos by default, as SGLang's bench_serving: every request makes exactly the tokens
     # its workload asks for, so runs compare whatever the weights.
     out = {"temperature": args.temperature, "ignore_eos": not args.disable_ignore_eos}
-    for key in ("frequency_penalty", "presence_penalty", "repetition_penalty", "top_logprobs_num"):
+    for key in ("frequency_penalty", "presence_penalty", "repetition_penalty", "top_logprobs_num", "regex",
+                "json_schema"):
         if getattr(args, key, None) is not None:
             out[key] = getattr(args, key)
     if getattr(args, "return_logprob", False) or out.get("top_logprobs_num"):

@@ -145,6 +145,8 @@ class EngineCore:
         if handle.bucket.mode is ForwardMode.DECODE and self.runner.speculative:
             return self._process_spec(handle)
         out = self.runner.fetch(handle)
+        if handle.bucket.input_logprobs:
+            self._input_logprobs(handle, out[handle.bucket.batch_size:])
         tokens, logprobs, top_ids, top_lps = unpack_outputs(out, self.runner.num_top)
         now = time.perf_counter()
         for i, s in enumerate(handle.plan.reqs):
@@ -166,6 +168,23 @@ class EngineCore:
                 self._finish(req, reason)
             elif req.stream_queue is not None:
                 req.stream_queue.put(False)
+
+    def _input_logprobs(self, handle: StepHandle, rows) -> None:
+        """A prompt step's per-token rows: position p holds the logprob of prompt token p + 1; each
+        request keeps those it asked for, once (a retracted request computes them again)."""
+        _, logprobs, top_ids, top_lps = unpack_outputs(rows, self.runner.num_top)
+        t = 0
+        for s in handle.plan.reqs:
+            req = s.req
+            if s.token_ids is not None and not req.finished:
+                k = req.input_logprob_next  # the prompt token it needs next, predicted at position k - 1
+                while k < len(req.input_ids) and s.start <= k - 1 < s.start + s.num_tokens:
+                    i = t + k - 1 - s.start
+                    req.input_logprobs.append(float(logprobs[i]))
+                    n = req.top_logprobs_num
+                    req.input_top_logprobs.append(list(zip(top_lps[i, :n].tolist(), top_ids[i, :n].tolist())))
+                    k += 1
+            t += s.num_tokens
 
     def _process_spec(self, handle: StepHandle) -> None:
         """A verify step's row: [count, tokens...]. Tokens are taken one by one so a stop condition

@@ -53,8 +53,9 @@ class ModelRunner:
                  max_extend_requests: int, num_top_logprobs: int = 20, progress: bool = True,
                  drafting: Drafting | None = None, top_k_top_p: bool = True, compile: bool = True,
                  plain_decode: bool = False, shorter_chains: bool = False, prefix_pages: int = 0,
-                 grammar: bool = False):
-        """grammar: every step takes token bitmasks (structured output, `jspec.runtime.grammar`)."""
+                 grammar: bool = False, input_logprobs: bool = False):
+        """grammar: every step takes token bitmasks (structured output, `jspec.runtime.grammar`);
+        input_logprobs: each prompt-chunk bucket also has a variant reporting input token logprobs."""
         self.model = model
         self.drafting = drafting
         self.page_size = page_size = layout.page_size
@@ -96,9 +97,10 @@ class ModelRunner:
             b = min(t, max_extend_requests)
             # prefix_pages: cached pages a prompt step may map into page-table rows (prefix cache).
             updates = t // page_size + b * (1 + ahead_pages) + 1 + prefix_pages
-            self.buckets.append(Bucket(ForwardMode.EXTEND, t, b, updates,
-                                       next_ids=drafting is not None and drafting.extend_next_ids,
-                                       snapshots=layout.num_snapshots > 0, **masks(False, 0)))
+            for lp in (False, True) if input_logprobs else (False,):
+                self.buckets.append(Bucket(ForwardMode.EXTEND, t, b, updates,
+                                           next_ids=drafting is not None and drafting.extend_next_ids,
+                                           snapshots=layout.num_snapshots > 0, input_logprobs=lp, **masks(False, 0)))
         self.layout = layout
         self.mesh = model.mesh if model.mesh is not None else make_mesh(1)
         self._replicated = NamedSharding(self.mesh, P())
@@ -298,7 +300,7 @@ class ModelRunner:
         for b in self.buckets:
             if (b.mode is plan.mode and b.num_tokens >= n_tok and b.batch_size >= n_req
                     and (sort is None or b.sort == sort) and b.speculate == plan.speculate
-                    and b.draft_steps == plan.draft_steps):
+                    and b.draft_steps == plan.draft_steps and b.input_logprobs == plan.input_logprobs):
                 return b
         raise AssertionError(f"no {plan.mode.value} bucket for {n_tok} tokens / {n_req} requests")
 

@@ -46,6 +46,12 @@ def meta_info(req: Request, *, speculative: bool, rows: _LogprobRows | None = No
     if speculative:
         meta["spec_verify_ct"] = req.spec_verify_ct
         meta["spec_accept_length"] = len(req.output_ids) / max(req.spec_verify_ct, 1)
+    if req.logprob_start_len >= 0:
+        ids = req.input_ids[req.logprob_start_len:]
+        meta["input_token_logprobs"] = [(lp, t, None) for lp, t in zip(req.input_logprobs, ids)]
+        if req.top_logprobs_num:
+            meta["input_top_logprobs"] = [None if row is None else [(lp, t, None) for lp, t in row]
+                                          for row in req.input_top_logprobs]
     if req.return_logprob:
         tokens, top = (rows or _LogprobRows()).update(req)
         meta["output_token_logprobs"] = tokens

@@ -39,6 +39,8 @@ class PrefixReuse:
         limit = req.prefill_target - 1
         if sp.frequency_penalty or sp.presence_penalty:
             limit = min(limit, len(req.input_ids))
+        if req.input_logprob_next < len(req.input_ids):  # input logprobs it still needs are computed
+            limit = min(limit, max(req.input_logprob_next - 1, 0))
         if req.page_keys is None or req.page_keys[0] != (req.prefill_target, limit):
             keys = self.cache.page_keys(req.all_ids[:req.prefill_target], limit)
             req.page_keys = ((req.prefill_target, limit), keys)

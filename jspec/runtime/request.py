@@ -38,6 +38,11 @@ class Request:
     stream: bool = False
     grammar: "Grammar | None" = None  # structured output: the grammar state its accepted tokens reached
     held_stops: tuple[int, ...] = ()  # min_new_tokens: the stop tokens held back (EOS ids, stop_token_ids)
+    # SGLang's input_token_logprobs: from prompt position logprob_start_len on (-1: none), one entry
+    # per prompt token, (None for the first token of all, which nothing predicts).
+    logprob_start_len: int = -1
+    input_logprobs: list = dataclasses.field(default_factory=list)
+    input_top_logprobs: list = dataclasses.field(default_factory=list)
 
     output_ids: list[int] = dataclasses.field(default_factory=list)
     output_logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -74,6 +79,22 @@ class Request:
     stop_text_end: int | None = None  # where a matched stop string starts in the output text
 
     @property
+    def input_logprob_next(self) -> int:
+        """The prompt position whose logprob comes next (len(input_ids): all there, or none wanted)."""
+        if self.logprob_start_len < 0:
+            return len(self.input_ids)
+        return self.logprob_start_len + len(self.input_logprobs)
+
+    def wants_input_logprobs(self, start: int, n: int) -> bool:
+        """Whether a prompt chunk at KV indices start .. start + n - 1 computes logprobs this request
+        asked for (position p gives the logprob of prompt token p + 1). Decided from the positions,
+        not from what has arrived: with overlap the previous chunk's results are still in flight."""
+        if self.input_logprob_next >= len(self.input_ids):
+            return False
+        lo, hi = max(self.logprob_start_len, 1) - 1, len(self.input_ids) - 2
+        return start <= hi and start + n - 1 >= lo
+
+    @property
     def all_ids(self) -> list[int]:
         return self.input_ids + self.output_ids
 
@@ -98,10 +119,12 @@ class RequestLimits:
     max_top_logprobs: int
     disable_top_k_top_p: bool
     eos_token_ids: tuple[int, ...] = ()
+    input_logprobs: bool = False  # prompt chunks can report input token logprobs
 
 
 def make_request(limits: RequestLimits, tokenizer, *, prompt, input_ids, sampling_params, return_logprob,
-                 top_logprobs_num, stream, rid, next_seed, grammars: GrammarBackend | None = None) -> Request:
+                 top_logprobs_num, stream, rid, next_seed, grammars: GrammarBackend | None = None,
+                 logprob_start_len: int = -1) -> Request:
     """A validated `Request` from `Engine.generate`'s arguments (text is tokenized here, a grammar
     compiled with `grammars`); next_seed(): the seed of a request that names none."""
     if input_ids is None:
@@ -157,6 +180,13 @@ def make_request(limits: RequestLimits, tokenizer, *, prompt, input_ids, samplin
             raise InvalidRequestError(f"sampling_params.{key}: structured output is off on this engine; start it "
                                       "with grammar_backend='llguidance'")
         grammar = grammars.compile(key, getattr(sp, key))
+    if not isinstance(logprob_start_len, int) or isinstance(logprob_start_len, bool) or not (
+            -1 <= logprob_start_len < len(input_ids)):
+        raise InvalidRequestError(f"logprob_start_len: must be an int in [-1, {len(input_ids)}) (the prompt), "
+                                  f"got {logprob_start_len!r}")
+    if logprob_start_len >= 0 and not limits.input_logprobs:
+        raise InvalidRequestError("logprob_start_len: input token logprobs are off on this engine; start it with "
+                                  "enable_input_logprobs=True")
     held = ()
     if sp.min_new_tokens:
         held = tuple(sorted(set(limits.eos_token_ids) | set(sp.stop_token_ids or ())))
@@ -164,9 +194,14 @@ def make_request(limits: RequestLimits, tokenizer, *, prompt, input_ids, samplin
             raise InvalidRequestError(f"sampling_params.min_new_tokens: holds back at most {MAX_HELD_STOPS} stop "
                                       f"tokens (EOS and stop_token_ids), this request has {len(held)}")
     seed = sp.seed if sp.seed is not None else next_seed()
-    return Request(rid=rid or uuid.uuid4().hex, input_ids=input_ids, sampling=sp, seed=seed,
-                   return_logprob=return_logprob or top_logprobs_num > 0, top_logprobs_num=top_logprobs_num,
-                   stream=stream, stream_queue=queue.Queue() if stream else None, grammar=grammar, held_stops=held)
+    req = Request(rid=rid or uuid.uuid4().hex, input_ids=input_ids, sampling=sp, seed=seed,
+                  return_logprob=return_logprob or top_logprobs_num > 0 or logprob_start_len >= 0,
+                  top_logprobs_num=top_logprobs_num, stream=stream, stream_queue=queue.Queue() if stream else None,
+                  grammar=grammar, held_stops=held, logprob_start_len=logprob_start_len)
+    if logprob_start_len == 0:  # nothing predicts the first token
+        req.input_logprobs.append(None)
+        req.input_top_logprobs.append(None)
+    return req
 
 
 def parallel_samples(req: Request, next_seed) -> list[Request]:
@@ -182,5 +217,7 @@ def parallel_samples(req: Request, next_seed) -> list[Request]:
         samples.append(Request(rid=f"{req.rid}-{j}", input_ids=list(req.input_ids), sampling=sp, seed=seed,
                                return_logprob=req.return_logprob, top_logprobs_num=req.top_logprobs_num,
                                grammar=None if req.grammar is None else req.grammar.copy(),
-                               held_stops=req.held_stops))
+                               held_stops=req.held_stops, logprob_start_len=req.logprob_start_len,
+                               input_logprobs=list(req.input_logprobs),
+                               input_top_logprobs=list(req.input_top_logprobs)))
     return samples

@@ -67,6 +67,7 @@ class StepPlan:
     speculate: bool = True  # a speculative engine's DECODE step: False decodes plainly (runtime.adaptive)
     draft_steps: int = 0  # ... and > 0 drafts that many tokens, fewer than configured (0: as configured)
     tracks: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # DECODE: (slot, snapshot row)
+    input_logprobs: bool = False  # EXTEND: a chunk computes input token logprobs a request asked for
 
     @property
     def num_tokens(self) -> int:
@@ -249,7 +250,9 @@ class Scheduler:
                 self.num_mixed_decode_rows += 1
         if not chosen:
             return None
-        return StepPlan(ForwardMode.EXTEND, chosen, updates)
+        return StepPlan(ForwardMode.EXTEND, chosen, updates,
+                        input_logprobs=any(s.token_ids is not None and s.req.wants_input_logprobs(s.start, s.num_tokens)
+                                           for s in chosen))
 
     def _plan_decode(self, decodable: list[Request], inflight: bool) -> StepPlan | None:
         decodable = sorted(decodable, key=lambda r: r.admit_order)[: self.max_decode_requests]

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.cache.pool import copy_state_rows
+from jspec.models import ops
 from jspec.models.batch import ForwardBatch, ForwardMode
 from jspec.runtime import sampler as sampling
 from jspec.runtime.step_inputs import (TOKEN_FROM_DEVICE, TOKEN_PAD, TOKEN_PROMPT, TOKEN_REFED_OUTPUT, Bucket,
@@ -124,7 +125,7 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
             load = x["state_load"]
             caches = copy_state_rows(caches, load, jnp.where(load >= 0, slots, -1))
         out, caches = target(batch, caches, logits_indices=last_idx, capture_layers=capture_layers,
-                             all_hidden=all_hidden)
+                             all_hidden=all_hidden or bucket.input_logprobs)
         if extend_snapshots:  # ... and the state a chunk ends with into a snapshot row
             caches = copy_state_rows(caches, slots, x["state_save"])
         elif bucket.snapshots:  # decode: the states of requests whose length reached a tracked boundary
@@ -161,15 +162,49 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
             new = dataclasses.replace(new, seq_lens=seq_lens, draft_caches=draft_caches, spec_state=spec_state)
 
         tokens = jnp.where(sampled, so.tokens, -1).astype(jnp.int32)
-        packed_out = jnp.concatenate(
-            [
-                tokens[:, None],
-                jax.lax.bitcast_convert_type(so.logprobs.astype(jnp.float32), jnp.int32)[:, None],
-                so.top_ids.astype(jnp.int32),
-                jax.lax.bitcast_convert_type(so.top_logprobs.astype(jnp.float32), jnp.int32),
-            ],
-            axis=1,
-        )
+        packed_out = _rows(tokens, so.logprobs, so.top_ids, so.top_logprobs)
+        if bucket.input_logprobs:  # T more rows: each token's next token and its logprob there
+            temperature = x["temperature"][jnp.minimum(req_of_tok, bucket.batch_size - 1)]
+            nxt = jnp.where(valid_tok, x["next_ids"], -1)
+            lp, top_ids, top_lp = input_logprobs(target, out.final_hidden, nxt, temperature, num_top_logprobs)
+            packed_out = jnp.concatenate([packed_out, _rows(nxt, lp, top_ids, top_lp)], axis=0)
         return new, packed_out
 
     return step
+
+
+def _rows(tokens, logprobs, top_ids, top_logprobs):
+    """`[R, 2 + 2 n_top]` int32 output rows (floats bit-cast)."""
+    bits = lambda v: jax.lax.bitcast_convert_type(v.astype(jnp.float32), jnp.int32)  # noqa: E731
+    return jnp.concatenate([tokens[:, None].astype(jnp.int32), bits(logprobs)[:, None],
+                            top_ids.astype(jnp.int32), bits(top_logprobs)], axis=1)
+
+
+INPUT_LOGPROB_BLOCK = 128  # tokens whose full-vocabulary logits exist at once
+
+
+def input_logprobs(target, hidden, next_ids, temperature, num_top: int):
+    """SGLang's input_token_logprobs: for each of the T tokens, log_softmax(logits / T) (T = 1 for
+    greedy rows; no penalties, as SGLang) of the token after it (next_ids `[T]`, -1: none) and the
+    top num_top, from the final hidden states `[T, E]`, INPUT_LOGPROB_BLOCK tokens at a time so a
+    long chunk never holds `[T, V]` logits."""
+    t = hidden.shape[0]
+    blocks = -(-t // INPUT_LOGPROB_BLOCK)
+    pad = blocks * INPUT_LOGPROB_BLOCK - t
+    temp = jnp.where(temperature < sampling.GREEDY_TEMPERATURE, 1.0, temperature)
+
+    def block(args):
+        h, nxt, tb = args
+        lp = jax.nn.log_softmax(target.compute_logits(h) / tb[:, None], axis=-1)
+        chosen = jnp.take_along_axis(lp, jnp.maximum(nxt, 0)[:, None], axis=1)[:, 0]
+        if num_top > 0:
+            top_lp, top_ids = ops.vocab_top_k(lp, num_top, tp=target.tp_size)
+        else:
+            top_lp, top_ids = jnp.zeros((h.shape[0], 0), jnp.float32), jnp.zeros((h.shape[0], 0), jnp.int32)
+        return chosen, top_ids.astype(jnp.int32), top_lp
+
+    split = lambda v: jnp.pad(v, ((0, pad),) + ((0, 0),) * (v.ndim - 1)).reshape(  # noqa: E731
+        (blocks, INPUT_LOGPROB_BLOCK) + v.shape[1:])
+    lp, top_ids, top_lp = jax.lax.map(block, (split(hidden), split(next_ids), split(temp)))
+    merge = lambda v: v.reshape((blocks * INPUT_LOGPROB_BLOCK,) + v.shape[2:])[:t]  # noqa: E731
+    return merge(lp), merge(top_ids), merge(top_lp)

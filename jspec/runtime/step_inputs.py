@@ -70,6 +70,9 @@ class Bucket:
     num_page_updates: int  # U
     sort: bool | None = None  # sampler variant: None decides on device; True / False static
     next_ids: bool = False  # extend steps for a hidden-state drafter: the token after each token
+    # A prompt-chunk bucket that also reports the logprob of each token's next token (SGLang's
+    # input_token_logprobs; it carries next_ids too): its output has T more rows after the B rows.
+    input_logprobs: bool = False
     # A speculative engine's DECODE bucket: False runs the plain step that keeps the drafter
     # current instead of drafting and verifying (see jspec.runtime.adaptive); draft_steps > 0 a
     # shorter chain than configured (0: the configured one).
@@ -110,7 +113,7 @@ class Bucket:
             out += [("track_at", (b,)), ("track_dst", (b,))]
         elif self.snapshots:
             out += [("track_src", (TRACKS_PER_STEP,)), ("track_dst", (TRACKS_PER_STEP,))]
-        if self.next_ids:
+        if self.next_ids or self.input_logprobs:
             out.append(("next_ids", (t,)))
         return out
 
@@ -194,7 +197,7 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
             cu[i + 1] = cu[i] + 1
     else:
         cu[n_req + 1:] = t
-    if bucket.next_ids:
+    if bucket.next_ids or bucket.input_logprobs:
         # The token after each token (EAGLE-family drafters lag by one); -1 where it is the
         # request's newest token, which only the device has (sampled by this very step).
         nxt = f["next_ids"]

@@ -34,7 +34,8 @@ async def generate(body: GenerateRequest, request: Request):
     if body.text is not None and body.input_ids is not None:
         raise RequestError("text: give text or input_ids, not both", "text")
     kw = dict(prompt=body.text, input_ids=body.input_ids, sampling_params=body.sampling_params,
-              return_logprob=body.return_logprob, top_logprobs_num=body.top_logprobs_num)
+              return_logprob=body.return_logprob, top_logprobs_num=body.top_logprobs_num,
+              logprob_start_len=body.logprob_start_len)
     batch = isinstance(body.text, list) or (bool(body.input_ids) and isinstance(body.input_ids[0], list))
     try:
         if body.stream:

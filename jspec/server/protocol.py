@@ -114,6 +114,7 @@ class GenerateRequest(_Body):
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    logprob_start_len: int = -1
     rid: str | list[str] | None = None
 
 

@@ -274,6 +274,7 @@ BAD = [  # (endpoint, body or raw bytes, the param the 400 must name)
      "response_format.type"),
     ("/v1/completions", {**COMPLETION, "regex": "a(b"}, "regex"),
     ("/generate", {"text": "Hello", "sampling_params": {"json_schema": "{oops"}}, "sampling_params.json_schema"),
+    ("/generate", {"text": "Hello", "logprob_start_len": 0}, "logprob_start_len"),  # not enabled on this engine
     ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x " * 400}]}, "messages"),
     ("/generate", {"text": "Hello", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
     ("/generate", {"text": "Hello", "sampling_params": {"bogus": 1}}, "sampling_params.bogus"),

@@ -1,0 +1,83 @@
+"""SGLang's input_token_logprobs (`logprob_start_len`) against transformers: a prompt fed over several
+chunks reports log_softmax of the oracle's logits for every prompt token from the start position on
+(None for the first token of all), with its top logprobs; a prompt whose prefix is cached computes
+again what it needs; a request without them still reuses the cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jspec import Engine
+from jspec.errors import InvalidRequestError
+from tests.support import models as tm
+from tests.support.engines import SMALL, check_no_leaks
+
+TOP = 3
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_checkpoint):
+    d, hf = tiny_checkpoint("qwen3", 77), tiny_checkpoint.hf("qwen3", 77)
+    eng = Engine(d, page_size=4, chunked_prefill_size=8, context_length=64, enable_input_logprobs=True,
+                 transfer_guard="disallow", **SMALL)
+    yield eng, hf
+    eng.shutdown()
+
+
+def _oracle(hf, ids):
+    logits = tm.hf_logits(hf, ids).astype(np.float64)
+    lsm = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - \
+        logits.max(-1, keepdims=True)
+    return [None] + [lsm[k - 1, ids[k]] for k in range(1, len(ids))], lsm
+
+
+def test_input_logprobs_over_chunks_equal_transformers(setup):
+    eng, hf = setup
+    p = tm.random_ids(21, seed=5)  # three chunks of 8
+    want, lsm = _oracle(hf, p)
+    out = eng.generate(input_ids=p, sampling_params={"max_new_tokens": 2, "temperature": 0},
+                       top_logprobs_num=TOP, logprob_start_len=0)
+    got = out["meta_info"]["input_token_logprobs"]
+    assert [t for _, t, _ in got] == p and got[0][0] is None
+    np.testing.assert_allclose([lp for lp, _, _ in got[1:]], want[1:], rtol=1e-4, atol=1e-4)
+    top = out["meta_info"]["input_top_logprobs"]
+    assert top[0] is None
+    for k in range(1, len(p)):
+        order = np.argsort(-lsm[k - 1], kind="stable")[:TOP]
+        assert [t for _, t, _ in top[k]] == order.tolist()
+        np.testing.assert_allclose([lp for lp, _, _ in top[k]], lsm[k - 1, order], rtol=1e-4, atol=1e-4)
+    assert len(out["meta_info"]["output_token_logprobs"]) == 2  # output logprobs come with them
+
+
+def test_a_cached_prefix_is_computed_again_when_its_logprobs_are_asked_for(setup):
+    eng, hf = setup
+    p = tm.random_ids(19, seed=6)
+    want, _ = _oracle(hf, p)
+    sp = {"max_new_tokens": 2, "temperature": 0}
+    first = eng.generate(input_ids=p, sampling_params=sp)
+    assert "input_token_logprobs" not in first["meta_info"]
+    again = eng.generate(input_ids=p, sampling_params=sp)
+    assert again["meta_info"]["cached_tokens"] >= 12  # a request without them reuses the cache
+    late = eng.generate(input_ids=p, sampling_params=sp, logprob_start_len=9)
+    assert late["meta_info"]["cached_tokens"] <= 8  # position 8 predicts token 9: computed again
+    got = late["meta_info"]["input_token_logprobs"]
+    assert [t for _, t, _ in got] == p[9:]
+    np.testing.assert_allclose([lp for lp, _, _ in got], want[9:], rtol=1e-4, atol=1e-4)
+    assert late["output_ids"] == first["output_ids"]
+    check_no_leaks(eng)
+
+
+def test_logprob_start_len_is_checked(setup):
+    eng, _ = setup
+    p = tm.random_ids(6, seed=7)
+    with pytest.raises(InvalidRequestError, match=r"logprob_start_len: must be an int in \[-1, 6\)"):
+        eng.generate(input_ids=p, sampling_params={"max_new_tokens": 2}, logprob_start_len=6)
+    from jspec.runtime.request import RequestLimits, make_request
+
+    limits = RequestLimits(vocab_size=tm.VOCAB, context_length=64, pool_tokens=256, spec_extra=0, max_top_logprobs=0,
+                           disable_top_k_top_p=False)
+    with pytest.raises(InvalidRequestError, match="logprob_start_len: input token logprobs are off"):
+        make_request(limits, None, prompt=None, input_ids=p, sampling_params={"max_new_tokens": 2},
+                     return_logprob=True, top_logprobs_num=0, stream=False, rid=None, next_seed=lambda: 0,
+                     logprob_start_len=0)
