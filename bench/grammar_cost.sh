@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # What structured output costs under speculation (bench/README.md, "Structured output"): Qwen3-8B
 # shape + random EAGLE3 head at simulated accept 3 (spec v2), random 1024 in / 512 out, concurrency
-# 1 and 32, the shipped tiny tokenizer (8,192 tokens; the rest of the 151,936-token vocabulary is
-# never allowed), one stage per call. Writes JSONL under OUT.
+# 1 and 32, a byte-level tokenizer of the whole 151,936-token vocabulary (bench/vocab_tokenizer.py:
+# the machine has no model hub, and random drafters propose anywhere in it), one stage per call.
+# Writes JSONL under OUT.
 #   bench/grammar_cost.sh OUT nogrammar | off | open | json
 # nogrammar: an engine without grammar_backend (fused steps), the baseline;
 # off: the grammar engine (split steps), no request constrained: the cost of the split alone;
 # open: every request under a regex that allows any text: the host's mid-step drafts read, grammar
-#   walk and mask upload at full acceptance;
-# json: every request under a JSON schema with free string fields (random weights: acceptance is
-#   simulated, forbidden drafts are cut, so this shows the path, not a real model's acceptance).
+#   walk and mask upload at the simulated acceptance;
+# json: every request under a JSON schema with free string fields (random weights: most random
+#   drafts break the JSON and are cut, so this shows the path, not a real model's acceptance).
 # WHEELS: a folder holding the llguidance wheel (the GPU machine has no network).
 set -euo pipefail
 out=$1; stage=$2
@@ -18,12 +19,14 @@ if [[ -n "${WHEELS:-}" ]]; then
 fi
 python3 -c "import llguidance"
 export PYTHONPATH=.
+tok=$(mktemp -d)
+python3 bench/vocab_tokenizer.py 151936 "$tok"
 common=(--model-path random:qwen3-8b --speculative-algorithm-list EAGLE3 --overlap-list on --quiet
         --speculative-draft-model-path random --speculative-num-steps-list 3 --speculative-eagle-topk-list 1
         --speculative-num-draft-tokens-list 4 --speculative-simulate-accept-length-list 3
         --chunked-prefill-size 2048 --cuda-graph-bs 1,32 --prefill-token-buckets 2048 --disable-top-k-top-p
         --dataset-name random --random-input-len 1024 --random-output-len 512 --random-range-ratio 1
-        --prompts-per-concurrency 2 --max-concurrency-list 1,32 --tokenizer-path data/tiny/qwen3)
+        --prompts-per-concurrency 2 --max-concurrency-list 1,32 --tokenizer-path "$tok")
 schema='{"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}}}'
 case $stage in
   nogrammar) extra=() ;;

@@ -29,6 +29,9 @@ GRAMMAR_KEYS = ("regex", "json_schema", "ebnf")  # SGLang's sampling_params keys
 BACKENDS = ("llguidance",)
 
 
+FORBIDDEN = 2  # `walk` of a draft the grammar forbids right below an allowed node (1: allowed, 0: unreachable)
+
+
 def mask_words(vocab_size: int) -> int:
     """int32 words of one token bitmask."""
     return -(-vocab_size // 32)
@@ -92,8 +95,12 @@ class GrammarBackend:
         import llguidance
 
         self._llg = llguidance
-        self.tokenizer = llguidance.LLTokenizer(self.tokenizer_json, n_vocab=self.vocab_size,
-                                                eos_token=sorted(self.eos_token_ids) or None)
+        try:
+            self.tokenizer = llguidance.LLTokenizer(self.tokenizer_json, n_vocab=self.vocab_size,
+                                                    eos_token=sorted(self.eos_token_ids) or None)
+        except ValueError as e:  # e.g. a tokenizer of more tokens than the model's vocabulary
+            raise ConfigError(f"grammar_backend: llguidance cannot use this tokenizer with a {self.vocab_size}-token "
+                              f"vocabulary: {e}") from None
         self._checked: dict[tuple[str, str], str] = {}  # (key, text) -> llguidance grammar (valid ones)
 
     @classmethod
@@ -167,9 +174,10 @@ def _allowed(row: np.ndarray, tok: int) -> bool:
 def _walk_tree(g: Grammar, tokens, parents, masks: np.ndarray, walk: np.ndarray, max_depth: int) -> None:
     """Depth first over a row's draft tree (tokens `[N]`, node 0 the root, parents `[N]`, a chain's
     j - 1): every node whose path the grammar allows gets walk 1 and its mask; the matcher consumes
-    each allowed token on the way down and rolls it back on the way up. A forbidden draft stays
-    walkable but is not descended: the masked target gives it probability 0, so acceptance rejects
-    it exactly as speculative sampling rejects any draft (with the drafter's q in the residual)."""
+    each allowed token on the way down and rolls it back on the way up. A forbidden draft gets
+    FORBIDDEN and is not descended: acceptance still tries it (the masked target gives it
+    probability 0, so it is rejected exactly as speculative sampling rejects any draft, the
+    drafter's q in the residual); a simulated acceptance stops before it."""
     children = [[] for _ in range(len(tokens))]
     for j in range(1, len(tokens)):
         children[int(parents[j])].append(j)
@@ -182,7 +190,7 @@ def _walk_tree(g: Grammar, tokens, parents, masks: np.ndarray, walk: np.ndarray,
         for child in children[node]:
             tok = int(tokens[child])
             if not _allowed(masks[node], tok):  # consuming it would break the matcher
-                walk[child] = 1
+                walk[child] = FORBIDDEN
                 continue
             g.accept(tok)
             visit(child, depth + 1)

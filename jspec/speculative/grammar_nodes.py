@@ -9,9 +9,10 @@ row's grammar along them (`jspec.runtime.grammar.draft_inputs`) and sends back, 
   certainty) instead of its drafts: `tokens` `[B, D]` hold that run. A chain takes it as its drafts;
   a tree as the chain of nodes 1..k, each the child of the one before, its other nodes hung off
   the root (still verified, never walked);
-- `walk` `[B, N]`: the nodes acceptance may try (the root, nodes whose path the grammar allows,
-  and forbidden drafts right below those, which the masked target rejects with certainty); a chain
-  tries at most its leading run of them, a tree walks only those;
+- `walk` `[B, N]`: 1 for the nodes whose path the grammar allows (the root too), 2 for forbidden
+  drafts right below those (the masked target rejects them with certainty, so acceptance may try
+  them; a simulated acceptance, which keeps drafts blindly, stops before them), 0 for the rest; a
+  chain tries at most its leading run of tryable nodes, a tree walks only those;
 - masks `[B, N, W]`: the grammar's allowed tokens at every node, applied to the target's logits.
 
 Unconstrained rows have replaced 0, every node walkable and all-allowed masks: their steps are
@@ -45,11 +46,20 @@ def override_tree(drafts, parents, depth, replaced, tokens, walk):
             jnp.where(on, chain_depth, depth))
 
 
-def chain_limit(walk):
-    """`[B]` drafts a chain may accept: the walkable nodes after the root, up to the first that is not."""
-    return jnp.sum(jnp.cumprod(walk[:, 1:].astype(jnp.int32), axis=1), axis=1)
+def chain_limit(walk, *, allowed_only: bool = False):
+    """`[B]` drafts a chain may try: the tryable nodes after the root (allowed_only: the allowed
+    ones, for a simulated acceptance), up to the first that is not."""
+    ok = walk[:, 1:] == 1 if allowed_only else walk[:, 1:] > 0
+    return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
+
+
+def path_limit(walk, path):
+    """`[B]` steps along a tree path `[B, S + 1]` (root first, repeating at a leaf) through allowed
+    nodes only: how far a simulated acceptance may go."""
+    moves = (path[:, 1:] != path[:, :-1]) & (jnp.take_along_axis(walk, path, axis=1)[:, 1:] == 1)
+    return jnp.sum(jnp.cumprod(moves.astype(jnp.int32), axis=1), axis=1)
 
 
 def walk_parents(parents, walk):
-    """The parents a tree's acceptance walks: a node it may not reach has none (-2: no walk finds it)."""
-    return jnp.where(walk, parents, -2)
+    """The parents a tree's acceptance walks: a node it may not try has none (-2: no walk finds it)."""
+    return jnp.where(walk > 0, parents, -2)

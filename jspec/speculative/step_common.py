@@ -171,10 +171,12 @@ def penalised(c: SpecStep, logits, tokens, ancestors, depth=None):
     return out
 
 
-def grammar_limit(c: SpecStep):
-    """`[B]` how many drafts each row may accept (`grammar_nodes.chain_limit`), or None when the
-    step has no grammar inputs."""
-    return None if "walk" not in c.scratch else grammar_nodes.chain_limit(c.scratch["walk"])
+def grammar_limit(c: SpecStep, *, allowed_only: bool = False):
+    """`[B]` how many drafts each row may try (`grammar_nodes.chain_limit`), or None when the step
+    has no grammar inputs."""
+    if "walk" not in c.scratch:
+        return None
+    return grammar_nodes.chain_limit(c.scratch["walk"], allowed_only=allowed_only)
 
 
 def walk_parents(c: SpecStep, parents):
@@ -189,7 +191,7 @@ def apply_grammar(c: SpecStep, grammar, masks) -> None:
     n = d + 1
     replaced = grammar[:b] > 0
     tokens = grammar[b:b + b * d].reshape(b, d)
-    walk = grammar[b + b * d:].reshape(b, n) > 0
+    walk = grammar[b + b * d:].reshape(b, n)
     c.x["vocab_mask"] = masks
     c.scratch["walk"] = walk
     if "parents" in c.scratch:
@@ -213,7 +215,7 @@ def accept_chain(c: SpecStep, *, q=None, simulate_accept_length: float | None = 
                                     limit=grammar_limit(c))
     else:
         c.n, c.bonus = accept.simulated(logits, c.key_fn, simulate_accept_length, c.drafts.shape[1], c.sb, c.greedy,
-                                        sort=c.bucket.sort, limit=grammar_limit(c))
+                                        sort=c.bucket.sort, limit=grammar_limit(c, allowed_only=True))
     c.kept = c.drafts
     c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, c.n, -1),
                              track=snapshot_track(c), tp=c.target.tp_size)

@@ -23,7 +23,7 @@ import numpy as np
 
 from jspec.cache.pool import Caches
 from jspec.runtime.step_inputs import Bucket, SpecRows, kv_slots_at
-from jspec.speculative import accept, tree, verify
+from jspec.speculative import accept, grammar_nodes, tree, verify
 from jspec.speculative.eagle_draft import catch_up, proposals
 from jspec.speculative.step_common import Phase, SpecStep, begin, compose, penalised, snapshot_track, walk_parents
 
@@ -116,10 +116,11 @@ def phases(*, num_steps: int, topk: int, num_draft_tokens: int,
             path, c.n, c.bonus = tree.walk(logits, vt, walk_parents(c, parents), c.sb, c.greedy, c.key_fn, s,
                                            sort=c.bucket.sort)
         else:  # benchmark only: a forced number kept along the first-child path
-            path = first_child_path(parents, s)
+            path = first_child_path(walk_parents(c, parents), s)
+            limit = path_len(path) if "walk" not in c.scratch else grammar_nodes.path_limit(c.scratch["walk"], path)
             c.n, c.bonus = accept.simulated(jnp.take_along_axis(logits, path[:, :, None], axis=1), c.key_fn,
                                             simulate_accept_length, s, c.sb, c.greedy, sort=c.bucket.sort,
-                                            limit=path_len(path))
+                                            limit=limit)
         # Move the accepted KV into place, commit the GDN state of the last accepted node.
         c.caches = move_kv(c.caches, c.page_table, c.l0, path, c.n, c.valid, c.page_size)
         last_node = jnp.take_along_axis(path, c.n[:, None], axis=1)[:, 0]

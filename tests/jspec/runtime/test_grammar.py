@@ -100,8 +100,8 @@ def _mask_after(backend, text: str) -> np.ndarray:
 
 def test_a_split_step_walks_each_constrained_rows_grammar_along_its_draft_tree(backend):
     """draft_inputs: the nodes whose path the grammar allows are walkable, each with the mask of
-    the state its path reaches; a forbidden node is walkable too (its parent's mask rejects it) but
-    nothing under it is (the grammar is broken there); where the grammar forces a run, the row
+    the state its path reaches; a forbidden node is marked to be tried (its parent's mask rejects it)
+    and nothing under it is walkable (the grammar is broken there); where the grammar forces a run, the row
     verifies that run instead; unconstrained rows keep all."""
     from types import SimpleNamespace
 
@@ -123,7 +123,7 @@ def test_a_split_step_walks_each_constrained_rows_grammar_along_its_draft_tree(b
     packed, masks = draft_inputs(plan, bucket, view)
     replaced, tokens, walk = packed[:3], packed[3:15].reshape(3, 4), packed[15:].reshape(3, 5)
     assert replaced.tolist() == [0, 0, 1]
-    assert walk.tolist() == [[1, 1, 1, 1, 0], [1] * 5, [1, 1, 1, 1, 0]]
+    assert walk.tolist() == [[1, 1, 2, 1, 0], [1] * 5, [1, 1, 1, 1, 0]]  # 2: forbidden, tried and rejected
     for node, text in ((0, "ab1"), (1, "ab12"), (3, "ab12-")):
         np.testing.assert_array_equal(masks[0, node], _mask_after(backend, text))
     assert (masks[1] == -1).all()
@@ -262,3 +262,18 @@ def test_eagle3_drafts_under_a_grammar_equal_the_plain_engine_and_are_accepted()
     assert re.fullmatch(r"(yes|no), because [a-z ]{5,20}\.", got[1]["text"])
     tokens = sum(len(g["output_ids"]) for g in got)
     assert sum(g["meta_info"]["spec_verify_ct"] for g in got) <= 0.6 * tokens
+
+
+def test_tried_and_forbidden_nodes_bound_real_and_simulated_acceptance():
+    """A forbidden draft (walk 2) is tried by real acceptance, which the masked target makes reject
+    it, but never kept by a simulated one (benchmarks keep drafts blindly): the bug that broke
+    grammars under speculative_simulate_accept_length."""
+    from jspec.speculative import grammar_nodes
+
+    walk = jnp.asarray([[1, 1, 2, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    assert grammar_nodes.chain_limit(walk).tolist() == [2, 3, 0]
+    assert grammar_nodes.chain_limit(walk, allowed_only=True).tolist() == [1, 3, 0]
+    parents = jnp.asarray([[-1, 0, 1, 2]] * 3)
+    assert grammar_nodes.walk_parents(parents, walk).tolist() == [[-1, 0, 1, -2], [-1, 0, 1, 2], [-1, -2, -2, -2]]
+    path = jnp.asarray([[0, 1, 2, 2], [0, 1, 2, 3], [0, 0, 0, 0]])  # a first-child path, repeating at a leaf
+    assert grammar_nodes.path_limit(walk, path).tolist() == [1, 3, 0]
