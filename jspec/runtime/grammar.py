@@ -27,8 +27,6 @@ from jspec.errors import ConfigError, InvalidRequestError
 
 GRAMMAR_KEYS = ("regex", "json_schema", "ebnf")  # SGLang's sampling_params keys
 BACKENDS = ("llguidance",)
-
-
 FORBIDDEN = 2  # `walk` of a draft the grammar forbids right below an allowed node (1: allowed, 0: unreachable)
 
 

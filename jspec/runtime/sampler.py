@@ -80,9 +80,13 @@ def apply_penalties(
 
 def processed_logprobs(logits: jax.Array, batch: SamplingBatch) -> jax.Array:
     """log_softmax(penalised logits / T): the distribution that is filtered and reported."""
-    # Greedy rows take T = 1: their token is the argmax either way, and SGLang reports their
-    # logprobs unscaled.
-    t = jnp.where(_greedy_rows(batch), 1.0, batch.temperature)
+    return logprobs_at_temperature(logits, batch.temperature)
+
+
+def logprobs_at_temperature(logits: jax.Array, temperature: jax.Array) -> jax.Array:
+    """log_softmax(logits `[R, V]` / T) with T `[R]`. Greedy rows take T = 1: their token is the
+    argmax either way, and SGLang reports their logprobs unscaled."""
+    t = jnp.where(temperature < GREEDY_TEMPERATURE, 1.0, temperature)
     return jax.nn.log_softmax(logits / t[:, None], axis=-1)
 
 

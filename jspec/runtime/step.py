@@ -191,11 +191,10 @@ def input_logprobs(target, hidden, next_ids, temperature, num_top: int):
     t = hidden.shape[0]
     blocks = -(-t // INPUT_LOGPROB_BLOCK)
     pad = blocks * INPUT_LOGPROB_BLOCK - t
-    temp = jnp.where(temperature < sampling.GREEDY_TEMPERATURE, 1.0, temperature)
 
     def block(args):
         h, nxt, tb = args
-        lp = jax.nn.log_softmax(target.compute_logits(h) / tb[:, None], axis=-1)
+        lp = sampling.logprobs_at_temperature(target.compute_logits(h), tb)
         chosen = jnp.take_along_axis(lp, jnp.maximum(nxt, 0)[:, None], axis=1)[:, 0]
         if num_top > 0:
             top_lp, top_ids = ops.vocab_top_k(lp, num_top, tp=target.tp_size)
@@ -205,6 +204,6 @@ def input_logprobs(target, hidden, next_ids, temperature, num_top: int):
 
     split = lambda v: jnp.pad(v, ((0, pad),) + ((0, 0),) * (v.ndim - 1)).reshape(  # noqa: E731
         (blocks, INPUT_LOGPROB_BLOCK) + v.shape[1:])
-    lp, top_ids, top_lp = jax.lax.map(block, (split(hidden), split(next_ids), split(temp)))
+    lp, top_ids, top_lp = jax.lax.map(block, (split(hidden), split(next_ids), split(temperature)))
     merge = lambda v: v.reshape((blocks * INPUT_LOGPROB_BLOCK,) + v.shape[2:])[:t]  # noqa: E731
     return merge(lp), merge(top_ids), merge(top_lp)

@@ -47,6 +47,20 @@ def build_models(root, names, tiny_checkpoint) -> dict:
     return {k: d[k] for k in names}
 
 
+def case_kwargs(dirs, case) -> dict:
+    """Engine keywords of a family test case (algorithm, target, drafter, num_steps, topk,
+    num_draft_tokens, overlap), the drafter read from dirs: overlapped (v2) cases run under
+    transfer_guard("disallow"), the others with overlap off (v1); DFLASH takes no tree keys."""
+    algo, _, draft, steps, topk, ndt, overlap = case
+    kw = dict(speculative_algorithm=algo, speculative_num_steps=steps)
+    if algo != "DFLASH":
+        kw.update(speculative_eagle_topk=topk, speculative_num_draft_tokens=ndt)
+    if draft is not None:
+        kw["speculative_draft_model_path"] = dirs[draft]
+    kw.update(dict(transfer_guard="disallow") if overlap else dict(disable_overlap_schedule=True))
+    return kw
+
+
 def reference(greedy_reference, target: str, engine=None) -> list[list[int]]:
     """Non-speculative greedy outputs of PROMPTS (the session's greedy_reference fixture caches
     them per target). engine: a plain engine of that target (BASE settings, page size 4) to serve

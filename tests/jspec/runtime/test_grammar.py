@@ -266,8 +266,8 @@ def test_eagle3_drafts_under_a_grammar_equal_the_plain_engine_and_are_accepted()
 
 def test_tried_and_forbidden_nodes_bound_real_and_simulated_acceptance():
     """A forbidden draft (walk 2) is tried by real acceptance, which the masked target makes reject
-    it, but never kept by a simulated one (benchmarks keep drafts blindly): the bug that broke
-    grammars under speculative_simulate_accept_length."""
+    it, but never kept by a simulated one (speculative_simulate_accept_length keeps drafts blindly,
+    so a forbidden one would reach the grammar and end the request)."""
     from jspec.speculative import grammar_nodes
 
     walk = jnp.asarray([[1, 1, 2, 0], [1, 1, 1, 1], [1, 0, 0, 0]])

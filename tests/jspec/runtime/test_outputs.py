@@ -1,6 +1,6 @@
 """Streamed chunks against the final text when the engine loop runs ahead of the caller's thread:
 the chunk builder may see output text that already holds a whole stop string before it sees the
-finish (the race that made the engine-level stop-string stream test flaky)."""
+finish, and must not send what lies past it."""
 
 from __future__ import annotations
 

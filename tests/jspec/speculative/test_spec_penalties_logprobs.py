@@ -19,7 +19,7 @@ import pytest
 from jspec import Engine
 from tests.support import models as tm
 from tests.support.engines import SPEC_BS4, check_no_leaks, output_ids
-from tests.support.spec_eagle import build_models
+from tests.support.spec_eagle import build_models, case_kwargs
 
 PS = 4
 PROMPTS = [tm.random_ids(7, seed=41) * 2 + tm.random_ids(n, seed=800 + n) for n in (3, 6, 1)]
@@ -96,17 +96,9 @@ def plain(dirs):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_penalties_logprobs_and_grammars_equal_the_plain_engine(dirs, plain, case):
-    algo, target, draft, steps, topk, ndt, overlap = CASES[case]
-    kw = dict(speculative_algorithm=algo, speculative_num_steps=steps, speculative_eagle_topk=topk,
-              speculative_num_draft_tokens=ndt)
-    if draft is not None:
-        kw["speculative_draft_model_path"] = dirs[draft]
-    if algo == "DFLASH":
-        kw.pop("speculative_eagle_topk")
-        kw.pop("speculative_num_draft_tokens")
-    mode = dict(transfer_guard="disallow") if overlap else dict(disable_overlap_schedule=True)
+    target = CASES[case][1]
     want, want_g = plain(target)
-    with _engine(dirs, target, **kw, **mode) as eng:
+    with _engine(dirs, target, **case_kwargs(dirs, CASES[case])) as eng:
         got, got_g = _run(eng)
         assert output_ids(got) == output_ids(want)
         assert output_ids(got_g) == output_ids(want_g)

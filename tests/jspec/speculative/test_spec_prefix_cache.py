@@ -12,7 +12,7 @@ import pytest
 
 from tests.support import models as tm
 from tests.support.engines import SPEC_BS4, check_no_leaks, generates
-from tests.support.spec_eagle import build_models
+from tests.support.spec_eagle import build_models, case_kwargs
 
 from jspec import Engine
 
@@ -66,19 +66,12 @@ def engines(dirs):
 
 
 def _engine(dirs, case):
-    algo, target, draft, steps, topk, ndt, overlap = CASES[case]
-    kw = dict(speculative_algorithm=algo, speculative_num_steps=steps, speculative_eagle_topk=topk,
-              speculative_num_draft_tokens=ndt)
-    if draft is not None:
-        kw["speculative_draft_model_path"] = dirs[draft]
-    if algo == "DFLASH":
-        kw.pop("speculative_eagle_topk")
-        kw.pop("speculative_num_draft_tokens")
-    mode = dict(transfer_guard="disallow") if overlap else dict(disable_overlap_schedule=True)
+    target = CASES[case][1]
+    mode = case_kwargs(dirs, CASES[case])
     if target == "bigram_next":  # room for every snapshot these tests take (LRU: test_prefix_cache.py)
         mode.update(max_mamba_cache_size=64, mamba_track_interval=TRACK)
     # A pool that keeps every prefix cached here (eviction: tests/jspec/runtime/test_prefix_cache.py).
-    return Engine(dirs[target], page_size=PS, max_total_tokens=1024, **kw, **mode, **SPEC_BS4)
+    return Engine(dirs[target], page_size=PS, max_total_tokens=1024, **mode, **SPEC_BS4)
 
 
 @pytest.mark.parametrize("case", list(CASES))
