@@ -2,9 +2,11 @@
 # Tensor-parallel benchmarks of bench/README.md ("Tensor parallelism"), one stage per call so each
 # fits a 10-minute device command; results (JSONL / JSON + printed tables) under OUT.
 #   bench/tp_sweep.sh OUT allreduce | step-8b | next80b | next80b-ep | llama70b
-# allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size, XLA's defaults and
-#   NCCL's low-latency protocol, beside the figure a TP decode step pays per layer.
-# step-8b (nvidia-h200-x2): Qwen3-8B decode step at batch 1 / 32, TP1 vs TP2, with a profile each.
+# allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size: XLA's defaults (NCCL),
+#   NCCL's low-latency protocol, and XLA's one-shot all-reduce kernel over peer memory
+#   (--xla_gpu_unsupported_use_all_reduce_one_shot_kernel), beside the figure a TP step pays per layer.
+# step-8b (any multi-GPU kind): Qwen3-8B decode step at batch 1 / 32, TP1 vs TP2 (NCCL) vs TP2 with
+#   the one-shot kernel, with a profile each.
 # next80b (nvidia-h200-x2): Qwen3-Next-80B-A3B, no spec vs NEXTN 3/1/4 (simulated accept 3), v1 and
 #   v2, concurrency 1 / 32, TP2.
 # next80b-ep (nvidia-h200-x2): the same with expert parallelism (256 whole experts per GPU instead of
@@ -13,6 +15,7 @@
 #   Llama-3.1-70B, no spec vs EAGLE3 3/1/4 at concurrency 1, TP = all visible GPUs.
 set -euo pipefail
 out=$1; stage=$2
+oneshot=--xla_gpu_unsupported_use_all_reduce_one_shot_kernel=true
 ngpu=$(python3 -c "import jax; print(jax.device_count())")
 serve=(--chunked-prefill-size 2048 --speculative-draft-model-path random --quiet --disable-top-k-top-p
        --dataset-name random --random-input-len 1024 --random-output-len 256 --random-range-ratio 1
@@ -22,12 +25,16 @@ serve=(--chunked-prefill-size 2048 --speculative-draft-model-path random --quiet
 case $stage in
   allreduce)
     PYTHONPATH=. python3 bench/allreduce.py --out "$out/allreduce_default.json"
-    NCCL_PROTO=LL PYTHONPATH=. python3 bench/allreduce.py --out "$out/allreduce_nccl_ll.json" ;;
+    NCCL_PROTO=LL PYTHONPATH=. python3 bench/allreduce.py --out "$out/allreduce_nccl_ll.json"
+    XLA_FLAGS="${XLA_FLAGS:-} $oneshot" PYTHONPATH=. python3 bench/allreduce.py --out "$out/allreduce_oneshot.json" ;;
   step-8b)
     for tp in 1 2; do
       PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:qwen3-8b --batch-sizes 1,32 \
           --context-lens 1024 --tp-size $tp --profile "$out/profile_tp$tp" --output-file "$out/step_tp.jsonl"
-    done ;;
+    done
+    XLA_FLAGS="${XLA_FLAGS:-} $oneshot" PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:qwen3-8b \
+        --batch-sizes 1,32 --context-lens 1024 --tp-size 2 --profile "$out/profile_tp2_oneshot" \
+        --output-file "$out/step_tp.jsonl" ;;
   next80b)
     PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:qwen3-next-80b-a3b --tp-size 2 "${serve[@]}" \
         --cuda-graph-bs 1,32 --max-concurrency-list 1,32 --speculative-algorithm-list none,NEXTN \

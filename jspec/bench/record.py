@@ -38,6 +38,8 @@ def environment() -> dict:
         # $JSPEC_COMMIT names the tree when it was copied to a machine without (or with a stale) .git.
         "commit": os.environ.get("JSPEC_COMMIT") or _git("rev-parse", "HEAD") or "unknown",
         "commit_dirty": None if status is None or os.environ.get("JSPEC_COMMIT") else bool(status),
+        # Compiler and collective settings change step times (e.g. XLA's one-shot all-reduce kernel).
+        "xla_nccl_env": {k: v for k, v in os.environ.items() if k.startswith(("XLA_", "NCCL_"))},
     }
 
 
