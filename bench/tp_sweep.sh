@@ -7,6 +7,9 @@
 #   (--xla_gpu_unsupported_use_all_reduce_one_shot_kernel), beside the figure a TP step pays per layer.
 # step-8b (any multi-GPU kind): Qwen3-8B decode step at batch 1 / 32, TP1 vs TP2 (NCCL) vs TP2 with
 #   the one-shot kernel, with a profile each.
+# step-8b-flags (any multi-GPU kind): the batch-1 step at TP2 under XLA settings that decide how the
+#   72 all-reduces are launched: defaults, collectives recorded into the command buffers
+#   (+COLLECTIVES), that with the one-shot kernel, and command buffers off; a trace summary each.
 # next80b (nvidia-h200-x2): Qwen3-Next-80B-A3B, no spec vs NEXTN 3/1/4 (simulated accept 3), v1 and
 #   v2, concurrency 1 / 32, TP2.
 # next80b-ep (nvidia-h200-x2): the same with expert parallelism (256 whole experts per GPU instead of
@@ -35,6 +38,16 @@ case $stage in
     XLA_FLAGS="${XLA_FLAGS:-} $oneshot" PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:qwen3-8b \
         --batch-sizes 1,32 --context-lens 1024 --tp-size 2 --profile "$out/profile_tp2_oneshot" \
         --output-file "$out/step_tp.jsonl" ;;
+  step-8b-flags)
+    i=0
+    for flags in "" "--xla_gpu_enable_command_buffer=+COLLECTIVES" "--xla_gpu_enable_command_buffer=+COLLECTIVES $oneshot" \
+                 "--xla_gpu_enable_command_buffer="; do
+      i=$((i + 1))
+      XLA_FLAGS="${XLA_FLAGS:-} $flags" PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:qwen3-8b \
+          --batch-sizes 1 --context-lens 1024 --tp-size 2 --profile "$out/flags$i" --output-file "$out/step_tp_flags.jsonl"
+      python3 bench/trace_summary.py "$out/flags$i/b1_ctx1024" --json "$out/flags${i}_summary.json"
+      rm -rf "$out/flags$i"
+    done ;;
   next80b)
     PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:qwen3-next-80b-a3b --tp-size 2 "${serve[@]}" \
         --cuda-graph-bs 1,32 --max-concurrency-list 1,32 --speculative-algorithm-list none,NEXTN \

@@ -183,7 +183,7 @@ def roofline(model, points: list[tuple[int, int]], *, copy_bps: float, page_size
                "compile_s": runner.compile_seconds, "tp_size": model.tp_size,
                "speculative_split_ms": None}  # a plain decode step has no phases
         if profile_dir:
-            with jax.profiler.trace(f"{profile_dir}/b{b}_ctx{c}"):
+            with jax.profiler.trace(f"{profile_dir}/b{b}_ctx{c}", create_perfetto_trace=True):
                 for _ in range(5):
                     runner.state, o = runner.compiled[bucket](model.params, runner.state, packed)
                 o.block_until_ready()

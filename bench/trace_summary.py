@@ -1,0 +1,101 @@
+"""Where a profiled step's GPU time goes, per device: busy time (kernel intervals merged), the span
+from first to last kernel, idle = span - busy, kernel count, collective kernels, and the top kernels.
+
+Reads the perfetto traces that `jspec bench step --profile DIR` writes (one folder per point) and
+prints one block per trace; `--json` also writes the figures.
+
+    python3 bench/trace_summary.py DIR [DIR ...] --steps 5 [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.decode_profile import trace_events  # noqa: E402
+
+COLLECTIVE_MARKS = ("nccl", "allreduce", "all_reduce", "all-reduce", "collective")
+
+
+def merged_busy(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by [start, end) intervals (kernels on several streams overlap)."""
+    busy, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if s > end:
+            busy += e - s
+            end = e
+        elif e > end:
+            busy += e - end
+            end = e
+    return busy
+
+
+def summarise(trace_dir: str, steps: int) -> dict:
+    found = trace_events(trace_dir)
+    if found is None:
+        return {"trace_dir": trace_dir, "error": "no perfetto trace (profile with create_perfetto_trace=True)"}
+    _, events, pid_name, gpu_pids = found
+    per_dev: dict[int, list[dict]] = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("pid") in gpu_pids and "dur" in e:
+            per_dev[e["pid"]].append(e)
+    devices = []
+    for pid, evs in sorted(per_dev.items()):
+        iv = [(e["ts"], e["ts"] + e["dur"]) for e in evs]
+        busy = merged_busy(iv)
+        span = max(b for _, b in iv) - min(a for a, _ in iv)
+        by_name = collections.Counter()
+        count = collections.Counter()
+        for e in evs:
+            by_name[e["name"]] += e["dur"]
+            count[e["name"]] += 1
+        coll = {n: us for n, us in by_name.items() if any(m in n.lower() for m in COLLECTIVE_MARKS)}
+        devices.append({
+            "device": pid_name.get(pid, str(pid)), "kernels_per_step": len(evs) / steps,
+            "busy_us_per_step": busy / steps, "span_us_per_step": span / steps,
+            "idle_us_per_step": (span - busy) / steps,
+            "collective_us_per_step": sum(coll.values()) / steps,
+            "collective_calls_per_step": sum(count[n] for n in coll) / steps,
+            "collective_kernels": sorted(coll, key=coll.get, reverse=True)[:5],
+            "top": [{"name": n[:100], "us_per_step": us / steps, "calls_per_step": count[n] / steps}
+                    for n, us in by_name.most_common(15)]})
+    if not devices:
+        return {"trace_dir": trace_dir, "error": f"no GPU kernels; processes: {sorted(set(pid_name.values()))[:20]}"}
+    return {"trace_dir": trace_dir, "steps": steps, "devices": devices}
+
+
+def show(s: dict) -> None:
+    print(f"== {s['trace_dir']}")
+    if "error" in s:
+        print("  ", s["error"])
+        return
+    for d in s["devices"]:
+        print(f"  {d['device'][:60]}: {d['kernels_per_step']:.0f} kernels, busy {d['busy_us_per_step']:.0f} us, "
+              f"span {d['span_us_per_step']:.0f} us, idle {d['idle_us_per_step']:.0f} us, collectives "
+              f"{d['collective_us_per_step']:.0f} us in {d['collective_calls_per_step']:.0f} "
+              f"({', '.join(k[:40] for k in d['collective_kernels'][:2])})")
+        for k in d["top"][:8]:
+            print(f"      {k['us_per_step']:8.1f} us  x{k['calls_per_step']:5.1f}  {k['name'][:80]}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dirs", nargs="+")
+    ap.add_argument("--steps", type=int, default=5, help="steps the trace holds")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    out = [summarise(d, args.steps) for d in args.dirs]
+    for s in out:
+        show(s)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
