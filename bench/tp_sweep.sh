@@ -43,7 +43,7 @@ case $stage in
     for flags in "" "--xla_gpu_enable_command_buffer=+COLLECTIVES" "--xla_gpu_enable_command_buffer=+COLLECTIVES $oneshot" \
                  "--xla_gpu_enable_command_buffer="; do
       i=$((i + 1))
-      XLA_FLAGS="${XLA_FLAGS:-} $flags" PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:qwen3-8b \
+      XLA_FLAGS=$(echo ${XLA_FLAGS:-} $flags) PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:qwen3-8b \
           --batch-sizes 1 --context-lens 1024 --tp-size 2 --profile "$out/flags$i" --output-file "$out/step_tp_flags.jsonl"
       python3 bench/trace_summary.py "$out/flags$i/b1_ctx1024" --json "$out/flags${i}_summary.json"
       rm -rf "$out/flags$i"
