@@ -221,8 +221,3 @@ def draft_inputs(plan, bucket, view: np.ndarray | None) -> tuple[np.ndarray, np.
                 _walk_tree(g, nodes, view[i, d:], masks[i], walk[i], bucket.grammar_depth)
     return np.concatenate([replaced, tokens.reshape(-1), walk.reshape(-1)]), masks
 
-
-def draft_inputs_open(bucket) -> np.ndarray:
-    """The packed decisions of a split step without constrained rows: nothing replaced, every node walkable."""
-    b, n = bucket.batch_size, bucket.grammar_nodes
-    return np.concatenate([np.zeros((b * n,), np.int32), np.ones((b * n,), np.int32)])

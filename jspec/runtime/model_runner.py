@@ -189,9 +189,6 @@ class ModelRunner:
                     leaf.delete()
         self.state = None
         self.params = None
-        for exe in self.compiled.values():
-            if isinstance(exe, SplitExecutable):
-                exe.delete()
         self.compiled.clear()
         for mask in self._open_masks.values():
             mask.delete()
@@ -218,7 +215,8 @@ class ModelRunner:
         out_shardings = (self.state_shardings(state), self._replicated)
         with ops.tensor_parallel(self.mesh):
             if bucket.grammar_split:  # two parts (split_step.py)
-                return split_step.lower(self.step_fn(bucket), bucket, self.params, state, packed,
+                return split_step.lower(self.step_fn(bucket), self.step_fn(split_step.without_grammar(bucket)),
+                                        bucket, self.params, state, packed,
                                         out_shardings=out_shardings, sharding=self._replicated)
             return jax.jit(self.step_fn(bucket), donate_argnums=(1,), out_shardings=out_shardings).lower(
                 self.params, state, packed, *mask)
@@ -256,8 +254,8 @@ class ModelRunner:
         def compile_one(b: Bucket):
             if not b.grammar_split:
                 return b, lowered[b].compile()
-            draft, verify = (part.compile() for part in lowered[b])
-            return b, SplitExecutable(draft, verify, b, self._replicated)
+            draft, verify, fused = (part.compile() for part in lowered[b])
+            return b, SplitExecutable(draft, verify, fused, b, self._replicated)
 
         with ThreadPoolExecutor(max_workers=max(1, min(len(lowered), os.cpu_count() or 1))) as pool:
             done = pool.map(compile_one, list(lowered))

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from jspec import Engine
+from jspec.runtime.split_step import SplitExecutable
 from tests.support import models as tm
 from tests.support.engines import SPEC_BS4, check_no_leaks, output_ids
 from tests.support.spec_eagle import build_models, case_kwargs
@@ -71,12 +72,28 @@ def _engine(dirs, target, **kw):
                   tokenizer_path=dirs["tokenizer"], **kw, **SPEC_BS4)
 
 
+def _split_parts_run(eng) -> list[int]:
+    """Counts the draft parts that split steps launch (a list, so tests read it after the runs)."""
+    runs = []
+    for exe in eng.runner.compiled.values():
+        if isinstance(exe, SplitExecutable):
+            def counted(*a, _draft=exe.draft):
+                runs.append(1)
+                return _draft(*a)
+            exe.draft = counted
+    return runs
+
+
 def _run(eng):
+    split_runs = _split_parts_run(eng)
     outs = eng.generate(input_ids=[p for p in PROMPTS for _ in SAMPLING], sampling_params=SAMPLING * len(PROMPTS),
                         return_logprob=True, top_logprobs_num=TOP)
+    # No row is constrained: every speculative step ran fused, never in parts.
+    assert not split_runs
     # Constrained rows beside a free one, so a batch mixes rows that accept drafts and rows that
     # accept forced runs only.
     constrained = eng.generate(input_ids=PROMPTS[:1] * len(GRAMMAR), sampling_params=GRAMMAR)
+    assert split_runs or eng.spec is None
     return outs, constrained
 
 
