@@ -14,6 +14,7 @@ packed inputs and the arithmetic each step does on them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING
 
 import jax
@@ -117,8 +118,9 @@ class Bucket:
             out.append(("next_ids", (t,)))
         return out
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
+        """int32 of the packed vector (cached: pack asks every step)."""
         return sum(int(np.prod(s)) for _, s in self.fields())
 
     def unpack(self, packed) -> dict:
