@@ -11,7 +11,8 @@
 #   walk and mask upload at the simulated acceptance;
 # json: every request under a JSON schema with free string fields (random weights: most random
 #   drafts break the JSON and are cut, so this shows the path, not a real model's acceptance).
-# WHEELS: a folder holding the llguidance wheel (the GPU machine has no network).
+# WHEELS: a folder holding the llguidance wheel (the GPU machine has no network). SKIP_BASELINE=1: no
+# no-speculation column (the stages compare EAGLE3 engines; each baseline costs an engine build).
 set -euo pipefail
 out=$1; stage=$2
 if [[ -n "${WHEELS:-}" ]]; then
@@ -26,7 +27,7 @@ common=(--model-path random:qwen3-8b --speculative-algorithm-list EAGLE3 --overl
         --speculative-num-draft-tokens-list 4 --speculative-simulate-accept-length-list 3
         --chunked-prefill-size 2048 --cuda-graph-bs 1,32 --prefill-token-buckets 2048 --disable-top-k-top-p
         --dataset-name random --random-input-len 1024 --random-output-len 512 --random-range-ratio 1
-        --prompts-per-concurrency 2 --max-concurrency-list 1,32 --tokenizer-path "$tok")
+        --prompts-per-concurrency 2 --max-concurrency-list 1,32 --tokenizer-path "$tok" ${SKIP_BASELINE:+--skip-baseline})
 schema='{"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}}}'
 case $stage in
   nogrammar) extra=() ;;

@@ -164,6 +164,9 @@ def add_bench_parser(sub) -> None:
     w.add_argument("--max-concurrency-list", type=_list(int, "ints"), default=[1, 2, 4, 8, 16])
     w.add_argument("--prompts-per-concurrency", type=int,
                    help="num prompts = this x max concurrency at each point (instead of --num-prompts)")
+    w.add_argument("--skip-baseline", action="store_true",
+                   help="leave out the no-speculation column (rows then have no speedup): for runs that compare "
+                        "speculative engines only")
     w.add_argument("--overlap-list", type=_list(_on_off, "on/off values"), default=[True],
                    help="overlap schedule (v2) on, off (v1), or both: on,off")
     w.add_argument("--output-file", help="JSONL to append to (default jspec_sweep_MMDD_<dataset>.jsonl)")

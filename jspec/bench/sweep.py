@@ -1,7 +1,7 @@
 """`jspec bench sweep`: speculative settings x max concurrency, one engine per setting.
 
 The grid's rows are (overlap, max concurrency); its columns are engine settings: no speculation
-first (always run, it is every row's baseline), then each algorithm x num_steps x topk x
+first (every row's baseline; `--skip-baseline` leaves it out), then each algorithm x num_steps x topk x
 num_draft_tokens x simulated accept length. A setting whose Engine cannot be built (an algorithm
 not implemented yet, a bad combination) gives error records and the sweep goes on.
 """
@@ -21,7 +21,8 @@ def grid(args) -> list[dict]:
     algos = [a for a in args.speculative_algorithm_list if a is not None]
     out = []
     for overlap in args.overlap_list:
-        out.append({"overlap": overlap, **{k: None for k in SPEC_KEYS}})
+        if not getattr(args, "skip_baseline", False):
+            out.append({"overlap": overlap, **{k: None for k in SPEC_KEYS}})
         for algo in algos:
             for steps, topk, ndraft, sim in itertools.product(
                 args.speculative_num_steps_list, args.speculative_eagle_topk_list,

@@ -197,3 +197,18 @@ def test_bench_step_rejects_bad_flags(capsys):
 
     assert _main(["bench", "step", "--model-path", "random:tiny-qwen3", "--batch-sizes", "0"]) == 2
     assert "--batch-sizes" in capsys.readouterr().err
+
+
+def test_sweep_grid_skips_the_baseline_only_when_asked():
+    import argparse
+
+    from jspec.bench.sweep import grid
+
+    args = argparse.Namespace(speculative_algorithm_list=["EAGLE3"], overlap_list=[True, False],
+                              speculative_num_steps_list=[3], speculative_eagle_topk_list=[1],
+                              speculative_num_draft_tokens_list=[4], speculative_simulate_accept_length_list=[3.0],
+                              speculative_draft_model_path="random")
+    algos = [c["speculative_algorithm"] for c in grid(args)]
+    assert algos == [None, "EAGLE3", None, "EAGLE3"]
+    args.skip_baseline = True
+    assert [c["speculative_algorithm"] for c in grid(args)] == ["EAGLE3", "EAGLE3"]
