@@ -83,8 +83,8 @@ class EngineCore:
         with self.lock:
             while self.inbox:
                 req = self.inbox.popleft()
-                if req.sampling.max_new_tokens == 0:
-                    self._finish(req, {"type": "length", "length": 0})
+                if req.sampling.max_new_tokens == 0 and req.logprob_start_len < 0:
+                    self._finish(req, {"type": "length", "length": 0})  # nothing to compute
                 else:
                     self.sched.add(req)
         self._handle_aborts()
@@ -152,6 +152,9 @@ class EngineCore:
         for i, s in enumerate(handle.plan.reqs):
             req = s.req
             if not s.sample or req.finished:
+                continue
+            if req.sampling.max_new_tokens == 0:  # it ran for its prompt's logprobs (scoring) only
+                self._finish(req, {"type": "length", "length": 0})
                 continue
             tok = int(tokens[i])
             req.output_ids.append(tok)

@@ -80,6 +80,15 @@ def prompt_ids(prompt, tokenizer) -> list[list[int]]:
     return [list(p) for p in prompt]
 
 
+def prompt_texts(prompt, ids: list[list[int]], tokenizer) -> list[str]:
+    """The text each prompt echoes: as sent, or its token ids decoded ("" without a tokenizer)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt[0], str):
+        return list(prompt)
+    return ["" if tokenizer is None else tokenizer.decode(p, skip_special_tokens=False) for p in ids]
+
+
 def check_context(ids: list[int], context_length: int, param: str) -> None:
     if len(ids) > context_length:
         raise RequestError(f"{param}: the prompt has {len(ids)} tokens, over the context length {context_length}",
@@ -104,9 +113,14 @@ class Responder:
     """Builds the OpenAI answers of one request: kind "completion" or "chat"; logprobs: whether
     the client asked for them (top: alternatives per token)."""
 
-    def __init__(self, kind: str, model: str, tokenizer, *, logprobs: bool = False, top: int = 0):
+    def __init__(self, kind: str, model: str, tokenizer, *, logprobs: bool = False, top: int = 0,
+                 echo: list[str] | None = None, n: int = 1):
         self.kind, self.model, self.tokenizer = kind, model, tokenizer
         self.logprobs, self.top = logprobs, top
+        # Completions' echo: each prompt's text (choice i answers prompt i // n) goes before its
+        # choices' text, with the prompt tokens' logprobs (the engine's input token logprobs) first.
+        self.echo, self.n = echo, n
+        self._echoed: set[int] = set()  # stream choices whose prompt went out
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.object = "chat.completion" if kind == "chat" else "text_completion"
@@ -137,6 +151,27 @@ class Responder:
                 "top_logprobs": [{self._token(t): a for a, t, _ in top} for top in tops] if self.top else None,
                 "text_offset": offsets}
 
+    def echo_len(self, index: int) -> int:
+        """Characters of choice index's echoed prompt (its output's text offsets start there)."""
+        return 0 if self.echo is None else len(self.echo[index // self.n])
+
+    def _echo(self, index: int, meta: dict, text: str, lp: dict | None) -> tuple[str, dict | None]:
+        """Choice index's text and logprobs with its prompt's put before them."""
+        prompt = self.echo[index // self.n]
+        if not self.logprobs:
+            return prompt + text, lp
+        rows = meta.get("input_token_logprobs", [])
+        tops = meta.get("input_top_logprobs", []) if self.top else [None] * len(rows)
+        tokens = [self._token(tok) for _, tok, _ in rows]
+        offsets, at = [], 0
+        for t in tokens:
+            offsets.append(at)
+            at += len(t)
+        top = [None if row is None else {self._token(t): a for a, t, _ in row} for row in tops]
+        return prompt + text, {"tokens": tokens + lp["tokens"], "token_logprobs": [a for a, _, _ in rows] +
+                               lp["token_logprobs"], "top_logprobs": top + lp["top_logprobs"] if self.top else None,
+                               "text_offset": offsets + lp["text_offset"]}
+
     def _envelope(self, choices: list, **extra) -> dict:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
                 "choices": choices, **extra}
@@ -148,13 +183,15 @@ class Responder:
         choices = []
         for i, o in enumerate(outs):
             meta = o["meta_info"]
-            choice = {"index": i, "logprobs": self._logprobs(meta, 0, len(o["output_ids"])),
-                      "finish_reason": finish_reason(meta.get("finish_reason")),
+            text, lp = o["text"], self._logprobs(meta, 0, len(o["output_ids"]), self.echo_len(i))
+            if self.echo is not None:
+                text, lp = self._echo(i, meta, text, lp)
+            choice = {"index": i, "logprobs": lp, "finish_reason": finish_reason(meta.get("finish_reason")),
                       "matched_stop": (meta.get("finish_reason") or {}).get("matched")}
             if self.kind == "chat":
-                choice["message"] = {"role": "assistant", "content": o["text"]}
+                choice["message"] = {"role": "assistant", "content": text}
             else:
-                choice["text"] = o["text"]
+                choice["text"] = text
             choices.append(choice)
         return self._envelope(choices, usage=self.usage([o["meta_info"] for o in outs], prompt_metas))
 
@@ -175,8 +212,12 @@ class Responder:
 
     def chunk(self, index: int, text: str, meta: dict, start: int, end: int, text_offset: int,
               final: bool) -> dict:
-        """One stream chunk of choice index: new text, the logprobs of tokens [start, end)."""
+        """One stream chunk of choice index: new text, the logprobs of tokens [start, end) (under
+        echo, the choice's first chunk carries its prompt before them)."""
         lp = self._logprobs(meta, start, end, text_offset)
+        if self.echo is not None and index not in self._echoed:
+            self._echoed.add(index)
+            text, lp = self._echo(index, meta, text, lp)
         reason = finish_reason(meta.get("finish_reason")) if final else None
         body = {"content": text} if self.kind == "chat" else text
         out = self._chunk(index, body, lp, reason)

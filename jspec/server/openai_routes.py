@@ -46,7 +46,14 @@ async def completions(body: CompletionRequest, request: Request):
     for ids in prompts:
         oa.check_context(ids, st.context_length, "prompt")
     logprobs = body.logprobs is not None
-    responder = oa.Responder("completion", st.model_name, st.tokenizer, logprobs=logprobs, top=body.logprobs or 0)
+    echo = None
+    if body.echo:
+        if logprobs and not st.engine.engine_config.enable_input_logprobs:
+            raise RequestError("echo: the prompt's logprobs (echo with logprobs) need a server started with "
+                               "--enable-input-logprobs", "echo")
+        echo = oa.prompt_texts(body.prompt, prompts, st.tokenizer)
+    responder = oa.Responder("completion", st.model_name, st.tokenizer, logprobs=logprobs, top=body.logprobs or 0,
+                             echo=echo, n=body.n)
     return await _answer(st, request, body, prompts, oa.sampling_params(body, body.max_tokens), responder,
                          oa.engine_names("completion"))
 
@@ -104,6 +111,8 @@ async def _answer(st: ServerState, request: Request, body, prompts: list[list[in
     ids = [p for p in prompts for _ in sps]
     sps = sps * len(prompts)
     lp = dict(return_logprob=responder.logprobs, top_logprobs_num=responder.top)
+    if responder.echo is not None and responder.logprobs:
+        lp["logprob_start_len"] = 0  # the prompt's own logprobs, from its first token
     try:
         if body.stream:
             streams = st.bridge.open_streams([dict(input_ids=i, sampling_params=s, **lp) for i, s in zip(ids, sps)])
@@ -124,7 +133,7 @@ async def _answer(st: ServerState, request: Request, body, prompts: list[list[in
 
 async def _stream(st: ServerState, streams, responder: oa.Responder, n: int, include_usage: bool):
     count = len(streams.rids)
-    tokens, chars, finals = [0] * count, [0] * count, [None] * count
+    tokens, chars, finals = [0] * count, [responder.echo_len(i) for i in range(count)], [None] * count
     for i in range(count):
         first = responder.first_chunk(i)
         if first is not None:

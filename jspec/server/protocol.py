@@ -121,7 +121,7 @@ class GenerateRequest(_Body):
 # Field -> value that means "not asked for"; anything else is refused with a 400 naming the field.
 UNSUPPORTED = {
     "logit_bias": (None, {}), "lora_path": (None,),
-    "echo": (False,), "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
+    "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
     "tool_choice": (None, "none", "auto"),
 }
 

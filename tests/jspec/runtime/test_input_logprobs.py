@@ -97,3 +97,18 @@ def test_a_speculative_engine_reports_the_same_input_logprobs(setup, tiny_checkp
     got = out["meta_info"]["input_token_logprobs"]
     assert [t for _, t, _ in got] == p[3:]
     np.testing.assert_allclose([lp for lp, _, _ in got], want[3:], rtol=1e-4, atol=1e-4)
+
+
+def test_max_new_tokens_zero_scores_the_prompt(setup):
+    """Scoring (OpenAI echo with max_tokens 0): the prompt runs for its logprobs, nothing is generated."""
+    eng, hf = setup
+    p = tm.random_ids(13, seed=8)
+    want, _ = _oracle(hf, p)
+    out = eng.generate(input_ids=p, sampling_params={"max_new_tokens": 0, "temperature": 0}, logprob_start_len=0)
+    assert out["output_ids"] == [] and out["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+    got = out["meta_info"]["input_token_logprobs"]
+    assert [t for _, t, _ in got] == p and got[0][0] is None
+    np.testing.assert_allclose([lp for lp, _, _ in got[1:]], want[1:], rtol=1e-4, atol=1e-4)
+    plain = eng.generate(input_ids=p, sampling_params={"max_new_tokens": 0})  # without logprobs: no step at all
+    assert plain["output_ids"] == [] and "input_token_logprobs" not in plain["meta_info"]
+    check_no_leaks(eng)

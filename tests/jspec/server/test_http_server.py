@@ -124,6 +124,20 @@ def test_greedy_completion_equals_engine_generate(served):
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
 
 
+def test_echo_puts_the_prompt_before_each_choice(served):
+    prompt = "Hello, how are"
+    ref = served.engine.generate(prompt=prompt, sampling_params={"max_new_tokens": 5, **GREEDY})
+    r = served.client.completions.create(model="m", prompt=[prompt, "Hi"], max_tokens=5, echo=True, n=2, **GREEDY)
+    assert [c.text for c in r.choices[:2]] == [prompt + ref["text"]] * 2 and r.choices[2].text.startswith("Hi")
+    chunks = served.client.completions.create(model="m", prompt=prompt, max_tokens=5, echo=True, stream=True,
+                                              **GREEDY)
+    assert _stream_text(chunks, chat=False)[0] == prompt + ref["text"]
+    ids = served.engine.tokenizer.encode(prompt).ids
+    r = served.client.completions.create(model="m", prompt=ids, max_tokens=0, echo=True)
+    assert r.choices[0].text == served.engine.tokenizer.decode(ids, skip_special_tokens=False)
+    assert r.usage.completion_tokens == 0
+
+
 def test_chat_renders_the_template_and_equals_engine_generate(served):
     # The tiny tokenizer's template: <|user|>...<|assistant|> and a generation prompt.
     ref = served.engine.generate(prompt="<|user|>What is the capital of France?<|assistant|>",
@@ -257,7 +271,7 @@ BAD = [  # (endpoint, body or raw bytes, the param the 400 must name)
     ("/v1/completions", {**COMPLETION, "prompt": None}, "prompt"),
     ("/v1/completions", {"model": "m"}, "prompt"),
     ("/v1/completions", {**COMPLETION, "logit_bias": {"5": 1.0}}, "logit_bias"),
-    ("/v1/completions", {**COMPLETION, "echo": True}, "echo"),
+    ("/v1/completions", {**COMPLETION, "echo": True, "logprobs": 1}, "echo"),  # no input logprobs on this engine
     ("/v1/completions", b'{"prompt": "Hello", ', None),  # malformed JSON
     ("/v1/completions", [1, 2], None),  # not an object
     ("/v1/chat/completions", {"model": "m"}, "messages"),

@@ -145,6 +145,27 @@ def test_logprobs_formats(tokenizer):
     assert c["logprobs"] == {"content": [{**entry[0], "top_logprobs": entry}]}
 
 
+def test_echo_puts_the_prompt_and_its_logprobs_first(tokenizer):
+    ids = tokenizer.encode("Hello world").ids
+    meta = {"output_token_logprobs": [(-0.5, 7, None)], "output_top_logprobs": [[(-0.5, 7, None)]],
+            "input_token_logprobs": [(None, ids[0], None), (-2.5, ids[1], None)],
+            "input_top_logprobs": [None, [(-1.5, 8, None)]],
+            "finish_reason": {"type": "length"}, "prompt_tokens": 2, "completion_tokens": 1}
+    tok = {i: tokenizer.decode([i], skip_special_tokens=False) for i in (*ids, 7, 8)}
+    want = {"tokens": [tok[ids[0]], tok[ids[1]], tok[7]], "token_logprobs": [None, -2.5, -0.5],
+            "top_logprobs": [None, {tok[8]: -1.5}, {tok[7]: -0.5}],
+            "text_offset": [0, len(tok[ids[0]]), len("Hello world")]}
+    comp = Responder("completion", "m", tokenizer, logprobs=True, top=1, echo=["Hello world"], n=2)
+    out = comp.response([{"text": "!", "output_ids": [7], "meta_info": meta}] * 2, [meta])
+    assert [c["text"] for c in out["choices"]] == ["Hello world!"] * 2
+    assert out["choices"][1]["logprobs"] == want
+    # Streamed: the choice's first chunk carries the prompt, later chunks only their tokens.
+    first = comp.chunk(1, "!", meta, 0, 1, comp.echo_len(1), final=False)["choices"][0]
+    assert first["text"] == "Hello world!" and first["logprobs"] == want
+    later = comp.chunk(1, "?", meta, 0, 1, 12, final=True)["choices"][0]
+    assert later["text"] == "?" and later["logprobs"]["text_offset"] == [12]
+
+
 @pytest.mark.parametrize("argv,flag", [
     (["bench", "serve", "--backend", "http", "--model-path", "x"], "--base-url"),
     (["bench", "serve", "--backend", "http", "--base-url", "http://127.0.0.1:1", "--model-path", "x",
