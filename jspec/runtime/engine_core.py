@@ -88,12 +88,6 @@ class EngineCore:
                 else:
                     self.sched.add(req)
         self._handle_aborts()
-        if self.pending is not None and any(s.sample and s.req.grammar is not None for s in self.pending.plan.reqs):
-            # Structured output: the next mask of a constrained request depends on the token still
-            # in flight, so its result is read before the next step is planned.
-            self._process(self.pending)
-            self.pending = None
-            self._handle_aborts()
         try:
             plan = self.sched.schedule(inflight=self.pending is not None)
         except NeedSync:
@@ -107,7 +101,7 @@ class EngineCore:
                 n = len(plan.reqs)
                 k = self.policy.choose(self.runner.decode_batch_size(n), n)
                 plan.speculate, plan.draft_steps = k > 0, (k if 0 < k < self.policy.max_drafts else 0)
-            handle = self.runner.dispatch(plan)
+            handle = self.runner.dispatch(plan, between=self._read_pending if self._grammar_waits() else None)
             self.num_steps[self._step_kind(handle)] += 1
         if self.overlap:
             if self.pending is not None:
@@ -115,6 +109,17 @@ class EngineCore:
             self.pending = handle
         elif handle is not None:
             self._process(handle)
+
+    def _grammar_waits(self) -> bool:
+        """Whether the step in flight samples for a constrained request: the next masks of such a
+        request depend on its token, so the runner reads it (`_read_pending`) before it fills them,
+        after launching whatever of the next step does not need them."""
+        return self.pending is not None and any(s.sample and s.req.grammar is not None for s in self.pending.plan.reqs)
+
+    def _read_pending(self) -> None:
+        self._process(self.pending)
+        self.pending = None
+        self._handle_aborts()
 
     def _handle_aborts(self) -> None:
         for req in list(self.sched.waiting) + list(self.sched.running):

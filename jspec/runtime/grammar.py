@@ -149,8 +149,10 @@ class GrammarBackend:
 
 
 def constrained(plan):
-    """(row, grammar) of the rows that sample under a grammar this step."""
-    return [(i, s.req.grammar) for i, s in enumerate(plan.reqs) if s.req.grammar is not None and s.sample]
+    """(row, grammar) of the rows that sample under a grammar this step (a request that finished
+    while the step was planned in flight is left out: its grammar may have ended)."""
+    return [(i, s.req.grammar) for i, s in enumerate(plan.reqs)
+            if s.req.grammar is not None and s.sample and not s.req.finished]  # finished: its output is dropped
 
 
 def step_inputs(plan, bucket) -> np.ndarray | None:

@@ -27,8 +27,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jspec.cache.pool import PoolLayout, allocate_caches, pool_specs
 from jspec.models import ops
 from jspec.models.batch import ForwardMode
-from jspec.runtime.grammar import mask_words, step_inputs as grammar_inputs
-from jspec.runtime import split_step
+from jspec.runtime import grammar, split_step
+from jspec.runtime.grammar import mask_words
 from jspec.runtime.scheduler import StepPlan
 from jspec.runtime.split_step import SplitExecutable
 from jspec.runtime.step import Drafting, make_step
@@ -77,11 +77,14 @@ class ModelRunner:
             variants += [(True, k) for k in drafting.shorter_chains]
         words = mask_words(model.config.vocab_size) if grammar else 0
 
-        def masks(speculate: bool, steps: int) -> dict:
+        def masks(speculate: bool, steps: int, decode: bool = True) -> dict:
             if not grammar:
                 return {}
             if drafting is None or not speculate:  # one sampled token per row
-                return dict(grammar_nodes=1, mask_words=words)
+                # A plain engine's decode step runs split (forward, then sampling with the masks) so
+                # the masks are filled while the forward runs; on one device (split_step.lower).
+                split = decode and drafting is None and model.tp_size == 1
+                return dict(grammar_nodes=1, mask_words=words, grammar_split=split)
             nodes, depth = drafting.grammar_nodes(steps)
             return dict(grammar_nodes=nodes, grammar_depth=depth, mask_words=words, grammar_split=True)
 
@@ -100,7 +103,7 @@ class ModelRunner:
             for lp in (False, True) if input_logprobs else (False,):
                 self.buckets.append(Bucket(ForwardMode.EXTEND, t, b, updates,
                                            next_ids=drafting is not None and drafting.extend_next_ids,
-                                           snapshots=layout.num_snapshots > 0, input_logprobs=lp, **masks(False, 0)))
+                                           snapshots=layout.num_snapshots > 0, input_logprobs=lp, **masks(False, 0, decode=False)))
         self.layout = layout
         self.mesh = model.mesh if model.mesh is not None else make_mesh(1)
         self._replicated = NamedSharding(self.mesh, P())
@@ -302,17 +305,35 @@ class ModelRunner:
                 return b
         raise AssertionError(f"no {plan.mode.value} bucket for {n_tok} tokens / {n_req} requests")
 
-    def dispatch(self, plan: StepPlan) -> StepHandle:
-        """Pack, transfer once, launch; returns at once (outputs copy to the host asynchronously)."""
+    def dispatch(self, plan: StepPlan, between=None) -> StepHandle:
+        """Pack, transfer once, launch; returns at once (outputs copy to the host asynchronously).
+
+        between: called once, as early as the step allows, before the host fills the grammar
+        inputs of the plan's constrained rows (the loop reads the previous step there, whose
+        tokens those grammars must consume first): after the launch when there are none, between
+        the parts of a split step, before a one-part step's masks."""
         bucket = self.bucket_for(plan)
         # Named in profiler traces (a no-op otherwise): the host side of a step, which with
         # overlap runs while the device still executes the step before it.
         with jax.profiler.TraceAnnotation(f"jspec.dispatch {bucket.mode.value} B{bucket.batch_size}"):
-            masks = grammar_inputs(plan, bucket) if bucket.grammar_nodes and not bucket.grammar_split else None
             packed = jax.device_put(pack(plan, bucket), self._replicated)
-            self.state, out = self._run(bucket, packed, masks, plan)
+            waits = between is not None and bucket.grammar_nodes > 0 and bool(grammar.constrained(plan))
+            if waits and bucket.grammar_split:
+                exe = self.compiled[bucket]
+                carry = exe.begin(self.params, self.state, packed)
+                between()
+                self.state, out = exe.complete(self.params, packed, carry, plan)
+            else:
+                if waits:
+                    between()
+                masks = grammar.step_inputs(plan, bucket) if bucket.grammar_nodes and not bucket.grammar_split \
+                    else None
+                self.state, out = self._run(bucket, packed, masks, plan)
             out.copy_to_host_async()
-        return StepHandle(plan, bucket, out, time.perf_counter())
+        handle = StepHandle(plan, bucket, out, time.perf_counter())
+        if between is not None and not waits:
+            between()
+        return handle
 
     @staticmethod
     def fetch(handle: StepHandle) -> np.ndarray:

@@ -1,15 +1,22 @@
-"""A speculative step in two compiled parts, for structured output (`Bucket.grammar_split`).
+"""A grammar engine's decode step in two compiled parts (`Bucket.grammar_split`), so that the host
+work a constrained row needs overlaps the device.
 
-The draft part runs first; when a grammar-constrained row is in the batch, the host reads the
-drafts (the one wait inside a dispatch), walks each constrained row's grammar along them
-(`jspec.runtime.grammar.draft_inputs`) and launches the rest of the step with its decisions and
-masks. The parts hand over one carry of device arrays (`jspec.speculative.step_common.carry`);
-the device state's buffers are donated from one part to the next.
+- Speculative (`jspec.speculative.step_common.SplitStep`): the draft part runs first; the host
+  reads the drafts, walks each constrained row's grammar along them
+  (`jspec.runtime.grammar.draft_inputs`) and launches the rest with its decisions and masks. The
+  parts hand over one carry of device arrays (`jspec.speculative.step_common.carry`).
+- Plain decode (`jspec.runtime.step.SplitSample`): the forward runs first; the sampling half takes
+  the masks (`jspec.runtime.grammar.step_inputs`).
+
+With overlap, the loop launches the first part before it reads the previous step, whose tokens
+the grammars must consume before they can answer (`ModelRunner.dispatch`'s `between`), so the
+device computes while the host reads results and fills masks. The device state's buffers are
+donated from one part to the next.
 
 A batch without constrained rows runs the bucket's fused step instead (compiled beside the parts,
-the same step without grammar inputs): two launches and the carry between them cost a small
-batch a visible share of its step (bench/README.md, "Structured output"), and a grammar engine
-mostly serves unconstrained requests.
+the same step without grammar inputs): two launches and the carry between them cost a small batch
+a visible share of its step (bench/README.md, "Structured output"), and a grammar engine mostly
+serves unconstrained requests.
 """
 
 from __future__ import annotations
@@ -18,26 +25,48 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jspec.runtime import grammar
+from jspec.runtime.step import SplitSample
 from jspec.runtime.step_inputs import Bucket
 
 
 class SplitExecutable:
-    """The compiled parts of one bucket's split step, called like a fused step (plus its plan)."""
+    """The compiled parts of one bucket's split step (first, second) and its fused twin."""
 
-    def __init__(self, draft, verify, fused, bucket: Bucket, sharding):
-        self.draft, self.verify, self.fused = draft, verify, fused
+    def __init__(self, first, second, fused, bucket: Bucket, sharding):
+        self.first, self.second, self.fused = first, second, fused
         self.bucket, self.sharding = bucket, sharding
+        self.plain = bucket.grammar_nodes == 1  # one sampled token per row: a SplitSample
+
+    def begin(self, params, state, packed):
+        """Launch the first part (it needs nothing from the host) -> its carry."""
+        return self.first(params, state, packed)
+
+    def complete(self, params, packed, carry, plan):
+        """Fill the plan's grammar inputs now (the grammars have consumed every earlier token) and
+        launch the second part -> (state, out)."""
+        b = self.bucket
+        if self.plain:
+            state, logits = carry
+            return self.second(params, state, packed, logits, self._put(grammar.step_inputs(plan, b)))
+        buffers, rest, view = carry
+        decisions, masks = grammar.draft_inputs(plan, b, jax.device_get(view))
+        return self.second(params, buffers, rest, jax.device_put(decisions, self.sharding), self._put(masks))
+
+    def _put(self, masks):
+        """Masks on the device; all allowed where every constrained row finished meanwhile."""
+        if masks is None:
+            b = self.bucket
+            masks = np.full((b.batch_size, b.grammar_nodes, b.mask_words), -1, np.int32)
+        return jax.device_put(masks, self.sharding)
 
     def __call__(self, params, state, packed, plan=None):
         """(state, out) of the step; plan None (start-up timing) or without constrained rows: the fused step."""
         if plan is None or not grammar.constrained(plan):
             return self.fused(params, state, packed)
-        buffers, rest, view = self.draft(params, state, packed)
-        decisions, masks = grammar.draft_inputs(plan, self.bucket, jax.device_get(view))
-        decisions, masks = jax.device_put(decisions, self.sharding), jax.device_put(masks, self.sharding)
-        return self.verify(params, buffers, rest, decisions, masks)
+        return self.complete(params, packed, self.begin(params, state, packed), plan)
 
 
 def without_grammar(bucket: Bucket) -> Bucket:
@@ -46,16 +75,22 @@ def without_grammar(bucket: Bucket) -> Bucket:
 
 
 def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings, sharding):
-    """(lowered draft part, lowered verify part, lowered fused step) of a `SplitStep` and its fused
+    """(lowered first part, lowered second part, lowered fused step) of a split step and its fused
     twin's step function against abstract arguments. One device: every carried array lives there
     (a split target's carry would need the pools' shardings)."""
+    masks = jax.ShapeDtypeStruct((bucket.batch_size, bucket.grammar_nodes, bucket.mask_words), jnp.int32,
+                                 sharding=sharding)
+    lowered_fused = jax.jit(fused, donate_argnums=(1,), out_shardings=out_shardings).lower(params, state, packed)
+    if isinstance(split, SplitSample):
+        forward = jax.jit(split.forward, donate_argnums=(1,), out_shardings=out_shardings)
+        _, logits = jax.eval_shape(split.forward, params, state, packed)
+        logits = jax.ShapeDtypeStruct(logits.shape, logits.dtype, sharding=sharding)
+        sample = jax.jit(split.sample, donate_argnums=(1,), out_shardings=out_shardings)
+        return forward.lower(params, state, packed), sample.lower(params, state, packed, logits, masks), lowered_fused
     draft = jax.jit(split.draft, donate_argnums=(1,))
     lowered_draft = draft.lower(params, state, packed)
     *carry, _ = jax.eval_shape(split.draft, params, state, packed)
     carry = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), carry)
     decisions = jax.ShapeDtypeStruct((bucket.grammar_size,), jnp.int32, sharding=sharding)
-    masks = jax.ShapeDtypeStruct((bucket.batch_size, bucket.grammar_nodes, bucket.mask_words), jnp.int32,
-                                 sharding=sharding)
     verify = jax.jit(split.verify, donate_argnums=(1,), out_shardings=out_shardings)
-    lowered_fused = jax.jit(fused, donate_argnums=(1,), out_shardings=out_shardings).lower(params, state, packed)
     return lowered_draft, verify.lower(params, *carry, decisions, masks), lowered_fused

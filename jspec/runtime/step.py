@@ -87,11 +87,15 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
 
     out `[B, 2 + 2 n_top]` int32: the sampled token (-1 where the row did not sample), its logprob
     and the top logprobs (bit-cast floats). With a drafter that has weights, params is (target
-    params, draft params)."""
+    params, draft params).
+
+    A plain decode bucket with `grammar_split` gets a `SplitSample` instead: the forward, then the
+    sampling with masks the host computes while the forward runs."""
     draft_graphdef = None if drafting is None or drafting.draft_model is None else drafting.draft_model.graphdef
     capture_layers, all_hidden = ((), False) if drafting is None else drafting.target_outputs()
 
-    def step(params, state: DeviceState, packed, vocab_mask=None):
+    def front(params, state: DeviceState, packed) -> dict:
+        """The forward: every value the sampling half reads (traced arrays and the merged modules)."""
         draft_params = None
         if draft_graphdef is not None:
             params, draft_params = params
@@ -130,20 +134,27 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
             caches = copy_state_rows(caches, slots, x["state_save"])
         elif bucket.snapshots:  # decode: the states of requests whose length reached a tracked boundary
             caches = copy_state_rows(caches, x["track_src"], x["track_dst"])
+        return dict(x=x, slots=slots, req_to_page=req_to_page, caches=caches, logits=out.logits, target=target,
+                    out=out, batch=batch, draft_params=draft_params, req_of_tok=req_of_tok, valid_tok=valid_tok,
+                    tok_slot=tok_slot, kind=kind, input_ids=input_ids, last_idx=last_idx)
 
+    def back(state: DeviceState, f: dict, vocab_mask):
+        """Penalty state, masks, sampling, the drafter's part and the output rows."""
+        x, slots, caches, req_to_page = f["x"], f["slots"], f["caches"], f["req_to_page"]
         # Penalty state: reset on (re)admission, then count this step's prompt / re-fed tokens.
         # Only extend steps admit requests or feed prompts, so decode steps skip these [B, V] scatters.
         counts, prompt_mask = state.output_counts, state.prompt_mask
         if bucket.mode is ForwardMode.EXTEND:
+            tok_slot, kind, input_ids = f["tok_slot"], f["kind"], f["input_ids"]
             counts, prompt_mask = sampling.reset_slots(counts, prompt_mask,
                                                        jnp.where(x["reset_mask"] > 0, slots, counts.shape[0]))
             prompt_mask = sampling.add_prompt_tokens(prompt_mask, tok_slot, input_ids, kind == TOKEN_PROMPT)
             counts = sampling.update_counts(counts, tok_slot, input_ids, kind == TOKEN_REFED_OUTPUT)
 
-        logits = out.logits if vocab_mask is None else sampling.apply_bitmask(out.logits, vocab_mask[:, 0])
+        logits = f["logits"] if vocab_mask is None else sampling.apply_bitmask(f["logits"], vocab_mask[:, 0])
         logits = sampling.hold_stops(logits[:, None], x["out_index"][:, None], x["min_new"], x["held_stops"])[:, 0]
         so = sampling.sample(logits, sampling_batch(x), counts[slots], prompt_mask[slots],
-                             num_top_logprobs=num_top_logprobs, sort=bucket.sort, vocab_shards=target.tp_size)
+                             num_top_logprobs=num_top_logprobs, sort=bucket.sort, vocab_shards=f["target"].tp_size)
         sampled = x["sample_mask"] > 0
         counts = sampling.update_counts(counts, slots, so.tokens, sampled)
         write_slot = jnp.where(sampled, slots, state.last_token.shape[0])
@@ -154,23 +165,54 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
             # A finished prompt's sampled token sits at KV index seq_len: the speculative steps
             # read each request's length on the device.
             seq_lens = state.seq_lens.at[write_slot].set(x["seq_lens"], mode="drop")
-            draft = None if draft_graphdef is None else nnx.merge(draft_graphdef, draft_params)
-            ctx = ExtendContext(x=x, batch=batch, target=target, out=out, tokens=so.tokens, sampled=sampled,
-                                last_token=last_token, tok_slot=tok_slot, valid=valid_tok, last_idx=last_idx,
-                                page_size=page_size)
+            draft = None if draft_graphdef is None else nnx.merge(draft_graphdef, f["draft_params"])
+            ctx = ExtendContext(x=x, batch=f["batch"], target=f["target"], out=f["out"], tokens=so.tokens,
+                                sampled=sampled, last_token=last_token, tok_slot=f["tok_slot"], valid=f["valid_tok"],
+                                last_idx=f["last_idx"], page_size=page_size)
             draft_caches, spec_state = drafting.after_extend(draft, ctx, state.draft_caches, state.spec_state)
             new = dataclasses.replace(new, seq_lens=seq_lens, draft_caches=draft_caches, spec_state=spec_state)
 
         tokens = jnp.where(sampled, so.tokens, -1).astype(jnp.int32)
         packed_out = _rows(tokens, so.logprobs, so.top_ids, so.top_logprobs)
         if bucket.input_logprobs:  # T more rows: each token's next token and its logprob there
-            temperature = x["temperature"][jnp.minimum(req_of_tok, bucket.batch_size - 1)]
+            valid_tok = f["valid_tok"]
+            temperature = x["temperature"][jnp.minimum(f["req_of_tok"], bucket.batch_size - 1)]
             nxt = jnp.where(valid_tok, x["next_ids"], -1)
-            lp, top_ids, top_lp = input_logprobs(target, out.final_hidden, nxt, temperature, num_top_logprobs)
+            lp, top_ids, top_lp = input_logprobs(f["target"], f["out"].final_hidden, nxt, temperature,
+                                                 num_top_logprobs)
             packed_out = jnp.concatenate([packed_out, _rows(nxt, lp, top_ids, top_lp)], axis=0)
         return new, packed_out
 
-    return step
+    def step(params, state: DeviceState, packed, vocab_mask=None):
+        return back(state, front(params, state, packed), vocab_mask)
+
+    if not bucket.grammar_split:
+        return step
+    # Only what a plain decode step's sampling half reads crosses between the halves.
+    assert bucket.mode is ForwardMode.DECODE and drafting is None, bucket
+
+    def forward(params, state: DeviceState, packed):
+        f = front(params, state, packed)
+        return dataclasses.replace(state, caches=f["caches"], req_to_page=f["req_to_page"]), f["logits"]
+
+    def sample(params, state: DeviceState, packed, logits, vocab_mask):
+        x = bucket.unpack(packed)
+        f = dict(x=x, slots=x["req_slots"], caches=state.caches, req_to_page=state.req_to_page, logits=logits,
+                 target=nnx.merge(graphdef, params))
+        return back(state, f, vocab_mask)
+
+    return SplitSample(forward=forward, sample=sample)
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitSample:
+    """A plain decode step in two halves, for structured output: `forward(params, state, packed)
+    -> (state, logits [B, V])` and `sample(params, state, packed, logits, vocab_mask) -> (state,
+    out)`. The loop launches the forward before it reads the previous step, whose tokens the
+    grammar masks depend on (`jspec.runtime.split_step`)."""
+
+    forward: object
+    sample: object
 
 
 def _rows(tokens, logprobs, top_ids, top_logprobs):

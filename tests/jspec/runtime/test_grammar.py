@@ -20,6 +20,7 @@ from jspec.errors import ConfigError, InvalidRequestError
 from jspec.runtime import sampler as sampling
 from jspec.runtime.grammar import GrammarBackend, mask_words
 from jspec.runtime.sampling_params import SamplingParams
+from jspec.runtime.split_step import SplitExecutable
 from jspec.speculative import accept
 from tests.support import models as tm
 from tests.support.compiles import compilations
@@ -114,7 +115,7 @@ def test_a_split_step_walks_each_constrained_rows_grammar_along_its_draft_tree(b
         free.accept(tok)
     for tok in _ids("ab123"):
         forced.accept(tok)
-    row = lambda g: SimpleNamespace(req=SimpleNamespace(grammar=g), sample=True)  # noqa: E731
+    row = lambda g: SimpleNamespace(req=SimpleNamespace(grammar=g, finished=False), sample=True)  # noqa: E731
     plan = SimpleNamespace(reqs=[row(free), row(None), row(forced)])
     # Row 0's tree: 1 = "2" and 2 = "x" under the root, 3 = "-" under 1, 4 = "f" under 2 ("x" is not allowed).
     drafts = [_ids("2x-f"), _ids("abcd"), _ids("zzzz")]
@@ -195,6 +196,29 @@ def test_outputs_follow_regex_json_schema_and_ebnf(engine):
     assert re.fullmatch(REGEX, text) and word in ("yes", "no", "maybe")
     free = engine.generate(input_ids=_ids("go"), sampling_params={**base, "max_new_tokens": 12})
     assert not re.fullmatch(REGEX, free["text"])  # the grammar, not the model, made the text match
+
+
+def test_masks_are_filled_while_the_next_forward_runs(engine):
+    """With overlap, a constrained decode step launches its forward before the loop reads the step
+    before it (whose token the grammar must consume before it can give the next mask), and the
+    text is that of the loop without overlap."""
+    unread = []  # per launched forward: whether the step before it was still unread
+    core, firsts = engine.core, {}
+    for exe in engine.runner.compiled.values():
+        if isinstance(exe, SplitExecutable):
+            firsts[exe] = exe.first
+            exe.first = lambda *a, _f=exe.first: (unread.append(core.pending is not None), _f(*a))[1]
+    sp = {"max_new_tokens": 24, "temperature": 0, "regex": REGEX}
+    try:
+        out = engine.generate(input_ids=_ids("go"), sampling_params=sp)
+    finally:
+        for exe, first in firsts.items():
+            exe.first = first
+    assert re.fullmatch(REGEX, out["text"])
+    assert len(unread) >= len(out["output_ids"]) - 2 and all(unread), unread  # each launched with the last unread
+    with Engine(engine.model.path, page_size=4, chunked_prefill_size=16, context_length=96,
+                grammar_backend="llguidance", disable_overlap_schedule=True, **SMALL) as v1:
+        assert v1.generate(input_ids=_ids("go"), sampling_params=sp)["output_ids"] == out["output_ids"]
 
 
 def test_sampled_parallel_and_streamed_requests_follow_the_grammar(engine):
