@@ -27,12 +27,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jspec.cache.pool import PoolLayout, allocate_caches, pool_specs
 from jspec.models import ops
 from jspec.models.batch import ForwardMode
-from jspec.runtime import grammar, split_step
+from jspec.runtime import grammar, sampler, split_step
 from jspec.runtime.grammar import mask_words
 from jspec.runtime.scheduler import StepPlan
 from jspec.runtime.split_step import SplitExecutable
 from jspec.runtime.step import Drafting, make_step
-from jspec.runtime.step_inputs import Bucket, DeviceState, pack
+from jspec.runtime.step_inputs import Bucket, DeviceState, pack, token_words
 from jspec.sharding import make_mesh
 
 
@@ -42,6 +42,11 @@ class StepHandle:
     bucket: Bucket
     out: jax.Array  # int32 rows, copying to the host asynchronously
     dispatch_time: float
+
+
+def _seed_slot(state: DeviceState, slot, words) -> DeviceState:
+    counts, mask = sampler.seed_slot(state.output_counts, state.prompt_mask, slot, words)
+    return dataclasses.replace(state, output_counts=counts, prompt_mask=mask)
 
 
 def _pages(tokens: int, page_size: int) -> int:
@@ -110,6 +115,8 @@ class ModelRunner:
         draft_model = None if drafting is None else drafting.draft_model
         self.params = model.params if draft_model is None else (model.params, draft_model.params)
         self.compiled: dict[Bucket, object] = {}
+        self._seed = None  # prefix cache: sampler.seed_slot, compiled (ScheduledReq.seed_prompt)
+        self._seeds = prefix_pages > 0
         self._open_masks: dict[Bucket, jax.Array] = {}  # grammar buckets: the all-allowed mask, on the device
         self.compile_seconds = 0.0
         self.state: DeviceState | None = None
@@ -260,6 +267,12 @@ class ModelRunner:
             draft, verify, fused = (part.compile() for part in lowered[b])
             return b, SplitExecutable(draft, verify, fused, b, self._replicated)
 
+        if self._seeds:
+            words = jax.ShapeDtypeStruct((-(-self.model.config.vocab_size // 32),), jnp.int32,
+                                         sharding=self._replicated)
+            slot = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._replicated)
+            self._seed = jax.jit(_seed_slot, donate_argnums=(0,), out_shardings=self.state_shardings(self.state)
+                                 ).lower(self.state, slot, words).compile()
         with ThreadPoolExecutor(max_workers=max(1, min(len(lowered), os.cpu_count() or 1))) as pool:
             done = pool.map(compile_one, list(lowered))
             self.compiled.update(tqdm(done, total=len(lowered), desc="compile buckets", disable=not progress,
@@ -316,6 +329,11 @@ class ModelRunner:
         # Named in profiler traces (a no-op otherwise): the host side of a step, which with
         # overlap runs while the device still executes the step before it.
         with jax.profiler.TraceAnnotation(f"jspec.dispatch {bucket.mode.value} B{bucket.batch_size}"):
+            for s in plan.reqs:
+                if s.seed_prompt:  # its cached prompt tokens into the slot's penalty state
+                    words = token_words(s.req.input_ids[:s.start], self.model.config.vocab_size)
+                    self.state = self._seed(self.state, *jax.device_put((np.int32(s.req.slot), words),
+                                                                       self._replicated))
             packed = jax.device_put(pack(plan, bucket), self._replicated)
             waits = between is not None and bucket.grammar_nodes > 0 and bool(grammar.constrained(plan))
             if waits and bucket.grammar_split:

@@ -4,9 +4,10 @@ GDN state snapshots of hybrid targets, and the LPM order of the waiting queue.
 
 - A request reuses the pages of its longest cached page-aligned prefix (hybrid targets: up to the
   deepest snapshot, which its first step copies into its slot) and prefills from there.
-- The penalty state is built from the tokens a step feeds: a request with a repetition penalty
-  (which counts prompt tokens) computes its whole prompt; one with a frequency or presence penalty
-  (output tokens only) reuses prompt tokens but not the outputs a retracted request feeds again.
+- The penalty state is built from the tokens a step feeds: a request with a penalty reuses prompt
+  tokens but not the outputs a retracted request feeds again (they are counted as they are fed);
+  with a repetition penalty, which counts prompt tokens too, its slot is seeded with the cached
+  prompt tokens before its first step (`ScheduledReq.seed_prompt`).
 - Pages join the tree as soon as each prompt chunk is dispatched (SGLang caches unfinished requests
   too), so requests admitted while this one still runs share them; steps run in order on the
   device, so a later reader reads them after the chunk wrote them. A finished or retracted request
@@ -32,12 +33,10 @@ class PrefixReuse:
     def match(self, req: Request) -> PrefixMatch | None:
         """The cached prefix an admitted request can reuse (or, hybrid, only a branch point), or None."""
         sp = req.sampling
-        if sp.repetition_penalty != 1.0:
-            return None
         # The last prompt token is always computed: its logits give the first output. The page keys
         # are kept with the request while it waits (LPM looks every waiting prompt up each step).
         limit = req.prefill_target - 1
-        if sp.frequency_penalty or sp.presence_penalty:
+        if sp.frequency_penalty or sp.presence_penalty or sp.repetition_penalty != 1.0:
             limit = min(limit, len(req.input_ids))
         if req.input_logprob_next < len(req.input_ids):  # input logprobs it still needs are computed
             limit = min(limit, max(req.input_logprob_next - 1, 0))

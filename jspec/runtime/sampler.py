@@ -232,6 +232,15 @@ def add_prompt_tokens(
     return prompt_mask.at[slots, token_ids].set(True, mode="drop")
 
 
+def seed_slot(output_counts: jax.Array, prompt_mask: jax.Array, slot: jax.Array, words: jax.Array):
+    """A slot handed to a request whose prompt starts in the prefix cache, with a repetition
+    penalty: counts cleared, prompt_mask set to the tokens of the cached part (which no step feeds;
+    words `[W]` int32, bit t % 32 of word t // 32 for token t). The first chunk adds the rest."""
+    bits = (words[:, None] >> jnp.arange(32, dtype=jnp.int32)) & 1
+    row = bits.reshape(-1)[:prompt_mask.shape[1]] > 0
+    return output_counts.at[slot].set(0), prompt_mask.at[slot].set(row)
+
+
 def reset_slots(output_counts: jax.Array, prompt_mask: jax.Array, slots: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Clear the statistics of slots handed to new requests; pad `slots` with num_slots (dropped)."""
     return (

@@ -53,6 +53,9 @@ class ScheduledReq:
     state_load: int = -1  # hybrid prefix cache: the snapshot row copied into the slot before the step
     state_save: int = -1  # ... and the row the slot's state is copied to after it (a snapshot)
     track: tuple[int, int] | None = None  # speculative DECODE: (boundary length, snapshot row) to fill if passed
+    # Admitted on a cached prefix with a repetition penalty: instead of a reset, the slot's penalty
+    # state is seeded with the cached prompt tokens before the step (`sampler.seed_slot`).
+    seed_prompt: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -233,6 +236,8 @@ class Scheduler:
                     self.cache.unlock(match.node)
             s = self._chunk(req, budget, updates, reset=True, load=load)
             assert s is not None
+            if s.start > 0 and req.sampling.repetition_penalty != 1.0:
+                s.reset, s.seed_prompt = False, True
             chosen.append(s)
             budget -= s.num_tokens
         if self.mixed:

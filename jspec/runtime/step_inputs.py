@@ -248,6 +248,14 @@ class SpecRows:
                 top[:, :w * k].reshape(-1, w, k), top[:, w * k:].reshape(-1, w, k).view(np.float32))
 
 
+def token_words(ids, vocab_size: int) -> np.ndarray:
+    """The set of token ids as int32 bit words `[ceil(V / 32)]` (`sampler.seed_slot`)."""
+    ids = np.unique(np.asarray(ids, np.int64))
+    words = np.zeros((-(-vocab_size // 32),), np.uint32)
+    np.bitwise_or.at(words, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
+    return words.view(np.int32)
+
+
 def unpack_outputs(out: np.ndarray, num_top: int):
     """A plain step's `[B, 2 + 2 n]` int32 output -> tokens, logprobs, top ids, top logprobs."""
     tokens = out[:, 0]

@@ -1,7 +1,8 @@
 """The prefix cache in the engine (dense targets, no speculation): prompts that share a system
 prompt reuse its pages and give the same greedy text as without the cache; `cached_tokens`, the
 hit rate and evictable pages are reported; unused cached pages are evicted before anyone is
-retracted; requests with penalties compute their whole prompt; `flush_cache` empties it. Hybrid
+retracted; requests with penalties reuse the cached prompt (a repetition penalty's slot seeded
+with its tokens); `flush_cache` empties it. Hybrid
 targets reuse pages up to a cached Gated-DeltaNet state snapshot, taken where prompt chunks end and
 at branch points. Under speculation: tests/jspec/speculative/test_spec_prefix_cache.py."""
 
@@ -60,23 +61,22 @@ def test_cached_pages_are_evicted_before_retraction(target, no_cache):
         check_no_leaks(eng)
 
 
-def test_penalties_reuse_what_their_state_does_not_count(target):
-    """A repetition penalty counts prompt tokens (the prompt is computed whole); frequency and
-    presence penalties count outputs only, so such a request reuses the cached prompt and gives
-    the output it gives without the cache."""
+def test_penalised_requests_reuse_the_cached_prompt_and_give_the_uncached_output(target):
+    """Penalties count what steps feed. Frequency and presence penalties count outputs only; a
+    repetition penalty counts prompt tokens too, so a request that reuses a cached prompt has its
+    slot seeded with the cached tokens first. Either way the output is that without the cache."""
     freq = {**GREEDY, "frequency_penalty": 1.5, "presence_penalty": 0.5}
-    with Engine(target, page_size=4, **SETTINGS) as eng:
-        eng.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
-        pen = eng.generate(input_ids=PROMPTS[0], sampling_params={**GREEDY, "repetition_penalty": 1.3})
-        plain = eng.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
-        assert pen["meta_info"]["cached_tokens"] == 0 and plain["meta_info"]["cached_tokens"] > 0
-        assert eng.flush_cache()
-        uncached = eng.generate(input_ids=PROMPTS[1], sampling_params=freq)
-        cached = eng.generate(input_ids=PROMPTS[1], sampling_params=freq)
-        assert uncached["meta_info"]["cached_tokens"] == 0 and cached["meta_info"]["cached_tokens"] == 40
-        assert cached["output_ids"] == uncached["output_ids"]
-        greedy = eng.generate(input_ids=PROMPTS[1], sampling_params=GREEDY)
-        assert greedy["output_ids"] != cached["output_ids"]  # the penalties do change this output
+    rep = {**GREEDY, "repetition_penalty": 1.8}
+    with Engine(target, page_size=4, transfer_guard="disallow", **SETTINGS) as eng:
+        for sp in (freq, rep, {**rep, **freq}):
+            assert eng.flush_cache()
+            uncached = eng.generate(input_ids=PROMPTS[1], sampling_params=sp)
+            # A batch, so a seeded slot sits beside reset ones in the same prompt step.
+            cached = eng.generate(input_ids=[PROMPTS[1], PROMPTS[2]], sampling_params=[sp, GREEDY])[0]
+            assert uncached["meta_info"]["cached_tokens"] == 0 and cached["meta_info"]["cached_tokens"] == 40
+            assert cached["output_ids"] == uncached["output_ids"], sp
+            greedy = eng.generate(input_ids=PROMPTS[1], sampling_params=GREEDY)
+            assert greedy["output_ids"] != cached["output_ids"], sp  # the penalties do change this output
         check_no_leaks(eng)
 
 

@@ -94,6 +94,15 @@ def test_greedy_with_cached_prefixes_is_exact_and_keeps_the_drafts(dirs, engines
     outs = generates(eng, PROMPTS, GREEDY, want)
     assert all(o["meta_info"]["cached_tokens"] >= 16 for o in outs), [o["meta_info"]["cached_tokens"] for o in outs]
     assert eng.get_server_info()["last_error"] is None
+    check_no_leaks(eng)  # the cache is empty after it
+    # A repetition penalty counts prompt tokens: reusing the cached prompt gives the uncached output.
+    rep = {**GREEDY, "repetition_penalty": 1.8}
+    uncached = eng.generate(input_ids=PROMPTS[1], sampling_params=rep)
+    cached = eng.generate(input_ids=PROMPTS[1], sampling_params=rep)
+    assert uncached["meta_info"]["cached_tokens"] == 0 and cached["meta_info"]["cached_tokens"] >= 16
+    assert cached["output_ids"] == uncached["output_ids"]
+    if CASES[case][1] == "qwen3":  # the bigram targets repeat one token whatever the prompt holds
+        assert cached["output_ids"] != want[1]  # the penalty changed this output
     check_no_leaks(eng)
 
 
