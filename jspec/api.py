@@ -30,7 +30,7 @@ from jspec.runtime import outputs
 from jspec.runtime.engine_core import EngineCore
 from jspec.runtime.grammar import GrammarBackend
 from jspec.runtime.model_runner import ModelRunner
-from jspec.runtime.request import Request, RequestLimits, make_request, parallel_samples
+from jspec.runtime.request import RequestLimits, make_request, parallel_samples
 from jspec.runtime.scheduler import Scheduler
 from jspec.sharding import replicated
 from jspec.speculative.algorithms import make_drafting
@@ -284,6 +284,7 @@ class Engine:
             "num_steps": dict(self.core.num_steps),
             "num_generated_tokens": self.core.num_generated,
             "compile_seconds": self.runner.compile_seconds,
+            "compile_seconds_per_bucket": dict(self.runner.compile_times),
             **self._spec_info(),
             "memory": self._memory_info(),
             "last_error": None if self._error is None else repr(self._error),

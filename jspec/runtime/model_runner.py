@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import jax
 import jax.numpy as jnp
@@ -119,6 +119,7 @@ class ModelRunner:
         self._seeds = prefix_pages > 0
         self._open_masks: dict[Bucket, jax.Array] = {}  # grammar buckets: the all-allowed mask, on the device
         self.compile_seconds = 0.0
+        self.compile_times: dict[str, float] = {}  # bucket label -> seconds its compile took
         self.state: DeviceState | None = None
         self._progress = progress
         if compile:
@@ -258,14 +259,19 @@ class ModelRunner:
     def _compile_all(self, progress: bool) -> None:
         t0 = time.perf_counter()
         lowered = {}
-        for bucket in tqdm(self.buckets, desc="capture (trace buckets)", disable=not progress, unit="bucket"):
+        bar = tqdm(self.buckets, desc="capture (trace buckets)", disable=not progress, unit="bucket")
+        for bucket in bar:
+            bar.set_postfix_str(bucket.label, refresh=False)
             lowered[bucket] = self._lower(bucket, self.state)
         # Tracing holds the GIL; XLA's compilation releases it, so the buckets compile side by side.
         def compile_one(b: Bucket):
+            t = time.perf_counter()
             if not b.grammar_split:
-                return b, lowered[b].compile()
-            draft, verify, fused = (part.compile() for part in lowered[b])
-            return b, SplitExecutable(draft, verify, fused, b, self._replicated)
+                exe = lowered[b].compile()
+            else:
+                first, second, fused = (part.compile() for part in lowered[b])
+                exe = SplitExecutable(first, second, fused, b, self._replicated)
+            return b, exe, time.perf_counter() - t
 
         if self._seeds:
             words = jax.ShapeDtypeStruct((-(-self.model.config.vocab_size // 32),), jnp.int32,
@@ -274,9 +280,14 @@ class ModelRunner:
             self._seed = jax.jit(_seed_slot, donate_argnums=(0,), out_shardings=self.state_shardings(self.state)
                                  ).lower(self.state, slot, words).compile()
         with ThreadPoolExecutor(max_workers=max(1, min(len(lowered), os.cpu_count() or 1))) as pool:
-            done = pool.map(compile_one, list(lowered))
-            self.compiled.update(tqdm(done, total=len(lowered), desc="compile buckets", disable=not progress,
-                                      unit="bucket"))
+            bar = tqdm(total=len(lowered), desc="compile buckets", disable=not progress, unit="bucket")
+            for done in as_completed([pool.submit(compile_one, b) for b in lowered]):
+                b, exe, sec = done.result()
+                self.compiled[b] = exe
+                self.compile_times[b.label] = sec  # seconds of each bucket (a warm start: cache loads)
+                bar.set_postfix_str(f"{b.label} {sec:.1f} s", refresh=False)
+                bar.update()
+            bar.close()
         self.compile_seconds = time.perf_counter() - t0
 
     def decode_batch_size(self, num_requests: int) -> int:

@@ -118,6 +118,17 @@ class Bucket:
             out.append(("next_ids", (t,)))
         return out
 
+    @property
+    def label(self) -> str:
+        """A short name for progress bars and start-up reports, e.g. "decode B32 k2 sort"."""
+        parts = [self.mode.value, f"B{self.batch_size}" if self.mode is ForwardMode.DECODE else
+                 f"T{self.num_tokens} B{self.batch_size}"]
+        if self.mode is ForwardMode.DECODE and not self.speculate:
+            parts.append("plain")
+        parts += [f"k{self.draft_steps}"] * bool(self.draft_steps) + ["sort"] * bool(self.sort) + \
+            ["input-logprobs"] * self.input_logprobs + ["split"] * self.grammar_split
+        return " ".join(parts)
+
     @functools.cached_property
     def size(self) -> int:
         """int32 of the packed vector (cached: pack asks every step)."""

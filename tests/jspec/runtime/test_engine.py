@@ -213,6 +213,11 @@ def test_zero_recompilation_after_warmup(engine):
                    for _ in prompts]
             engine.generate(input_ids=prompts, sampling_params=sps, return_logprob=rng.random() < 0.5)
     assert compiles == []
+    # Start-up reports what each bucket's compile took, under the name its progress bar showed.
+    per_bucket = engine.get_server_info()["compile_seconds_per_bucket"]
+    assert sorted(per_bucket) == sorted(b.label for b in engine.runner.buckets) and all(
+        s > 0 for s in per_bucket.values())
+    assert "decode B4 sort" in per_bucket and any(k.startswith("extend T") for k in per_bucket)
 
 
 # --------------------------------------------------------------------------- stress
