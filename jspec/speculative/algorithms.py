@@ -53,7 +53,21 @@ class _Drafting:
         step of a draft model or NGRAM samples drafts too, the others only accept."""
         return 2 * self.spec.num_steps + 2 if self.spec.draft_kind in ("model", "ngram") else self.spec.num_steps + 1
 
-    shorter_chains = ()  # drafts per request of the shorter variants compiled for adaptivity
+    @property
+    def shorter_chains(self) -> tuple[int, ...]:
+        """Drafts per request of the shorter variants compiled for adaptivity: a chain (topk 1) of S
+        drafts also compiles every length below S up to S = 4, else 1 and S // 2. Trees keep their
+        configured shape."""
+        s = self.spec.num_steps
+        if self.spec.topk > 1 or s < 2:
+            return ()
+        return tuple(range(1, s)) if s <= 4 else (1, s // 2)
+
+    def _chain_kw(self, bucket: Bucket, kw: dict) -> dict:
+        """A shorter chain variant's step arguments (bucket.draft_steps drafts of the configured chain's)."""
+        if bucket.draft_steps:
+            kw.update(num_steps=bucket.draft_steps, full_steps=self.spec.num_steps)
+        return kw
 
     def _draft_graphdef(self):
         return None if self.draft_model is None else self.draft_model.graphdef
@@ -112,26 +126,17 @@ class EagleDrafting(_Drafting):
         return eagle_draft.prefill_draft(draft, ctx.target, draft_caches, ctx.batch, ctx.out, next_ids, ctx.sampled,
                                          ctx.last_idx, spec_state, self.spec.topk)
 
-    @property
-    def shorter_chains(self) -> tuple[int, ...]:
-        """A chain (topk 1) of S drafts also compiles shorter ones: every length below S up to
-        S = 4, else 1 and S // 2. Trees keep their configured shape."""
-        s = self.spec.num_steps
-        if self.spec.topk > 1 or s < 2:
-            return ()
-        return tuple(range(1, s)) if s <= 4 else (1, s // 2)
-
     def _speculative_step(self, graphdef, bucket: Bucket, **kw):
         if self.spec.topk > 1:
             return make_tree_spec_step(graphdef, self._draft_graphdef(), bucket, topk=self.spec.topk,
                                        num_draft_tokens=self.spec.num_draft_tokens, **kw)
-        if bucket.draft_steps:
-            kw.update(num_steps=bucket.draft_steps, full_steps=self.spec.num_steps)
-        return make_eagle_spec_step(graphdef, self._draft_graphdef(), bucket, **kw)
+        return make_eagle_spec_step(graphdef, self._draft_graphdef(), bucket, **self._chain_kw(bucket, kw))
 
 
 class DFlashDrafting(_Drafting):
     """A block drafter: every prompt chunk writes its context; a finished prompt drafts its first block."""
+
+    shorter_chains = ()  # one block shape (its verify could stop earlier: not built)
 
     def target_outputs(self):
         return self.draft_model.capture_layers, True
@@ -157,7 +162,7 @@ class StandaloneDrafting(_Drafting):
         return draft_caches, spec_state
 
     def _speculative_step(self, graphdef, bucket: Bucket, **kw):
-        return make_chain_spec_step(graphdef, self._draft_graphdef(), bucket, **kw)
+        return make_chain_spec_step(graphdef, self._draft_graphdef(), bucket, **self._chain_kw(bucket, kw))
 
 
 class NgramDrafting(_Drafting):
@@ -175,7 +180,7 @@ class NgramDrafting(_Drafting):
     def _speculative_step(self, graphdef, bucket: Bucket, **kw):
         return make_chain_spec_step(graphdef, None, bucket, ngram_windows=(self.spec.ngram_min_window,
                                                                            self.spec.ngram_max_window),
-                                    **kw)
+                                    **self._chain_kw(bucket, kw))
 
 
 _BY_KIND = {"eagle": EagleDrafting, "dflash": DFlashDrafting, "model": StandaloneDrafting, "ngram": NgramDrafting}

@@ -65,8 +65,12 @@ def phases(*, num_steps: int, simulate_accept_length: float | None = None,
 
 
 def make_chain_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int, rows: SpecRows,
-                         simulate_accept_length: float | None = None, ngram_windows: tuple[int, int] | None = None):
-    """draft_graphdef None: NGRAM (params is the target's alone)."""
-    start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=2 * num_steps + 2)
+                         simulate_accept_length: float | None = None, ngram_windows: tuple[int, int] | None = None,
+                         full_steps: int | None = None):
+    """draft_graphdef None: NGRAM (params is the target's alone). full_steps: the engine's
+    configured chain when this one is shorter (an adaptive variant): keys are counted as the full
+    chain's, so no key is drawn twice whichever variant a step runs."""
+    full = num_steps if full_steps is None else full_steps
+    start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=2 * full + 2)
     return compose(start, phases(num_steps=num_steps, simulate_accept_length=simulate_accept_length,
                                  ngram_windows=ngram_windows), rows)

@@ -117,7 +117,7 @@ def test_policy_picks_the_draft_length_with_the_most_tokens_per_second():
                                              "spec": 2500.0, "speculate": True, "best_num_drafts": 3}
 
 
-@pytest.mark.parametrize("name", ["eagle3", "nextn_hybrid"])
+@pytest.mark.parametrize("name", ["eagle3", "nextn_hybrid", "standalone", "ngram"])
 def test_every_draft_length_keeps_greedy_output(name, plain_outputs):
     """Decode steps that cycle through plain, one, two and three drafts per request (the variants an
     adaptive engine compiles for a 3-step chain) give the target's greedy text, and each variant
