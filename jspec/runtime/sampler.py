@@ -180,6 +180,15 @@ def row_key(seed: jax.Array, step: jax.Array) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(0), seed), step)
 
 
+def categorical(keys, logp, *, tp: int = 1):
+    """`jax.random.categorical` per row (keys `[B]`, logp `[B, V]`), as the Gumbel-max it is: the
+    same Gumbel noise, then the argmax over a vocabulary split tp ways (`ops.vocab_argmax`)."""
+    if tp == 1:
+        return jax.vmap(jax.random.categorical)(keys, logp)
+    noise = jax.vmap(lambda k: jax.random.gumbel(k, logp.shape[-1:], logp.dtype))(keys)
+    return ops.vocab_argmax(noise + logp, tp=tp)
+
+
 def sample(
     logits: jax.Array,
     batch: SamplingBatch,
@@ -197,8 +206,8 @@ def sample(
     probs = _filter(logprobs, logits, batch, sort)
     keys = jax.vmap(row_key)(batch.seed, batch.step)
     # log(0) = -inf: filtered-out tokens can never win the Gumbel-max inside categorical.
-    drawn = jax.vmap(jax.random.categorical)(keys, jnp.log(probs))
-    greedy_tokens = jnp.argmax(logits, axis=-1)
+    drawn = categorical(keys, jnp.log(probs), tp=vocab_shards)
+    greedy_tokens = ops.vocab_argmax(logits, tp=vocab_shards)
     tokens = jnp.where(_greedy_rows(batch), greedy_tokens, drawn).astype(jnp.int32)
     chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=1)[:, 0]
     if num_top_logprobs > 0:

@@ -136,8 +136,6 @@ class EagleDrafting(_Drafting):
 class DFlashDrafting(_Drafting):
     """A block drafter: every prompt chunk writes its context; a finished prompt drafts its first block."""
 
-    shorter_chains = ()  # one block shape (its verify could stop earlier: not built)
-
     def target_outputs(self):
         return self.draft_model.capture_layers, True
 
@@ -150,7 +148,9 @@ class DFlashDrafting(_Drafting):
                                           ctx.page_size)
 
     def _speculative_step(self, graphdef, bucket: Bucket, **kw):
-        return dflash_step.make_dflash_spec_step(graphdef, self._draft_graphdef(), bucket, **kw)
+        # A shorter variant verifies the block's first draft_steps drafts (the block keeps its size).
+        return dflash_step.make_dflash_spec_step(graphdef, self._draft_graphdef(), bucket,
+                                                 verify_steps=bucket.draft_steps or None, **kw)
 
 
 class StandaloneDrafting(_Drafting):

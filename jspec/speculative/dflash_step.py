@@ -55,12 +55,15 @@ def prefill_dflash(drafter, target, dcaches, batch, target_out, rows_done, seq_l
     return dcaches, store(spec_state, batch.state_slots, rows_done, drafts)
 
 
-def phases(*, num_steps: int, simulate_accept_length: float | None = None) -> list[Phase]:
-    """num_steps: S = block size - 1 drafts per step."""
-    s = num_steps
+def phases(*, num_steps: int, simulate_accept_length: float | None = None, verify_steps: int | None = None
+           ) -> list[Phase]:
+    """num_steps: S = block size - 1 drafts per block. verify_steps: k < S verifies only the block's
+    first k drafts (an adaptive variant: k + 1 target tokens per request instead of S + 1); the
+    next block is drafted whole either way, so every variant leaves the same state."""
+    s = num_steps if verify_steps is None else verify_steps
 
     def carried(c: SpecStep) -> None:  # the block drafted at the end of the previous step
-        c.drafts = c.spec_state["tokens"][c.slots]  # [B, S]
+        c.drafts = c.spec_state["tokens"][c.slots][:, :s]  # [B, k]
 
     def verify_(c: SpecStep) -> None:
         vt = jnp.concatenate([c.last[:, None], c.drafts], axis=1)
@@ -75,13 +78,14 @@ def phases(*, num_steps: int, simulate_accept_length: float | None = None) -> li
         c.draft_caches = c.drafter.write_context(c.scratch["vbatch"], c.draft_caches,
                                                  c.drafter.target_hidden(c.scratch["out"]))
         drafts, c.draft_caches = draft_block(c.drafter, c.target, c.draft_caches, c.bonus, c.l0 + c.n + 1, c.valid,
-                                             c.page_table, c.slots, c.page_size, s)
+                                             c.page_table, c.slots, c.page_size, num_steps)
         c.spec_state = store(c.spec_state, c.slots, c.valid, drafts)
 
     return [("draft", carried), ("verify", verify_), ("accept", accept_), ("extend", draft_next)]
 
 
 def make_dflash_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int, rows: SpecRows,
-                          simulate_accept_length: float | None = None):
+                          simulate_accept_length: float | None = None, verify_steps: int | None = None):
     start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=num_steps + 1)
-    return compose(start, phases(num_steps=num_steps, simulate_accept_length=simulate_accept_length), rows)
+    return compose(start, phases(num_steps=num_steps, simulate_accept_length=simulate_accept_length,
+                                 verify_steps=verify_steps), rows)

@@ -160,26 +160,33 @@ def test_split_forward_with_pallas_kernels_matches_unsplit(tiny_checkpoint, fami
 
 
 @pytest.mark.parametrize("tp,vocab", [(2, 64), (4, 64), (4, 62)])
-def test_vocab_top_k_stays_on_each_device(tp, vocab):
-    """The top-k of a vocabulary-split row (top logprobs) equals one lax.top_k, ties included, and
-    the compiled program moves only tp x k candidates between devices, never a whole row; also
+def test_vocab_reductions_stay_on_each_device(tp, vocab):
+    """The sampler's reductions over a vocabulary-split row equal the unsplit ones, ties included
+    (the lowest id wins): top-k (top logprobs), argmax (greedy) and the Gumbel-max draw of
+    `categorical` with the same keys; the compiled program moves only per-device candidates, as
+    all-reduces, never an all-gather (NCCL's were the slow collective of a TP decode step); also
     where the padded columns of a vocabulary that does not divide by tp were dropped (62 of 64)."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
+    from jspec.runtime import sampler
     from jspec.sharding import TP, make_mesh
 
     rng = np.random.default_rng(tp)
     x = rng.integers(0, 6, (3, 64)).astype(np.float32)  # many ties
+    keys = jax.vmap(sampler.row_key)(np.array([1, 2, 3], np.int32), np.array([0, 5, 9], np.int32))
     mesh = make_mesh(tp)
     xs = jax.device_put(x, NamedSharding(mesh, P(None, TP)))
     with ops.tensor_parallel(mesh):
-        fn = jax.jit(lambda v: ops.vocab_top_k(v[:, :vocab], 5, tp=tp))
-        hlo = fn.lower(xs).compile().as_text()
-        vals, ids = fn(xs)
+        fn = jax.jit(lambda v, k: (ops.vocab_top_k(v[:, :vocab], 5, tp=tp), ops.vocab_argmax(v[:, :vocab], tp=tp),
+                                   sampler.categorical(k, v[:, :vocab] / 3.0, tp=tp)))
+        hlo = fn.lower(xs, keys).compile().as_text()
+        (vals, ids), best, drawn = fn(xs, keys)
     want_vals, want_ids = jax.lax.top_k(x[:, :vocab], 5)
     np.testing.assert_array_equal(np.asarray(vals), np.asarray(want_vals))
     np.testing.assert_array_equal(np.asarray(ids), np.asarray(want_ids))
-    gathers = [line for line in hlo.splitlines() if "all-gather" in line and "[3,64]" in line]
+    np.testing.assert_array_equal(np.asarray(best), np.argmax(x[:, :vocab], axis=-1))
+    np.testing.assert_array_equal(np.asarray(drawn), jax.vmap(jax.random.categorical)(keys, x[:, :vocab] / 3.0))
+    gathers = [line for line in hlo.splitlines() if "all-gather" in line]
     assert not gathers, gathers[:1]
 
 

@@ -117,18 +117,23 @@ def test_policy_picks_the_draft_length_with_the_most_tokens_per_second():
                                              "spec": 2500.0, "speculate": True, "best_num_drafts": 3}
 
 
-@pytest.mark.parametrize("name", ["eagle3", "nextn_hybrid", "standalone", "ngram"])
+@pytest.mark.parametrize("name", ["eagle3", "nextn_hybrid", "standalone", "ngram", "dflash"])
 def test_every_draft_length_keeps_greedy_output(name, plain_outputs):
-    """Decode steps that cycle through plain, one, two and three drafts per request (the variants an
-    adaptive engine compiles for a 3-step chain) give the target's greedy text, and each variant
-    ran (the policy's own choice is replaced by the cycle)."""
+    """Decode steps that cycle through plain, every shorter variant and the configured step (for a
+    3-step chain: 0, 1, 2 and 3 drafts per request; a DFlash block verifies its first 1 or S // 2
+    drafts) give the target's greedy text, and each variant ran (the policy's own choice is
+    replaced by the cycle)."""
     path, spec = DRAFTERS[name]
     with Engine(path, **{**SMALL, "cuda_graph_bs": [4]}, **spec) as eng:
-        cycle = itertools.cycle([0, 1, 2, 3])
-        eng.policy.choose = lambda b, n: next(cycle)
+        shorter = eng.runner.drafting.shorter_chains
+        ks = [0, *shorter, eng.policy.max_drafts]
+        cycle = itertools.cycle(ks)
+        ran = []
+        eng.policy.choose = lambda b, n: ran.append(next(cycle)) or ran[-1]
         got = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=SP)]
         kinds = {(b.speculate, b.draft_steps) for b in eng.runner.buckets if b.mode.value == "decode"}
-    assert kinds == {(False, 0), (True, 0), (True, 1), (True, 2)}
+    assert len(shorter) >= 2 and kinds == {(False, 0), (True, 0), *((True, k) for k in shorter)}
+    assert set(ran) == set(ks)
     assert got == plain_outputs[path]
 
 
