@@ -115,7 +115,8 @@ def _top_k_top_p_keep(probs: jax.Array, top_k: jax.Array, top_p: jax.Array) -> j
     return (probs > cut_p) | ((probs == cut_p) & (ids <= cut_id))
 
 
-def _filter(logprobs: jax.Array, logits: jax.Array, batch: SamplingBatch, sort: bool | None = None) -> jax.Array:
+def _filter(logprobs: jax.Array, logits: jax.Array, batch: SamplingBatch, sort: bool | None = None,
+            tp: int = 1) -> jax.Array:
     """Filtered, renormalised probabilities from the processed logprobs; greedy rows one-hot.
 
     sort: None decides on the device (a lax.cond, whose predicate XLA on GPU reads on the host
@@ -146,15 +147,15 @@ def _filter(logprobs: jax.Array, logits: jax.Array, batch: SamplingBatch, sort: 
     kept = jnp.where(keep, probs, 0.0)
     kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
     # argmax returns the first maximum: ties go to the lower id.
-    one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=kept.dtype)
+    one_hot = jax.nn.one_hot(ops.vocab_argmax(logits, tp=tp), vocab, dtype=kept.dtype)
     return jnp.where(greedy[:, None], one_hot, kept)
 
 
-def filtered_probs(logits: jax.Array, batch: SamplingBatch, sort: bool | None = None) -> jax.Array:
+def filtered_probs(logits: jax.Array, batch: SamplingBatch, sort: bool | None = None, tp: int = 1) -> jax.Array:
     """`[B, V]` probabilities that `sample` draws from, given already penalised logits (`sort` as in
-    `_filter`)."""
+    `_filter`; tp: the vocabulary's split)."""
     logits = logits.astype(jnp.float32)
-    return _filter(processed_logprobs(logits, batch), logits, batch, sort)
+    return _filter(processed_logprobs(logits, batch), logits, batch, sort, tp)
 
 
 def hold_stops(logits: jax.Array, index: jax.Array, min_new: jax.Array, stop_ids: jax.Array) -> jax.Array:
@@ -203,7 +204,7 @@ def sample(
     `vocab_shards` (the target's tensor-parallel split of the vocabulary) are static."""
     logits = apply_penalties(logits.astype(jnp.float32), batch, output_counts, prompt_mask)
     logprobs = processed_logprobs(logits, batch)
-    probs = _filter(logprobs, logits, batch, sort)
+    probs = _filter(logprobs, logits, batch, sort, vocab_shards)
     keys = jax.vmap(row_key)(batch.seed, batch.step)
     # log(0) = -inf: filtered-out tokens can never win the Gumbel-max inside categorical.
     drawn = categorical(keys, jnp.log(probs), tp=vocab_shards)

@@ -15,30 +15,37 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jspec.models import ops
 from jspec.runtime import sampler as sampling
 
 
-def chain(logits, d, q_all, sb: sampling.SamplingBatch, greedy, key_fn, *, sort, limit=None):
+def _argmax(logits, tp: int):
+    """argmax over the last (vocabulary) axis of `[..., V]`, split tp ways (`ops.vocab_argmax`)."""
+    return ops.vocab_argmax(logits.reshape(-1, logits.shape[-1]), tp=tp).reshape(logits.shape[:-1]).astype(jnp.int32)
+
+
+def chain(logits, d, q_all, sb: sampling.SamplingBatch, greedy, key_fn, *, sort, limit=None, tp: int = 1):
     """logits `[B, S+1, V]` (target at nodes 0..S), d `[B, S]` draft tokens, q_all `[B, S, V]` or
     None (point masses). key_fn(k) -> `[B]` keys for the k-th random use (0..S). limit `[B]` or
     None: drafts from index limit on count as never proposed (a grammar-constrained row verifies
     only its forced run), so the bonus at node limit comes from p itself. Returns the number of
-    kept drafts n `[B]` in 0..S and the bonus token `[B]`."""
+    kept drafts n `[B]` in 0..S and the bonus token `[B]`. tp: the vocabulary's split (argmaxes
+    and draws reduce across devices with all-reduces)."""
     b, n_nodes, vocab = logits.shape
     s = n_nodes - 1
     if s == 0:  # nothing drafted (a speculative engine's plain step): the bonus is a plain sample
-        p = sampling.filtered_probs(logits[:, 0], sb, sort=sort)
-        drawn = jax.vmap(jax.random.categorical)(key_fn(0), jnp.log(p)).astype(jnp.int32)
-        return jnp.zeros((b,), jnp.int32), jnp.where(greedy, jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32),
-                                                     drawn)
+        p = sampling.filtered_probs(logits[:, 0], sb, sort=sort, tp=tp)
+        drawn = sampling.categorical(key_fn(0), jnp.log(p), tp=tp).astype(jnp.int32)
+        return jnp.zeros((b,), jnp.int32), jnp.where(greedy, _argmax(logits[:, 0], tp), drawn)
     limit = jnp.full((b,), s, jnp.int32) if limit is None else limit
     proposed = jnp.arange(s)[None, :] < limit[:, None]
-    a = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    a = _argmax(logits, tp)
     n_greedy = jnp.sum(jnp.cumprod(((d == a[:, :s]) & proposed).astype(jnp.int32), axis=1), axis=1)
     bonus_greedy = jnp.take_along_axis(a, n_greedy[:, None], axis=1)[:, 0]
 
     rep = jax.tree_util.tree_map(lambda f: jnp.repeat(f, n_nodes, axis=0), sb)
-    p_all = sampling.filtered_probs(logits.reshape(b * n_nodes, vocab), rep, sort=sort).reshape(b, n_nodes, vocab)
+    p_all = sampling.filtered_probs(logits.reshape(b * n_nodes, vocab), rep, sort=sort, tp=tp)
+    p_all = p_all.reshape(b, n_nodes, vocab)
     p_d = jnp.take_along_axis(p_all[:, :s], d[:, :, None], axis=2)[:, :, 0]  # p(j)[d(j+1)]
     q_d = jnp.ones_like(p_d) if q_all is None else jnp.take_along_axis(q_all, d[:, :, None], axis=2)[:, :, 0]
     u = jnp.stack([jax.vmap(lambda kk: jax.random.uniform(kk))(key_fn(j)) for j in range(s)], axis=1)
@@ -56,14 +63,14 @@ def chain(logits, d, q_all, sb: sampling.SamplingBatch, greedy, key_fn, *, sort,
     # residual (p == q on the support, so rejection had probability 0) falls back to p as well.
     use_p = (n_sample >= limit)[:, None] | (mass <= 0)
     r = jnp.where(use_p, p_n, residual / jnp.where(mass > 0, mass, 1.0))
-    bonus_sample = jax.vmap(jax.random.categorical)(key_fn(s), jnp.log(r)).astype(jnp.int32)
+    bonus_sample = sampling.categorical(key_fn(s), jnp.log(r), tp=tp).astype(jnp.int32)
 
     n = jnp.where(greedy, n_greedy, n_sample)
     bonus = jnp.where(greedy, bonus_greedy, bonus_sample)
     return n, bonus
 
 
-def simulated(logits, key_fn, mean_accept: float, s: int, sb, greedy, *, sort, limit=None):
+def simulated(logits, key_fn, mean_accept: float, s: int, sb, greedy, *, sort, limit=None, tp: int = 1):
     """Benchmark-only acceptance (`speculative_simulate_accept_length`): the number of kept drafts
     is drawn so that its mean plus the bonus equals `mean_accept` (clipped to 1 .. S+1),
     whatever the drafts are (at most `limit` [B] when given: a tree path's length); the bonus is
@@ -74,9 +81,9 @@ def simulated(logits, key_fn, mean_accept: float, s: int, sb, greedy, *, sort, l
     u = jax.vmap(lambda kk: jax.random.uniform(kk))(key_fn(0))
     n = jnp.minimum(lo + (u < frac).astype(jnp.int32), s if limit is None else limit)
     at = jnp.take_along_axis(logits, n[:, None, None], axis=1)[:, 0]
-    p = sampling.filtered_probs(at, sb, sort=sort)
-    drawn = jax.vmap(jax.random.categorical)(key_fn(s), jnp.log(p)).astype(jnp.int32)
-    bonus = jnp.where(greedy, jnp.argmax(at, axis=-1).astype(jnp.int32), drawn)
+    p = sampling.filtered_probs(at, sb, sort=sort, tp=tp)
+    drawn = sampling.categorical(key_fn(s), jnp.log(p), tp=tp).astype(jnp.int32)
+    bonus = jnp.where(greedy, _argmax(at, tp), drawn)
     return n, bonus
 
 

@@ -212,10 +212,11 @@ def accept_chain(c: SpecStep, *, q=None, simulate_accept_length: float | None = 
     c.scratch["path_logits"] = logits  # node j drew the j-th emitted token
     if simulate_accept_length is None:
         c.n, c.bonus = accept.chain(logits, c.drafts, q, c.sb, c.greedy, c.key_fn, sort=c.bucket.sort,
-                                    limit=grammar_limit(c))
+                                    limit=grammar_limit(c), tp=c.target.tp_size)
     else:
         c.n, c.bonus = accept.simulated(logits, c.key_fn, simulate_accept_length, c.drafts.shape[1], c.sb, c.greedy,
-                                        sort=c.bucket.sort, limit=grammar_limit(c, allowed_only=True))
+                                        sort=c.bucket.sort, limit=grammar_limit(c, allowed_only=True),
+                                        tp=c.target.tp_size)
     c.kept = c.drafts
     c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, c.n, -1),
                              track=snapshot_track(c), tp=c.target.tp_size)

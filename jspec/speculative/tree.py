@@ -22,6 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jspec.models import ops
 from jspec.runtime import sampler as sampling
 
 
@@ -59,15 +60,16 @@ def select(pool_tokens, pool_scores, pool_parents, pool_depth, num_nodes: int):
     return tokens, depth, parents
 
 
-def walk(logits, tokens, parents, sb: sampling.SamplingBatch, greedy, key_fn, max_depth: int, *, sort):
+def walk(logits, tokens, parents, sb: sampling.SamplingBatch, greedy, key_fn, max_depth: int, *, sort, tp: int = 1):
     """Accept along the tree. logits `[B, N, V]` (target at every node), tokens `[B, N]` (node 0 is
     the root), parents `[B, N]`. Returns path `[B, max_depth + 1]` (node indices, root first,
-    valid up to n), n `[B]` kept drafts, bonus `[B]`."""
+    valid up to n), n `[B]` kept drafts, bonus `[B]`. tp: the vocabulary's split."""
     b, n_nodes, vocab = logits.shape
     child = (parents[:, None, :] == jnp.arange(n_nodes)[None, :, None])  # [B, parent, node]
-    a = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, N]
+    a = ops.vocab_argmax(logits.reshape(b * n_nodes, vocab), tp=tp).reshape(b, n_nodes).astype(jnp.int32)
     rep = jax.tree_util.tree_map(lambda f: jnp.repeat(f, n_nodes, axis=0), sb)
-    p_all = sampling.filtered_probs(logits.reshape(b * n_nodes, vocab), rep, sort=sort).reshape(b, n_nodes, vocab)
+    p_all = sampling.filtered_probs(logits.reshape(b * n_nodes, vocab), rep, sort=sort, tp=tp)
+    p_all = p_all.reshape(b, n_nodes, vocab)
     rows = jnp.arange(b)
 
     cur = jnp.zeros((b,), jnp.int32)
@@ -113,6 +115,6 @@ def walk(logits, tokens, parents, sb: sampling.SamplingBatch, greedy, key_fn, ma
     r = jnp.where(drop, 0.0, p_end)
     mass = jnp.sum(r, axis=-1, keepdims=True)
     r = jnp.where(mass > 0, r / jnp.where(mass > 0, mass, 1.0), p_end)
-    bonus_sample = jax.vmap(jax.random.categorical)(key_fn(max_depth), jnp.log(r)).astype(jnp.int32)
+    bonus_sample = sampling.categorical(key_fn(max_depth), jnp.log(r), tp=tp).astype(jnp.int32)
     bonus = jnp.where(greedy, bonus_greedy, bonus_sample)
     return path, n, bonus

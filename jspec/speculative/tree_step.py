@@ -114,13 +114,13 @@ def phases(*, num_steps: int, topk: int, num_draft_tokens: int,
         logits = penalised(c, c.scratch["logits"], vt, tree.ancestor_mask(parents), depth=c.scratch["depth"])
         if simulate_accept_length is None:
             path, c.n, c.bonus = tree.walk(logits, vt, walk_parents(c, parents), c.sb, c.greedy, c.key_fn, s,
-                                           sort=c.bucket.sort)
+                                           sort=c.bucket.sort, tp=c.target.tp_size)
         else:  # benchmark only: a forced number kept along the first-child path
             path = first_child_path(walk_parents(c, parents), s)
             limit = path_len(path) if "walk" not in c.scratch else grammar_nodes.path_limit(c.scratch["walk"], path)
             c.n, c.bonus = accept.simulated(jnp.take_along_axis(logits, path[:, :, None], axis=1), c.key_fn,
                                             simulate_accept_length, s, c.sb, c.greedy, sort=c.bucket.sort,
-                                            limit=limit)
+                                            limit=limit, tp=c.target.tp_size)
         # Move the accepted KV into place, commit the GDN state of the last accepted node.
         c.caches = move_kv(c.caches, c.page_table, c.l0, path, c.n, c.valid, c.page_size)
         last_node = jnp.take_along_axis(path, c.n[:, None], axis=1)[:, 0]

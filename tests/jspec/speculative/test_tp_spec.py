@@ -60,6 +60,10 @@ def test_speculation_on_a_split_target_equals_target_greedy(models, greedy_refer
         check_no_leaks(eng)
         if algo == "EAGLE3":  # greedy / temperature acceptance never moves whole vocabulary rows
             assert not _vocab_collectives(eng)
+            # ... and its reductions over the vocabulary are all-reduces (ops.vocab_argmax)
+            gathers = [line for b, e in eng.runner.compiled.items() if b.mode.value == "decode"
+                       for line in e.as_text().splitlines() if " all-gather(" in line]
+            assert not gathers, gathers[:1]
     finally:
         eng.shutdown()
 
