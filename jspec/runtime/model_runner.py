@@ -350,8 +350,10 @@ class ModelRunner:
             if waits and bucket.grammar_split:
                 exe = self.compiled[bucket]
                 carry = exe.begin(self.params, self.state, packed)
-                between()
-                self.state, out = exe.complete(self.params, packed, carry, plan)
+                try:
+                    between()
+                finally:  # the state was donated to the first part: finish the step even if reading failed
+                    self.state, out = exe.complete(self.params, packed, carry, plan)
             else:
                 if waits:
                     between()

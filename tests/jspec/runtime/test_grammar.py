@@ -221,6 +221,27 @@ def test_masks_are_filled_while_the_next_forward_runs(engine):
         assert v1.generate(input_ids=_ids("go"), sampling_params=sp)["output_ids"] == out["output_ids"]
 
 
+def test_a_read_that_fails_between_the_parts_leaves_the_engine_serving(engine):
+    """The previous step is read between a split step's parts, after the first part took the device
+    state: when that read raises, the step still completes, the requests fail with the error named,
+    and the next constrained request is exact again."""
+    sp = {"max_new_tokens": 16, "temperature": 0, "regex": REGEX}
+    want = engine.generate(input_ids=_ids("go"), sampling_params=sp)
+    core = engine.core
+
+    def boom():
+        del core._read_pending  # once
+        raise RuntimeError("reading failed")
+
+    core._read_pending = boom
+    failed = engine.generate(input_ids=_ids("go"), sampling_params=sp)
+    assert failed["meta_info"]["finish_reason"]["type"] == "abort", failed["meta_info"]
+    assert "reading failed" in failed["meta_info"]["finish_reason"]["message"]
+    assert engine.generate(input_ids=_ids("go"), sampling_params=sp)["output_ids"] == want["output_ids"]
+    engine._error = None
+    check_no_leaks(engine)
+
+
 def test_sampled_parallel_and_streamed_requests_follow_the_grammar(engine):
     sp = {"max_new_tokens": 40, "temperature": 1.0, "regex": REGEX}
     outs = engine.generate(input_ids=[_ids("a"), _ids("b")], sampling_params=[{**sp, "n": 3, "seed": 4}, sp])
