@@ -55,11 +55,11 @@ class _Drafting:
 
     @property
     def shorter_chains(self) -> tuple[int, ...]:
-        """Drafts per request of the shorter variants compiled for adaptivity: a chain (topk 1) of S
-        drafts also compiles every length below S up to S = 4, else 1 and S // 2. Trees keep their
-        configured shape."""
+        """Drafts per request (depths) of the shorter variants compiled for adaptivity: a step S
+        drafts deep also compiles every depth below S up to S = 4, else 1 and S // 2 (a tree
+        variant verifies `tree_nodes(depth)` nodes)."""
         s = self.spec.num_steps
-        if self.spec.topk > 1 or s < 2:
+        if s < 2:
             return ()
         return tuple(range(1, s)) if s <= 4 else (1, s // 2)
 
@@ -78,12 +78,18 @@ class _Drafting:
 
     def grammar_nodes(self, draft_steps: int) -> tuple[int, int]:
         """(nodes, depth) of a speculative step as the grammar sees them (`jspec.runtime.grammar`):
-        every verified node, and the deepest one acceptance reaches (a chain: draft_steps drafts,
-        0 the configured number; a tree: num_draft_tokens nodes, num_steps deep)."""
-        if self.spec.topk > 1:
-            return self.spec.num_draft_tokens, self.spec.num_steps
+        every verified node, and the deepest one acceptance reaches (draft_steps: a shorter
+        variant's depth, 0 the configured one; a chain verifies depth + 1 nodes, a tree
+        `tree_nodes(depth)`)."""
         s = draft_steps or self.spec.num_steps
-        return s + 1, s
+        return (self.tree_nodes(s) if self.spec.topk > 1 else s + 1), s
+
+    def tree_nodes(self, depth: int) -> int:
+        """Verified nodes of a tree `depth` deep: the configured num_draft_tokens, or for a
+        shallower variant as many as its expansion offers (the root, topk at depth 1, topk^2 at
+        each depth below), whichever is fewer."""
+        k = self.spec.topk
+        return min(self.spec.num_draft_tokens, 1 + k + (depth - 1) * k * k)
 
     def rows(self, num_top: int) -> SpecRows:
         """The output row layout of every decode step of this engine."""
@@ -127,10 +133,11 @@ class EagleDrafting(_Drafting):
                                          ctx.last_idx, spec_state, self.spec.topk)
 
     def _speculative_step(self, graphdef, bucket: Bucket, **kw):
+        kw = self._chain_kw(bucket, kw)
         if self.spec.topk > 1:
             return make_tree_spec_step(graphdef, self._draft_graphdef(), bucket, topk=self.spec.topk,
-                                       num_draft_tokens=self.spec.num_draft_tokens, **kw)
-        return make_eagle_spec_step(graphdef, self._draft_graphdef(), bucket, **self._chain_kw(bucket, kw))
+                                       num_draft_tokens=self.tree_nodes(kw["num_steps"]), **kw)
+        return make_eagle_spec_step(graphdef, self._draft_graphdef(), bucket, **kw)
 
 
 class DFlashDrafting(_Drafting):

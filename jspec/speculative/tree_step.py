@@ -142,8 +142,12 @@ def phases(*, num_steps: int, topk: int, num_draft_tokens: int,
 
 
 def make_tree_spec_step(graphdef, draft_graphdef, bucket: Bucket, *, page_size: int, num_steps: int, topk: int,
-                        num_draft_tokens: int, rows: SpecRows, simulate_accept_length: float | None = None):
-    start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=num_steps + 1)
+                        num_draft_tokens: int, rows: SpecRows, simulate_accept_length: float | None = None,
+                        full_steps: int | None = None):
+    """full_steps: the configured depth when this tree is shallower (an adaptive variant): keys are
+    counted as the full tree's."""
+    full = num_steps if full_steps is None else full_steps
+    start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=full + 1)
     return compose(start, phases(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
                                  simulate_accept_length=simulate_accept_length), rows)
 

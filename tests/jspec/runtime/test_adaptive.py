@@ -117,12 +117,12 @@ def test_policy_picks_the_draft_length_with_the_most_tokens_per_second():
                                              "spec": 2500.0, "speculate": True, "best_num_drafts": 3}
 
 
-@pytest.mark.parametrize("name", ["eagle3", "nextn_hybrid", "standalone", "ngram", "dflash"])
+@pytest.mark.parametrize("name", ["eagle3", "eagle3_tree", "nextn_hybrid", "standalone", "ngram", "dflash"])
 def test_every_draft_length_keeps_greedy_output(name, plain_outputs):
     """Decode steps that cycle through plain, every shorter variant and the configured step (for a
-    3-step chain: 0, 1, 2 and 3 drafts per request; a DFlash block verifies its first 1 or S // 2
-    drafts) give the target's greedy text, and each variant ran (the policy's own choice is
-    replaced by the cycle)."""
+    3-step chain: 0, 1, 2 and 3 drafts per request; a 3-deep tree of topk 2 and 5 nodes: trees 1
+    and 2 deep of 3 and 5 nodes; a DFlash block verifies its first 1 or S // 2 drafts) give the
+    target's greedy text, and each variant ran (the policy's own choice is replaced by the cycle)."""
     path, spec = DRAFTERS[name]
     with Engine(path, **{**SMALL, "cuda_graph_bs": [4]}, **spec) as eng:
         shorter = eng.runner.drafting.shorter_chains
