@@ -2,7 +2,8 @@
 unsplit engine's for every target family (dense, MoE with an expert count that does not divide,
 hybrid Gated DeltaNet with fused and split projections), with an odd vocabulary (97, padded) and
 fewer KV heads than devices (replicated), experts split by intermediate dimension or whole
-(expert parallelism); seeded sampling repeats; NGRAM runs on a split target;
+(expert parallelism); seeded sampling repeats; NGRAM runs on a split target; a repetition penalty
+on a cached prompt gives the uncached output;
 nothing leaks and the loop runs under the transfer guard. Speculative algorithms on split targets:
 tests/jspec/speculative/test_tp_spec.py. The session has 4 CPU devices (tests/conftest.py)."""
 
@@ -56,6 +57,12 @@ def test_split_target_samples_repeatably_and_runs_ngram(tiny_checkpoint, greedy_
         a = output_ids(eng.generate(input_ids=PROMPTS[:2], sampling_params=SAMPLED))
         b = output_ids(eng.generate(input_ids=PROMPTS[:2], sampling_params=SAMPLED))
         assert a == b
+        # A repetition penalty on a cached prompt: the slot's split penalty state is seeded with it.
+        rep = {**GREEDY, "repetition_penalty": 1.8}
+        assert eng.flush_cache()
+        uncached = eng.generate(input_ids=PROMPTS[1], sampling_params=rep)
+        cached = eng.generate(input_ids=PROMPTS[1], sampling_params=rep)
+        assert cached["meta_info"]["cached_tokens"] > 0 and cached["output_ids"] == uncached["output_ids"]
         check_no_leaks(eng)
     finally:
         eng.shutdown()
