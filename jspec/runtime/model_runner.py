@@ -108,7 +108,8 @@ class ModelRunner:
             for lp in (False, True) if input_logprobs else (False,):
                 self.buckets.append(Bucket(ForwardMode.EXTEND, t, b, updates,
                                            next_ids=drafting is not None and drafting.extend_next_ids,
-                                           snapshots=layout.num_snapshots > 0, input_logprobs=lp, **masks(False, 0, decode=False)))
+                                           snapshots=layout.num_snapshots > 0, input_logprobs=lp,
+                                           **masks(False, 0, decode=False)))
         self.layout = layout
         self.mesh = model.mesh if model.mesh is not None else make_mesh(1)
         self._replicated = NamedSharding(self.mesh, P())
