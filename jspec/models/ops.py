@@ -216,8 +216,8 @@ def moe_gather(x, experts, weights, gate_up, down, *, tp: int = 1, expert_parall
 
 
 # Candidates cross devices through psums of small buffers, not all-gathers: XLA runs small
-# all-reduces as its own fused kernel but all-gathers through NCCL, whose three per-step calls in
-# the sampler took about 2 ms of a 7.7 ms TP2 decode step on 2 x H100 (bench/README.md).
+# all-reduces as its own fused kernel but all-gathers through NCCL, which cost a split decode
+# step far more (measured in bench/README.md, "tensor parallelism").
 
 
 def _vocab_split(x, tp: int):

@@ -5,8 +5,9 @@ out of serving) compiles a request's grammar against the model's tokenizer and t
 which tokens may come next. The device never sees the grammar, only a bitmask per verified node
 (`Bucket.grammar_nodes`; bit v of word v // 32 allows token v), applied to the target's logits
 before sampling, acceptance and reported logprobs; the host advances the grammar with the tokens a
-step emitted (`Grammar.accept`), so a constrained request's next step is planned only once its last
-one has been read.
+step emitted (`Grammar.accept`), so a constrained request's next masks are filled only once its
+last step has been read; the part of the next step that needs no mask runs meanwhile
+(`jspec.runtime.split_step`).
 
 Under speculation the masks of the draft nodes depend on the drafts, which only the device knows
 when the step starts: such a step runs in two parts (`jspec.speculative.grammar_nodes`). The host
@@ -33,6 +34,14 @@ FORBIDDEN = 2  # `walk` of a draft the grammar forbids right below an allowed no
 def mask_words(vocab_size: int) -> int:
     """int32 words of one token bitmask."""
     return -(-vocab_size // 32)
+
+
+def token_words(ids, vocab_size: int) -> np.ndarray:
+    """The bitmask `[mask_words(V)]` int32 of a set of token ids (`sampler.seed_slot` reads it)."""
+    ids = np.unique(np.asarray(ids, np.int64))
+    words = np.zeros((mask_words(vocab_size),), np.uint32)
+    np.bitwise_or.at(words, ids >> 5, np.uint32(1) << (ids & 31).astype(np.uint32))
+    return words.view(np.int32)
 
 
 class Grammar:

@@ -28,11 +28,11 @@ from jspec.cache.pool import PoolLayout, allocate_caches, pool_specs
 from jspec.models import ops
 from jspec.models.batch import ForwardMode
 from jspec.runtime import grammar, sampler, split_step
-from jspec.runtime.grammar import mask_words
+from jspec.runtime.grammar import mask_words, token_words
 from jspec.runtime.scheduler import StepPlan
 from jspec.runtime.split_step import SplitExecutable
 from jspec.runtime.step import Drafting, make_step
-from jspec.runtime.step_inputs import Bucket, DeviceState, pack, token_words
+from jspec.runtime.step_inputs import Bucket, DeviceState, pack
 from jspec.sharding import make_mesh
 
 
@@ -275,7 +275,7 @@ class ModelRunner:
             return b, exe, time.perf_counter() - t
 
         if self._seeds:
-            words = jax.ShapeDtypeStruct((-(-self.model.config.vocab_size // 32),), jnp.int32,
+            words = jax.ShapeDtypeStruct((mask_words(self.model.config.vocab_size),), jnp.int32,
                                          sharding=self._replicated)
             slot = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._replicated)
             self._seed = jax.jit(_seed_slot, donate_argnums=(0,), out_shardings=self.state_shardings(self.state)

@@ -87,9 +87,10 @@ class Bucket:
     snapshots: bool = False
     commit_tracks: bool = False
     # Structured output (`jspec.runtime.grammar`): the step takes a token bitmask `[B, grammar_nodes,
-    # mask_words]` beside the packed vector (0 nodes: no grammar, no mask input). A speculative bucket
-    # that drafts runs split in two (grammar_split, `jspec.speculative.grammar_nodes`): the draft
-    # part, then the rest with the host's grammar decisions (`grammar_size` int32) and the masks.
+    # mask_words]` beside the packed vector (0 nodes: no grammar, no mask input). A decode bucket
+    # with grammar_split runs in two parts (`jspec.runtime.split_step`): a speculative one drafts,
+    # then takes the host's grammar decisions (`grammar_size` int32) and the masks; a plain one
+    # runs its forward, then samples under the masks.
     grammar_nodes: int = 0
     mask_words: int = 0
     grammar_split: bool = False
@@ -257,14 +258,6 @@ class SpecRows:
         top = out[:, 1 + 2 * w:]
         return (out[:, 0], out[:, 1:1 + w], out[:, 1 + w:1 + 2 * w].view(np.float32),
                 top[:, :w * k].reshape(-1, w, k), top[:, w * k:].reshape(-1, w, k).view(np.float32))
-
-
-def token_words(ids, vocab_size: int) -> np.ndarray:
-    """The set of token ids as int32 bit words `[ceil(V / 32)]` (`sampler.seed_slot`)."""
-    ids = np.unique(np.asarray(ids, np.int64))
-    words = np.zeros((-(-vocab_size // 32),), np.uint32)
-    np.bitwise_or.at(words, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
-    return words.view(np.int32)
 
 
 def unpack_outputs(out: np.ndarray, num_top: int):
