@@ -5,13 +5,15 @@
 # allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size: XLA's defaults (NCCL),
 #   NCCL's low-latency protocol, and XLA's one-shot all-reduce kernel over peer memory
 #   (--xla_gpu_unsupported_use_all_reduce_one_shot_kernel), beside the figure a TP step pays per layer.
-# step-8b (any multi-GPU kind): Qwen3-8B decode step at batch 1 / 32, TP1 vs TP2 (NCCL) vs TP2 with
-#   the one-shot kernel, with a profile each.
+# step-8b (any multi-GPU kind): Qwen3-8B decode step at batch 1 / 32, TP1 vs TP2 (XLA's defaults,
+#   profiled and summarised) vs TP2 with collectives in the command buffers (+COLLECTIVES).
 # step-8b-flags (any multi-GPU kind): the batch-1 step at TP2 under XLA settings that decide how the
 #   72 all-reduces are launched: defaults, collectives recorded into the command buffers
 #   (+COLLECTIVES), that with the one-shot kernel, and command buffers off; a trace summary each.
-# next80b (nvidia-h200-x2): Qwen3-Next-80B-A3B, no spec vs NEXTN 3/1/4 (simulated accept 3), v1 and
-#   v2, concurrency 1 / 32, TP2.
+# next80b [ALGOS] (nvidia-h200-x2): Qwen3-Next-80B-A3B, no spec vs NEXTN 3/1/4 (simulated accept 3),
+#   v1 and v2, concurrency 1 / 32, TP2. ALGOS (default none,NEXTN) picks the engines of this call, so
+#   that each call's compiles fit 10 minutes; engines compiled earlier on the same machine reuse
+#   XLA's compilation cache (XLA_CACHE, default /tmp/xla).
 # next80b-ep (nvidia-h200-x2): the same with expert parallelism (256 whole experts per GPU instead of
 #   every expert's half), v2 only: which MoE split serves the 512-expert model faster.
 # llama70b (the largest kind lent; on 2 x H200 the 140 GB of weights leave a small KV pool):
@@ -24,19 +26,25 @@ serve=(--chunked-prefill-size 2048 --speculative-draft-model-path random --quiet
        --dataset-name random --random-input-len 1024 --random-output-len 256 --random-range-ratio 1
        --prompts-per-concurrency 2 --speculative-num-steps-list 3 --speculative-eagle-topk-list 1
        --speculative-num-draft-tokens-list 4 --speculative-simulate-accept-length-list 3
-       --speculative-adaptive off)
+       --speculative-adaptive off --compilation-cache-dir "${XLA_CACHE:-/tmp/xla}")
+algos=${3:-none,NEXTN}
+# Without "none" in ALGOS the call runs only the speculative engines (their baseline ran earlier).
+[[ ,$algos, == *,none,* ]] && base=() || base=(--skip-baseline)
 case $stage in
   allreduce)
     PYTHONPATH=. python3 bench/allreduce.py --out "$out/allreduce_default.json"
     NCCL_PROTO=LL PYTHONPATH=. python3 bench/allreduce.py --out "$out/allreduce_nccl_ll.json"
     XLA_FLAGS="${XLA_FLAGS:-} $oneshot" PYTHONPATH=. python3 bench/allreduce.py --out "$out/allreduce_oneshot.json" ;;
   step-8b)
-    for tp in 1 2; do
-      PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:qwen3-8b --batch-sizes 1,32 \
-          --context-lens 1024 --tp-size $tp --profile "$out/profile_tp$tp" --output-file "$out/step_tp.jsonl"
-    done
-    XLA_FLAGS="${XLA_FLAGS:-} $oneshot" PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:qwen3-8b \
-        --batch-sizes 1,32 --context-lens 1024 --tp-size 2 --profile "$out/profile_tp2_oneshot" \
+    PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:qwen3-8b --batch-sizes 1,32 \
+        --context-lens 1024 --tp-size 1 --output-file "$out/step_tp.jsonl"
+    PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:qwen3-8b --batch-sizes 1,32 \
+        --context-lens 1024 --tp-size 2 --profile "$out/profile_tp2" --output-file "$out/step_tp.jsonl"
+    python3 bench/trace_summary.py "$out/profile_tp2/b1_ctx1024" "$out/profile_tp2/b32_ctx1024" \
+        --json "$out/step_tp2_trace_summary.json"
+    rm -rf "$out/profile_tp2"
+    XLA_FLAGS=$(echo ${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=+COLLECTIVES) PYTHONPATH=. python3 -m jspec.cli \
+        bench step --model-path random:qwen3-8b --batch-sizes 1,32 --context-lens 1024 --tp-size 2 \
         --output-file "$out/step_tp.jsonl" ;;
   step-8b-flags)
     i=0
@@ -50,7 +58,7 @@ case $stage in
     done ;;
   next80b)
     PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:qwen3-next-80b-a3b --tp-size 2 "${serve[@]}" \
-        --cuda-graph-bs 1,32 --max-concurrency-list 1,32 --speculative-algorithm-list none,NEXTN \
+        --cuda-graph-bs 1,32 --max-concurrency-list 1,32 --speculative-algorithm-list "$algos" "${base[@]}" \
         --overlap-list off,on --output-file "$out/serve_next80b_tp2.jsonl" 2>&1 | tee "$out/serve_next80b_tp2.log" ;;
   next80b-ep)
     PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:qwen3-next-80b-a3b --tp-size 2 --ep-size 2 \
