@@ -59,7 +59,7 @@ case $stage in
   next80b)
     PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:qwen3-next-80b-a3b --tp-size 2 "${serve[@]}" \
         --cuda-graph-bs 1,32 --max-concurrency-list 1,32 --speculative-algorithm-list "$algos" "${base[@]}" \
-        --overlap-list off,on --output-file "$out/serve_next80b_tp2.jsonl" 2>&1 | tee "$out/serve_next80b_tp2.log" ;;
+        --overlap-list "${OVERLAP:-off,on}" --output-file "$out/serve_next80b_tp2.jsonl" 2>&1 | tee "$out/serve_next80b_tp2.log" ;;
   next80b-ep)
     PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:qwen3-next-80b-a3b --tp-size 2 --ep-size 2 \
         "${serve[@]}" --cuda-graph-bs 1,32 --max-concurrency-list 1,32 --speculative-algorithm-list none,NEXTN \

@@ -170,7 +170,8 @@ def roofline(model, points: list[tuple[int, int]], *, copy_bps: float, page_size
     fill_random_kv(runner, jax.random.PRNGKey(7))
     out = []
     for b, c in points:
-        bucket = next(x for x in runner.buckets if x.batch_size == b)
+        # The step a greedy or plain-temperature batch runs (not the top-k / top-p sort variant).
+        bucket = next(x for x in runner.buckets if x.batch_size == b and not x.sort)
         runner.state.req_to_page = jax.device_put(page_table(b, c, page_size, pages_per_seq, max_b + 1),
                                                   runner.state.req_to_page.sharding)
         packed = jax.device_put(pack(decode_plan(b, c), bucket), runner.state.req_to_page.sharding)
