@@ -46,7 +46,8 @@ class DecoderLayer(nnx.Module):
 
 class DecoderStack(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, dtype, tp_size: int = 1, expert_parallel: bool = False):
-        self.embed_tokens = Embedding(padded_vocab(cfg.vocab_size, tp_size), cfg.hidden_size, dtype=dtype)
+        self.embed_tokens = Embedding(padded_vocab(cfg.vocab_size, tp_size), cfg.hidden_size, dtype=dtype,
+                                      tp_size=tp_size)
         self.layers = nnx.List([DecoderLayer(cfg, i, dtype=dtype, tp_size=tp_size, expert_parallel=expert_parallel)
                                 for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, zero_centred=cfg.zero_centred_norm, dtype=dtype)

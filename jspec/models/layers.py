@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jspec.models import ops
+
 
 def _param(shape, dtype, fill=0.0):
     return nnx.Param(jnp.full(shape, fill, dtype))
@@ -29,11 +31,14 @@ class Linear(nnx.Module):
 
 
 class Embedding(nnx.Module):
-    def __init__(self, num_embeddings: int, features: int, *, dtype):
+    def __init__(self, num_embeddings: int, features: int, *, dtype, tp_size: int = 1):
+        """tp_size: the rows (vocabulary) are split that many ways (`ops.vocab_embed`)."""
         self.weight = _param((num_embeddings, features), dtype)
+        self.tp_size = tp_size
 
     def __call__(self, ids):
-        return jnp.take(self.weight[...], ids, axis=0)
+        """ids `[T]` -> `[T, E]`."""
+        return ops.vocab_embed(self.weight[...], ids, tp=self.tp_size)
 
     def attend(self, x):
         """Tied lm_head: logits = x @ E^T."""

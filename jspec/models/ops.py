@@ -269,3 +269,38 @@ def vocab_top_k(x, k: int, *, tp: int = 1):
     vals, ids = _per_device(local, tp, (_TOK2,), (_R, _R))(_vocab_split(x, tp))  # [B, tp * k], device-major
     best, pos = jax.lax.top_k(vals, k)
     return best, jnp.take_along_axis(ids, pos, axis=-1)
+
+
+def vocab_take(x, ids, *, tp: int = 1):
+    """x[b, ids[b]] of x `[B, V]` (e.g. the sampled token's logprob). On a vocabulary split tp ways
+    the device holding each id reads it and one all-reduce of `[B]` shares it (XLA's own
+    partitioning of this gather collects whole rows at B = 1)."""
+    if tp == 1:
+        return jnp.take_along_axis(x, ids[:, None], axis=1)[:, 0]
+
+    def local(x, ids):
+        lid = ids - jax.lax.axis_index(TP) * x.shape[-1]
+        mine = (lid >= 0) & (lid < x.shape[-1])
+        got = jnp.take_along_axis(x, jnp.where(mine, lid, 0)[:, None], axis=1)[:, 0]
+        return jax.lax.psum(jnp.where(mine, got, jnp.zeros((), x.dtype)), TP)
+
+    v = x.shape[-1]
+    x = x if v % tp == 0 else jnp.pad(x, ((0, 0), (0, -v % tp)))
+    return _per_device(local, tp, (_TOK2, _R), _R)(x, ids)
+
+
+def vocab_embed(table, ids, *, tp: int = 1):
+    """Rows `ids` (`[T]`, any shape) of an embedding table `[V, E]` -> `[T, E]`. With the table's
+    rows split tp ways (Megatron's vocabulary-parallel embedding) each device looks up the ids in
+    its slice, zeros elsewhere, and one all-reduce of `[T, E]` sums them; XLA's own partitioning of
+    this gather may instead collect the whole table at small T."""
+    if tp == 1:
+        return jnp.take(table, ids, axis=0)
+
+    def local(table, ids):
+        lid = ids - jax.lax.axis_index(TP) * table.shape[0]
+        mine = (lid >= 0) & (lid < table.shape[0])
+        rows = jnp.take(table, jnp.where(mine, lid, 0), axis=0)
+        return jax.lax.psum(jnp.where(mine[..., None], rows, jnp.zeros((), rows.dtype)), TP)
+
+    return _per_device(local, tp, (P(TP, None), _R), _R)(table, ids)

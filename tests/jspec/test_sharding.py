@@ -190,6 +190,34 @@ def test_vocab_reductions_stay_on_each_device(tp, vocab):
     assert not gathers, gathers[:1]
 
 
+@pytest.mark.parametrize("tp,vocab", [(2, 64), (4, 62)])
+def test_vocab_lookups_read_each_id_on_its_device(tp, vocab):
+    """The embedding lookup over a row-split table and the read of each row's chosen entry
+    (`ops.vocab_embed`, `ops.vocab_take`) equal `jnp.take` / `take_along_axis`, at batch 1 too (where
+    XLA's GPU partitioning of a plain gather collected the whole table), with ids in every slice
+    and 2-D ids (training's [B, T]); the compiled programs move only all-reduces."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from jspec.sharding import TP, make_mesh
+
+    rng = np.random.default_rng(tp)
+    table = rng.standard_normal((64, 8)).astype(np.float32)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    mesh = make_mesh(tp)
+    ts = jax.device_put(table, NamedSharding(mesh, P(TP, None)))
+    xs = jax.device_put(x, NamedSharding(mesh, P(None, TP)))
+    with ops.tensor_parallel(mesh):
+        for ids in (np.array([vocab - 1]), np.array([0, 31, 33, vocab - 1]), np.array([[5, 40], [61 % vocab, 2]])):
+            fn = jax.jit(lambda t, i: ops.vocab_embed(t, i, tp=tp))
+            np.testing.assert_array_equal(np.asarray(fn(ts, ids)), table[ids])
+            assert "all-gather" not in fn.lower(ts, ids).compile().as_text()
+        for rows in (1, 3):
+            ids = np.array([vocab - 1, 0, 32][:rows])
+            fn = jax.jit(lambda v, i: ops.vocab_take(v[:, :vocab], i, tp=tp))
+            np.testing.assert_array_equal(np.asarray(fn(xs[:rows], ids)), x[np.arange(rows), ids])
+            assert "all-gather" not in fn.lower(xs[:rows], ids).compile().as_text()
+
+
 def test_convert_for_a_split_restores_straight_to_the_devices(tmp_path, tiny_checkpoint):
     """`jspec convert --tp-size 2` stores the split layout: a tp 2 load restores every tensor from
     orbax onto the mesh (no host copy of the weights), a tp 1 load undoes the layout, and both
