@@ -229,9 +229,8 @@ def _vocab_split(x, tp: int):
 
 def _all_rows(x):
     """Inside a mapped function: each device's `[B, m]` side by side, `[B, tp * m]`, device-major
-    (a psum of zero-padded buffers: exact, adding zeros). The buffer is a select against the
-    device index, not an update of a zero buffer at it: XLA's GPU pipeline rewrites a psum of such
-    an update into an all-gather when the update runs along the leading non-unit axis (B = 1)."""
+    (a psum of zero-padded buffers, each device's slot selected by its index: exact, adding
+    zeros; one small all-reduce, which `bench/tp_collectives.py` shows the GPU program keeps)."""
     n = jax.lax.psum(1, TP)
     mine = jax.lax.broadcasted_iota(jnp.int32, (1, n, 1), 1) == jax.lax.axis_index(TP)
     buf = jnp.where(mine, x[:, None, :], jnp.zeros((), x.dtype))
