@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Tensor-parallel benchmarks of bench/README.md ("Tensor parallelism"), one stage per call so each
 # fits a 10-minute device command; results (JSONL / JSON + printed tables) under OUT.
-#   bench/tp_sweep.sh OUT allreduce | step-8b | next80b | next80b-ep | llama70b
+#   bench/tp_sweep.sh OUT allreduce | collectives | step-8b | step-8b-flags | next80b [ALGOS] | next80b-ep | llama70b
 # allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size: XLA's defaults (NCCL),
 #   NCCL's low-latency protocol, and XLA's one-shot all-reduce kernel over peer memory
 #   (--xla_gpu_unsupported_use_all_reduce_one_shot_kernel), beside the figure a TP step pays per layer.
 # step-8b (any multi-GPU kind): Qwen3-8B decode step at batch 1 / 32, TP1 vs TP2 (XLA's defaults,
 #   profiled and summarised) vs TP2 with collectives in the command buffers (+COLLECTIVES).
+# collectives (any multi-GPU kind): the collectives compiled into every decode bucket of TP engines
+#   (bench/tp_collectives.py): Qwen3-8B plain and EAGLE3, Qwen3-Next plain and NEXTN (4 layers each).
 # step-8b-flags (any multi-GPU kind): the batch-1 step at TP2 under XLA settings that decide how the
 #   72 all-reduces are launched: defaults, collectives recorded into the command buffers
 #   (+COLLECTIVES), that with the one-shot kernel, and command buffers off; a trace summary each.
@@ -46,6 +48,11 @@ case $stage in
     XLA_FLAGS=$(echo ${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=+COLLECTIVES) PYTHONPATH=. python3 -m jspec.cli \
         bench step --model-path random:qwen3-8b --batch-sizes 1,32 --context-lens 1024 --tp-size 2 \
         --output-file "$out/step_tp.jsonl" ;;
+  collectives)
+    PYTHONPATH=. python3 bench/tp_collectives.py --preset qwen3-8b --layers 2 --tp-size "$ngpu" \
+        --algorithms none,EAGLE3 --out "$out/tp_collectives_qwen3_8b.json"
+    PYTHONPATH=. python3 bench/tp_collectives.py --preset qwen3-next-80b-a3b --layers 4 --tp-size "$ngpu" \
+        --algorithms none,NEXTN --out "$out/tp_collectives_next.json" ;;
   step-8b-flags)
     i=0
     for flags in "" "--xla_gpu_enable_command_buffer=+COLLECTIVES" "--xla_gpu_enable_command_buffer=+COLLECTIVES $oneshot" \

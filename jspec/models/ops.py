@@ -271,21 +271,44 @@ def vocab_top_k(x, k: int, *, tp: int = 1):
 
 
 def vocab_take(x, ids, *, tp: int = 1):
-    """x[b, ids[b]] of x `[B, V]` (e.g. the sampled token's logprob). On a vocabulary split tp ways
-    the device holding each id reads it and one all-reduce of `[B]` shares it (XLA's own
-    partitioning of this gather collects whole rows at B = 1)."""
+    """`take_along_axis(x, ids, axis=-1)`: x `[..., V]`, ids `[..., K]` (the same leading axes) ->
+    `[..., K]` (e.g. the sampled token's logprob, a draft token's probability). On a vocabulary
+    split tp ways the device holding each id reads it and one all-reduce of `[..., K]` shares it
+    (XLA's own partitioning of this gather collected whole rows at B = 1)."""
     if tp == 1:
-        return jnp.take_along_axis(x, ids[:, None], axis=1)[:, 0]
+        return jnp.take_along_axis(x, ids, axis=-1)
 
     def local(x, ids):
         lid = ids - jax.lax.axis_index(TP) * x.shape[-1]
         mine = (lid >= 0) & (lid < x.shape[-1])
-        got = jnp.take_along_axis(x, jnp.where(mine, lid, 0)[:, None], axis=1)[:, 0]
+        got = jnp.take_along_axis(x, jnp.where(mine, lid, 0), axis=-1)
         return jax.lax.psum(jnp.where(mine, got, jnp.zeros((), x.dtype)), TP)
 
-    v = x.shape[-1]
-    x = x if v % tp == 0 else jnp.pad(x, ((0, 0), (0, -v % tp)))
-    return _per_device(local, tp, (_TOK2, _R), _R)(x, ids)
+    lead, v = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, v)
+    x2 = x2 if v % tp == 0 else jnp.pad(x2, ((0, 0), (0, -v % tp)))
+    out = _per_device(local, tp, (_TOK2, _R), _R)(x2, ids.reshape(x2.shape[0], -1))
+    return out.reshape(lead + ids.shape[-1:])
+
+
+def vocab_put(x, ids, vals, *, tp: int = 1):
+    """x `[..., V]` with `x[..., ids[..., k]] = vals[..., k]` (ids `[..., K]`, the same leading axes;
+    a repeated id must carry one value). On a vocabulary split tp ways each device writes the ids in
+    its slice: no collective."""
+    lead, v = x.shape[:-1], x.shape[-1]
+    x2, ids2, vals2 = x.reshape(-1, v), ids.reshape(-1, ids.shape[-1]), vals.reshape(-1, ids.shape[-1])
+    rows = jnp.arange(x2.shape[0])[:, None]
+    if tp == 1:
+        return x2.at[rows, ids2].set(vals2).reshape(x.shape)
+
+    def local(x, ids, vals):
+        lid = ids - jax.lax.axis_index(TP) * x.shape[-1]
+        lid = jnp.where((lid >= 0) & (lid < x.shape[-1]), lid, x.shape[-1])  # out of range: dropped
+        return x.at[rows, lid].set(vals, mode="drop")
+
+    x2 = x2 if v % tp == 0 else jnp.pad(x2, ((0, 0), (0, -v % tp)))
+    out = _per_device(local, tp, (_TOK2, _R, _R), _TOK2)(x2, ids2, vals2)
+    return out[:, :v].reshape(lead + (v,))
 
 
 def vocab_embed(table, ids, *, tp: int = 1):

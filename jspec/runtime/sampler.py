@@ -210,7 +210,7 @@ def sample(
     drawn = categorical(keys, jnp.log(probs), tp=vocab_shards)
     greedy_tokens = ops.vocab_argmax(logits, tp=vocab_shards)
     tokens = jnp.where(_greedy_rows(batch), greedy_tokens, drawn).astype(jnp.int32)
-    chosen = ops.vocab_take(logprobs, tokens, tp=vocab_shards)
+    chosen = ops.vocab_take(logprobs, tokens[:, None], tp=vocab_shards)[:, 0]
     if num_top_logprobs > 0:
         # lax.top_k lists equal values lower index first, like every other tie here.
         top_logprobs, top_ids = ops.vocab_top_k(logprobs, num_top_logprobs, tp=vocab_shards)

@@ -237,7 +237,7 @@ def input_logprobs(target, hidden, next_ids, temperature, num_top: int):
     def block(args):
         h, nxt, tb = args
         lp = sampling.logprobs_at_temperature(target.compute_logits(h), tb)
-        chosen = jnp.take_along_axis(lp, jnp.maximum(nxt, 0)[:, None], axis=1)[:, 0]
+        chosen = ops.vocab_take(lp, jnp.maximum(nxt, 0)[:, None], tp=target.tp_size)[:, 0]
         if num_top > 0:
             top_lp, top_ids = ops.vocab_top_k(lp, num_top, tp=target.tp_size)
         else:

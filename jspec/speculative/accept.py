@@ -46,7 +46,7 @@ def chain(logits, d, q_all, sb: sampling.SamplingBatch, greedy, key_fn, *, sort,
     rep = jax.tree_util.tree_map(lambda f: jnp.repeat(f, n_nodes, axis=0), sb)
     p_all = sampling.filtered_probs(logits.reshape(b * n_nodes, vocab), rep, sort=sort, tp=tp)
     p_all = p_all.reshape(b, n_nodes, vocab)
-    p_d = jnp.take_along_axis(p_all[:, :s], d[:, :, None], axis=2)[:, :, 0]  # p(j)[d(j+1)]
+    p_d = ops.vocab_take(p_all[:, :s], d[:, :, None], tp=tp)[:, :, 0]  # p(j)[d(j+1)]
     q_d = jnp.ones_like(p_d) if q_all is None else jnp.take_along_axis(q_all, d[:, :, None], axis=2)[:, :, 0]
     u = jnp.stack([jax.vmap(lambda kk: jax.random.uniform(kk))(key_fn(j)) for j in range(s)], axis=1)
     keep = (u * q_d < p_d) & proposed  # u < p / q without dividing by a possibly tiny q

@@ -25,10 +25,11 @@ from jspec.models import ops
 from jspec.runtime import sampler as sampling
 
 
-def penalise_nodes(logits, sb: sampling.SamplingBatch, counts, prompt_mask, tokens, ancestors):
+def penalise_nodes(logits, sb: sampling.SamplingBatch, counts, prompt_mask, tokens, ancestors, *, tp: int = 1):
     """logits `[B, N, V]` (float32), counts `[B, V]` / prompt_mask `[B, V]` (the rows' slots),
-    tokens `[B, N]` (node 0 the root), ancestors `[B, N, N]` (row j: j and its ancestors).
-    Returns the penalised logits `[B, N, V]`."""
+    tokens `[B, N]` (node 0 the root), ancestors `[B, N, N]` (row j: j and its ancestors); tp: the
+    vocabulary's split (the few entries are read and written where they live, `ops.vocab_take` /
+    `ops.vocab_put`). Returns the penalised logits `[B, N, V]`."""
     b, n, _ = logits.shape
     base = jax.vmap(lambda x: sampling.apply_penalties(x, sb, counts, prompt_mask), in_axes=1, out_axes=1)(logits)
     if n == 1:
@@ -38,15 +39,13 @@ def penalise_nodes(logits, sb: sampling.SamplingBatch, counts, prompt_mask, toke
     # m[b, j, i]: how often draft i's token occurs on node j's path (0: it does not, whatever i is).
     same = tokens[:, 1:, None] == tokens[:, None, 1:]  # [B, N-1, N-1]
     m = jnp.sum(same[:, None, :, :] & on[:, :, None, :], axis=-1)
-    raw = jnp.take_along_axis(logits, tok, axis=2)
-    count = jnp.take_along_axis(jnp.broadcast_to(counts[:, None, :], (b, n, counts.shape[1])), tok, axis=2) + m
+    raw = ops.vocab_take(logits, tok, tp=tp)
+    count = ops.vocab_take(counts, tok.reshape(b, n * (n - 1)), tp=tp).reshape(b, n, n - 1) + m
     rep = sb.repetition_penalty[:, None, None]
     val = jnp.where(raw > 0, raw / rep, raw * rep)  # the token is in the output now: repetition applies
     val = val - sb.frequency_penalty[:, None, None] * count.astype(val.dtype) - sb.presence_penalty[:, None, None]
-    new = jnp.where(m > 0, val, jnp.take_along_axis(base, tok, axis=2))
-    rows = jnp.arange(b)[:, None, None]
-    nodes = jnp.arange(n)[None, :, None]
-    return base.at[rows, nodes, tok].set(new)
+    new = jnp.where(m > 0, val, ops.vocab_take(base, tok, tp=tp))
+    return ops.vocab_put(base, tok, new, tp=tp)
 
 
 def chain_ancestors(batch: int, n: int):
@@ -61,7 +60,7 @@ def path_logprobs(path_logits, emitted, sb: sampling.SamplingBatch, num_top: int
     b, m, v = path_logits.shape
     rep = jax.tree_util.tree_map(lambda f: jnp.repeat(f, m, axis=0), sb)
     lp = sampling.processed_logprobs(path_logits.reshape(b * m, v), rep)
-    chosen = jnp.take_along_axis(lp, jnp.clip(emitted.reshape(-1, 1), 0, v - 1), axis=1).reshape(b, m)
+    chosen = ops.vocab_take(lp, jnp.clip(emitted.reshape(-1, 1), 0, v - 1), tp=vocab_shards).reshape(b, m)
     if num_top > 0:
         top_lp, top_ids = ops.vocab_top_k(lp, num_top, tp=vocab_shards)
     else:

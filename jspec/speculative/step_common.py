@@ -162,7 +162,7 @@ def penalised(c: SpecStep, logits, tokens, ancestors, depth=None):
     a tree's node depths; None: a chain's, the node index), and under the grammar masks of the
     first M nodes when the bucket has them."""
     out = penalties.penalise_nodes(logits.astype(jnp.float32), c.sb, c.state.output_counts[c.slots],
-                                   c.state.prompt_mask[c.slots], tokens, ancestors)
+                                   c.state.prompt_mask[c.slots], tokens, ancestors, tp=c.target.tp_size)
     depth = jnp.arange(out.shape[1])[None, :] if depth is None else depth
     out = sampling.hold_stops(out, c.sb.step[:, None] + depth, c.x["min_new"], c.x["held_stops"])
     if "vocab_mask" in c.x:

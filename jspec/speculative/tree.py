@@ -85,7 +85,7 @@ def walk(logits, tokens, parents, sb: sampling.SamplingBatch, greedy, key_fn, ma
         g_ok = jnp.any(g_match, axis=1)
         # Sampling: try the children in order against the residual of the current node.
         p_cur = p_all[rows, cur]  # [B, V]
-        p_tok = jnp.take_along_axis(p_cur, tokens, axis=1)  # [B, N]: p(child token) at this node
+        p_tok = ops.vocab_take(p_cur, tokens, tp=tp)  # [B, N]: p(child token) at this node
         chosen = jnp.full((b,), -1, jnp.int32)
         rm = jnp.zeros((b,), jnp.float32)
         rej = jnp.zeros((b, n_nodes), bool)

@@ -192,10 +192,11 @@ def test_vocab_reductions_stay_on_each_device(tp, vocab):
 
 @pytest.mark.parametrize("tp,vocab", [(2, 64), (4, 62)])
 def test_vocab_lookups_read_each_id_on_its_device(tp, vocab):
-    """The embedding lookup over a row-split table and the read of each row's chosen entry
-    (`ops.vocab_embed`, `ops.vocab_take`) equal `jnp.take` / `take_along_axis`, at batch 1 too (where
-    XLA's GPU partitioning of a plain gather collected the whole table), with ids in every slice
-    and 2-D ids (training's [B, T]); the compiled programs move only all-reduces."""
+    """The embedding lookup over a row-split table, the read of each row's chosen entries and their
+    write (`ops.vocab_embed`, `ops.vocab_take`, `ops.vocab_put`) equal `jnp.take` /
+    `take_along_axis` / a scatter, at batch 1 too (where XLA's GPU partitioning of a plain gather
+    collected the whole table), with ids in every slice and 2-D ids (training's [B, T]); the
+    compiled programs move only all-reduces."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from jspec.sharding import TP, make_mesh
@@ -212,10 +213,18 @@ def test_vocab_lookups_read_each_id_on_its_device(tp, vocab):
             np.testing.assert_array_equal(np.asarray(fn(ts, ids)), table[ids])
             assert "all-gather" not in fn.lower(ts, ids).compile().as_text()
         for rows in (1, 3):
-            ids = np.array([vocab - 1, 0, 32][:rows])
+            ids = np.array([[vocab - 1, 0], [0, 1], [32, 31]][:rows])
             fn = jax.jit(lambda v, i: ops.vocab_take(v[:, :vocab], i, tp=tp))
-            np.testing.assert_array_equal(np.asarray(fn(xs[:rows], ids)), x[np.arange(rows), ids])
+            np.testing.assert_array_equal(np.asarray(fn(xs[:rows], ids)), np.take_along_axis(x[:rows], ids, axis=1))
             assert "all-gather" not in fn.lower(xs[:rows], ids).compile().as_text()
+            # Written where they live: vocab_put equals a scatter, leading axes kept ([1, R, V]).
+            vals = -np.arange(ids.size, dtype=np.float32).reshape(ids.shape) - 1
+            put = jax.jit(lambda v, i, w: ops.vocab_put(v[None, :, :vocab], i[None], w[None], tp=tp))
+            want = x[:rows, :vocab].copy()
+            want[np.arange(rows)[:, None], ids] = vals
+            np.testing.assert_array_equal(np.asarray(put(xs[:rows], ids, vals))[0], want)
+            if vocab % tp == 0:  # else the result's uneven split is XLA's to lay out, with a gather
+                assert "all-gather" not in put.lower(xs[:rows], ids, vals).compile().as_text()
 
 
 def test_convert_for_a_split_restores_straight_to_the_devices(tmp_path, tiny_checkpoint):
