@@ -157,9 +157,6 @@ class EngineConfig:
         if grammar_backend is not None and grammar_backend not in GRAMMAR_BACKENDS:
             raise ConfigError(f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)} or None, "
                               f"got {grammar_backend!r}")
-        if grammar_backend is not None and spec is not None and tp > 1:
-            # The split speculative step carries the pools between its parts on one device only.
-            raise ConfigError(f"grammar_backend with speculative decoding needs tp_size 1, got {tp}")
         if schedule_policy not in SCHEDULE_POLICIES:
             raise ConfigError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, got {schedule_policy!r}")
         if mem_fraction_static is not None and not 0.0 < float(mem_fraction_static) <= 1.0:

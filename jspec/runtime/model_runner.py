@@ -87,8 +87,8 @@ class ModelRunner:
                 return {}
             if drafting is None or not speculate:  # one sampled token per row
                 # A plain engine's decode step runs split (forward, then sampling with the masks) so
-                # the masks are filled while the forward runs; on one device (split_step.lower).
-                split = decode and drafting is None and model.tp_size == 1
+                # the masks are filled while the forward runs (split_step.lower).
+                split = decode and drafting is None
                 return dict(grammar_nodes=1, mask_words=words, grammar_split=split)
             nodes, depth = drafting.grammar_nodes(steps)
             return dict(grammar_nodes=nodes, grammar_depth=depth, mask_words=words, grammar_split=True)
@@ -228,8 +228,8 @@ class ModelRunner:
         with ops.tensor_parallel(self.mesh):
             if bucket.grammar_split:  # two parts (split_step.py)
                 return split_step.lower(self.step_fn(bucket), self.step_fn(split_step.without_grammar(bucket)),
-                                        bucket, self.params, state, packed,
-                                        out_shardings=out_shardings, sharding=self._replicated)
+                                        bucket, self.params, state, packed, out_shardings=out_shardings,
+                                        sharding=self._replicated, tp=self.model.tp_size)
             return jax.jit(self.step_fn(bucket), donate_argnums=(1,), out_shardings=out_shardings).lower(
                 self.params, state, packed, *mask)
 

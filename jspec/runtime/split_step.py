@@ -26,8 +26,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jspec.runtime import grammar
+from jspec.sharding import TP
 from jspec.runtime.step import SplitSample
 from jspec.runtime.step_inputs import Bucket
 
@@ -74,23 +76,32 @@ def without_grammar(bucket: Bucket) -> Bucket:
     return dataclasses.replace(bucket, grammar_nodes=0, mask_words=0, grammar_split=False, grammar_depth=0)
 
 
-def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings, sharding):
+def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings, sharding, tp: int = 1):
     """(lowered first part, lowered second part, lowered fused step) of a split step and its fused
-    twin's step function against abstract arguments. One device: every carried array lives there
-    (a split target's carry would need the pools' shardings)."""
+    twin's step function against abstract arguments. The carry keeps each array's place: the
+    state's buffers as the device state holds them (a split target's pools split), a plain step's
+    logits split by vocabulary as the forward leaves them (when the vocabulary divides by tp),
+    everything else (small) replicated."""
     masks = jax.ShapeDtypeStruct((bucket.batch_size, bucket.grammar_nodes, bucket.mask_words), jnp.int32,
                                  sharding=sharding)
     lowered_fused = jax.jit(fused, donate_argnums=(1,), out_shardings=out_shardings).lower(params, state, packed)
+    state_sh = out_shardings[0]
     if isinstance(split, SplitSample):
-        forward = jax.jit(split.forward, donate_argnums=(1,), out_shardings=out_shardings)
         _, logits = jax.eval_shape(split.forward, params, state, packed)
-        logits = jax.ShapeDtypeStruct(logits.shape, logits.dtype, sharding=sharding)
+        vocab = NamedSharding(sharding.mesh, P(None, TP)) if logits.shape[-1] % tp == 0 else sharding
+        forward = jax.jit(split.forward, donate_argnums=(1,), out_shardings=(state_sh, vocab))
+        logits = jax.ShapeDtypeStruct(logits.shape, logits.dtype, sharding=vocab)
         sample = jax.jit(split.sample, donate_argnums=(1,), out_shardings=out_shardings)
         return forward.lower(params, state, packed), sample.lower(params, state, packed, logits, masks), lowered_fused
-    draft = jax.jit(split.draft, donate_argnums=(1,))
+    buffers, rest, view = jax.eval_shape(split.draft, params, state, packed)
+    pools = ("caches", "draft_caches", "spec_state")  # the buffers travel as the device state holds them
+    buffer_sh = {k: getattr(state_sh, k) if k in pools else dataclasses.replace(state_sh, **{p: None for p in pools})
+                 for k in buffers}
+    rest_sh = jax.tree.map(lambda _: sharding, rest)
+    draft = jax.jit(split.draft, donate_argnums=(1,), out_shardings=(buffer_sh, rest_sh, sharding))
     lowered_draft = draft.lower(params, state, packed)
-    *carry, _ = jax.eval_shape(split.draft, params, state, packed)
-    carry = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), carry)
+    place = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
+    buffers, rest = jax.tree.map(place, buffers, buffer_sh), jax.tree.map(place, rest, rest_sh)
     decisions = jax.ShapeDtypeStruct((bucket.grammar_size,), jnp.int32, sharding=sharding)
     verify = jax.jit(split.verify, donate_argnums=(1,), out_shardings=out_shardings)
-    return lowered_draft, verify.lower(params, *carry, decisions, masks), lowered_fused
+    return lowered_draft, verify.lower(params, buffers, rest, decisions, masks), lowered_fused

@@ -201,7 +201,8 @@ def test_outputs_follow_regex_json_schema_and_ebnf(engine):
 def test_masks_are_filled_while_the_next_forward_runs(engine):
     """With overlap, a constrained decode step launches its forward before the loop reads the step
     before it (whose token the grammar must consume before it can give the next mask), and the
-    text is that of the loop without overlap."""
+    text is that of the loop without overlap on the target split over 2 devices (its split step
+    hands the vocabulary-split logits from the forward to the sampling part)."""
     unread = []  # per launched forward: whether the step before it was still unread
     core, firsts = engine.core, {}
     for exe in engine.runner.compiled.values():
@@ -216,8 +217,9 @@ def test_masks_are_filled_while_the_next_forward_runs(engine):
             exe.first = first
     assert re.fullmatch(REGEX, out["text"])
     assert len(unread) >= len(out["output_ids"]) - 2 and all(unread), unread  # each launched with the last unread
-    with Engine(engine.model.path, page_size=4, chunked_prefill_size=16, context_length=96,
+    with Engine(engine.model.path, page_size=4, chunked_prefill_size=16, context_length=96, tp_size=2,
                 grammar_backend="llguidance", disable_overlap_schedule=True, **SMALL) as v1:
+        assert any(isinstance(e, SplitExecutable) for e in v1.runner.compiled.values())
         assert v1.generate(input_ids=_ids("go"), sampling_params=sp)["output_ids"] == out["output_ids"]
 
 
@@ -281,9 +283,11 @@ def test_structured_output_needs_a_backend(engine):
 
 
 def test_eagle3_drafts_under_a_grammar_equal_the_plain_engine_and_are_accepted():
-    """The shipped tiny Qwen3 + EAGLE3, greedy under a JSON schema and a regex: the same text as the
-    plain engine, in far fewer verify steps than tokens (forced runs and the drafter's own
-    proposals, each checked against the grammar along its path)."""
+    """The shipped tiny Qwen3 + EAGLE3 on the target split over 2 devices, greedy under a JSON
+    schema and a regex: the same text as the unsplit plain engine, in far fewer verify steps than
+    tokens (forced runs and the drafter's own proposals, each checked against the grammar along its
+    path; the split step carries the split pools between its parts). Unsplit, every drafter:
+    tests/jspec/speculative/test_spec_penalties_logprobs.py."""
     from jspec.tiny import tiny_dir
 
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
@@ -299,7 +303,7 @@ def test_eagle3_drafts_under_a_grammar_equal_the_plain_engine_and_are_accepted()
         want = eng.generate(prompt=prompts, sampling_params=sp)
     with Engine(tiny_dir("qwen3"), speculative_algorithm="EAGLE3", speculative_draft_model_path=tiny_dir("qwen3-eagle3"),
                 speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4,
-                speculative_adaptive=False, **settings) as eng:
+                speculative_adaptive=False, tp_size=2, **settings) as eng:
         got = eng.generate(prompt=prompts, sampling_params=sp)
         check_no_leaks(eng)
     assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
