@@ -29,9 +29,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jspec.runtime import grammar
-from jspec.sharding import TP
 from jspec.runtime.step import SplitSample
 from jspec.runtime.step_inputs import Bucket
+from jspec.sharding import TP
 
 
 class SplitExecutable:
