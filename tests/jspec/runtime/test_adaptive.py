@@ -117,26 +117,6 @@ def test_policy_picks_the_draft_length_with_the_most_tokens_per_second():
                                              "spec": 2500.0, "speculate": True, "best_num_drafts": 3}
 
 
-@pytest.mark.parametrize("name", ["eagle3", "eagle3_tree", "nextn_hybrid", "standalone", "ngram", "dflash"])
-def test_every_draft_length_keeps_greedy_output(name, plain_outputs):
-    """Decode steps that cycle through plain, every shorter variant and the configured step (for a
-    3-step chain: 0, 1, 2 and 3 drafts per request; a 3-deep tree of topk 2 and 5 nodes: trees 1
-    and 2 deep of 3 and 5 nodes; a DFlash block verifies its first 1 or S // 2 drafts) give the
-    target's greedy text, and each variant ran (the policy's own choice is replaced by the cycle)."""
-    path, spec = DRAFTERS[name]
-    with Engine(path, **{**SMALL, "cuda_graph_bs": [4]}, **spec) as eng:
-        shorter = eng.runner.drafting.shorter_chains
-        ks = [0, *shorter, eng.policy.max_drafts]
-        cycle = itertools.cycle(ks)
-        ran = []
-        eng.policy.choose = lambda b, n: ran.append(next(cycle)) or ran[-1]
-        got = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=SP)]
-        kinds = {(b.speculate, b.draft_steps) for b in eng.runner.buckets if b.mode.value == "decode"}
-    assert len(shorter) >= 2 and kinds == {(False, 0), (True, 0), *((True, k) for k in shorter)}
-    assert set(ran) == set(ks)
-    assert got == plain_outputs[path]
-
-
 def test_policy_knobs_are_validated():
     with pytest.raises(ConfigError, match="speculative_disable_by_batch_size=0"):
         Engine(QWEN3, **SMALL, speculative_algorithm="NGRAM", speculative_disable_by_batch_size=0)
@@ -145,6 +125,7 @@ def test_policy_knobs_are_validated():
 
 
 ONE = {**SMALL, "cuda_graph_bs": [1], "max_running_requests": 1}
+PLAIN_SP = {"max_new_tokens": 12, "temperature": 0}
 
 
 def _drafter_view(eng, length: int) -> dict:
@@ -163,26 +144,67 @@ def _drafter_view(eng, length: int) -> dict:
     return view
 
 
+@pytest.fixture(scope="module")
+def adaptive_runs():
+    """`adaptive_runs(name)`: one adaptive engine per drafter (every variant compiled, batch 1),
+    run twice with the policy's choice replaced: cycling through plain, every shorter variant and
+    the configured step over PROMPTS; then plain steps only for PROMPTS[0] (prefix cache flushed
+    first), with the drafter's view after it. Shared by the two tests below (one engine each)."""
+    done = {}
+
+    def run(name):
+        if name not in done:
+            path, spec = DRAFTERS[name]
+            with Engine(path, **ONE, **spec) as eng:  # speculative_adaptive is on by default
+                shorter = eng.runner.drafting.shorter_chains
+                ks = [0, *shorter, eng.policy.max_drafts]
+                cycle, ran = itertools.cycle(ks), []
+                eng.policy.choose = lambda b, n: ran.append(next(cycle)) or ran[-1]
+                got = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=SP)]
+                kinds = {(b.speculate, b.draft_steps) for b in eng.runner.buckets if b.mode.value == "decode"}
+                assert eng.flush_cache()
+                before = eng.get_server_info()["num_steps"]["decode"]
+                eng.policy.choose = lambda b, n: 0
+                plain = eng.generate(input_ids=PROMPTS[0], sampling_params=PLAIN_SP)["output_ids"]
+                plain_steps = eng.get_server_info()["num_steps"]["decode"] - before
+                view = _drafter_view(eng, len(PROMPTS[0]) + len(plain) - 1)
+            done[name] = dict(shorter=shorter, ks=ks, ran=ran, got=got, kinds=kinds, plain=plain,
+                              plain_steps=plain_steps, view=view)
+        return done[name]
+
+    return run
+
+
+@pytest.mark.parametrize("name", ["eagle3", "eagle3_tree", "nextn_hybrid", "standalone", "ngram", "dflash"])
+def test_every_draft_length_keeps_greedy_output(name, plain_outputs, adaptive_runs):
+    """Decode steps that cycle through plain, every shorter variant and the configured step (for a
+    3-step chain: 0, 1, 2 and 3 drafts per request; a 3-deep tree of topk 2 and 5 nodes: trees 1
+    and 2 deep of 3 and 5 nodes; a DFlash block verifies its first 1 or S // 2 drafts) give the
+    target's greedy text, and each variant ran (the policy's own choice is replaced by the cycle)."""
+    r = adaptive_runs(name)
+    assert len(r["shorter"]) >= 2 and r["kinds"] == {(False, 0), (True, 0), *((True, k) for k in r["shorter"])}
+    assert set(r["ran"]) == set(r["ks"])
+    assert r["got"] == plain_outputs[DRAFTERS[name][0]]
+
+
 @pytest.mark.parametrize("name", list(DRAFTERS))
-def test_a_plain_step_leaves_the_drafter_as_a_rejected_speculation_would(name):
+def test_a_plain_step_leaves_the_drafter_as_a_rejected_speculation_would(name, adaptive_runs):
     """A speculative step whose drafts are all rejected (simulated accept length 1) and a plain
     step both commit one sampled token; the drafter must then carry exactly the same thing (KV of
     every accepted position, proposals, hidden, history), or switching back would draft from a
-    state the target never produced."""
+    state the target never produced. The plain steps: `adaptive_runs`' second run."""
     path, spec = DRAFTERS[name]
-    ids, sp = PROMPTS[0], {"max_new_tokens": 12, "temperature": 0}
-    views, outs = [], []
-    for policy in (dict(speculative_simulate_accept_length=1.0), dict(speculative_disable_by_batch_size=1)):
-        with Engine(path, **ONE, **spec, speculative_adaptive=False, **policy) as eng:
-            outs.append(eng.generate(input_ids=ids, sampling_params=sp)["output_ids"])
-            info = eng.get_server_info()
-            # The last output token is the next step's input, not in any cache yet.
-            views.append(_drafter_view(eng, len(ids) + len(outs[-1]) - 1))
-        assert info["num_steps"]["spec" if "speculative_simulate_accept_length" in policy else "decode"] >= 10
-    assert outs[0] == outs[1]
-    assert views[0].keys() == views[1].keys() and views[0]
-    for key in views[0]:
-        np.testing.assert_allclose(views[1][key], views[0][key], rtol=2e-5, atol=2e-5, err_msg=f"{name}: {key}")
+    ids = PROMPTS[0]
+    with Engine(path, **ONE, **spec, speculative_adaptive=False, speculative_simulate_accept_length=1.0) as eng:
+        out = eng.generate(input_ids=ids, sampling_params=PLAIN_SP)["output_ids"]
+        assert eng.get_server_info()["num_steps"]["spec"] >= 10
+        # The last output token is the next step's input, not in any cache yet.
+        rejected = _drafter_view(eng, len(ids) + len(out) - 1)
+    plain = adaptive_runs(name)
+    assert plain["plain_steps"] >= 10 and out == plain["plain"]
+    assert rejected.keys() == plain["view"].keys() and rejected
+    for key in rejected:
+        np.testing.assert_allclose(plain["view"][key], rejected[key], rtol=2e-5, atol=2e-5, err_msg=f"{name}: {key}")
 
 
 def test_plain_steps_sample_too():
