@@ -86,10 +86,9 @@ class ModelRunner:
             if not grammar:
                 return {}
             if drafting is None or not speculate:  # one sampled token per row
-                # A plain engine's decode step runs split (forward, then sampling with the masks) so
-                # the masks are filled while the forward runs (split_step.lower).
-                split = decode and drafting is None
-                return dict(grammar_nodes=1, mask_words=words, grammar_split=split)
+                # A decode step runs split (the forward, then sampling with the masks) so the masks
+                # are filled while the forward runs (split_step.py); prompt chunks take them whole.
+                return dict(grammar_nodes=1, mask_words=words, grammar_split=decode)
             nodes, depth = drafting.grammar_nodes(steps)
             return dict(grammar_nodes=nodes, grammar_depth=depth, mask_words=words, grammar_split=True)
 
@@ -271,7 +270,7 @@ class ModelRunner:
                 exe = lowered[b].compile()
             else:
                 first, second, fused = (part.compile() for part in lowered[b])
-                exe = SplitExecutable(first, second, fused, b, self._replicated)
+                exe = SplitExecutable(first, second, fused, b, self._replicated, plain=self.drafting is None)
             return b, exe, time.perf_counter() - t
 
         if self._seeds:

@@ -6,7 +6,9 @@ work a constrained row needs overlaps the device.
   (`jspec.runtime.grammar.draft_inputs`) and launches the rest with its decisions and masks. The
   parts hand over one carry of device arrays (`jspec.speculative.step_common.carry`).
 - Plain decode (`jspec.runtime.step.SplitSample`): the forward runs first; the sampling half takes
-  the masks (`jspec.runtime.grammar.step_inputs`).
+  the masks (`jspec.runtime.grammar.step_inputs`). A speculative engine's plain step
+  (`jspec.speculative.plain_step`) splits the same way, after its target forward, as a
+  `SplitStep` with no drafts (the host walks each constrained row's root only).
 
 With overlap, the loop launches the first part before it reads the previous step, whose tokens
 the grammars must consume before they can answer (`ModelRunner.dispatch`'s `between`), so the
@@ -37,10 +39,12 @@ from jspec.sharding import TP
 class SplitExecutable:
     """The compiled parts of one bucket's split step (first, second) and its fused twin."""
 
-    def __init__(self, first, second, fused, bucket: Bucket, sharding):
+    def __init__(self, first, second, fused, bucket: Bucket, sharding, *, plain: bool):
+        """plain: a plain engine's step (a SplitSample: the carry is the state and the logits);
+        else a speculative engine's (`step_common.SplitStep`, its plain steps included)."""
         self.first, self.second, self.fused = first, second, fused
         self.bucket, self.sharding = bucket, sharding
-        self.plain = bucket.grammar_nodes == 1  # one sampled token per row: a SplitSample
+        self.plain = plain
 
     def begin(self, params, state, packed):
         """Launch the first part (it needs nothing from the host) -> its carry."""

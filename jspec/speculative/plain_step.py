@@ -72,4 +72,5 @@ def make_plain_spec_step(kind: str, graphdef, draft_graphdef, bucket: Bucket, *,
     that both index a request's key stream the same way (a step whose first output has index i
     uses keys i * num_keys + k) and no key is ever drawn twice."""
     start = begin(bucket, graphdef, draft_graphdef, page_size=page_size, num_keys=num_keys)
-    return compose(start, phases(kind, num_drafts=num_drafts), rows)
+    # Split for structured output after the target's forward: the masks are filled meanwhile.
+    return compose(start, phases(kind, num_drafts=num_drafts), rows, split_after="verify")

@@ -249,11 +249,12 @@ class SplitStep:
     verify: Callable
 
 
-def compose(start, phases: list[Phase], rows: SpecRows):
+def compose(start, phases: list[Phase], rows: SpecRows, *, split_after: str = "draft"):
     """The engine's step: start, every phase in order, finish (output rows laid out as `rows`).
-    A bucket with `grammar_split` gets the `SplitStep` of the same phases."""
+    A bucket with `grammar_split` gets the `SplitStep` of the same phases, its first part ending
+    with the phase named split_after (the drafts; a plain step's target forward)."""
     if start.bucket.grammar_split:
-        return _split(start, phases, rows)
+        return _split(start, phases, rows, split_after)
 
     def step(params, state: DeviceState, packed, vocab_mask=None):
         c = start(params, state, packed, vocab_mask)
@@ -264,12 +265,15 @@ def compose(start, phases: list[Phase], rows: SpecRows):
     return step
 
 
-def _split(start, phases: list[Phase], rows: SpecRows) -> SplitStep:
-    assert phases[0][0] == "draft", [name for name, _ in phases]
+def _split(start, phases: list[Phase], rows: SpecRows, split_after: str) -> SplitStep:
+    names = [name for name, _ in phases]
+    assert names[0] == "draft" and split_after in names, names
+    cut = names.index(split_after) + 1
 
     def draft(params, state: DeviceState, packed):
         c = start(params, state, packed)
-        phases[0][1](c)
+        for _, phase in phases[:cut]:
+            phase(c)
         parents = c.scratch.get("parents")
         if parents is None:  # a chain: node j's parent is j - 1
             parents = verify.chain_parents(*c.drafts.shape[:1], c.drafts.shape[1] + 1)
@@ -278,7 +282,7 @@ def _split(start, phases: list[Phase], rows: SpecRows) -> SplitStep:
     def verify_(params, buffers: dict, rest: dict, grammar, masks):
         c = start.resume(params, buffers, rest)
         apply_grammar(c, grammar, masks)
-        for _, phase in phases[1:]:
+        for _, phase in phases[cut:]:
             phase(c)
         return finish(c, rows)
 

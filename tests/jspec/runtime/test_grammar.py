@@ -223,6 +223,27 @@ def test_masks_are_filled_while_the_next_forward_runs(engine):
         assert v1.generate(input_ids=_ids("go"), sampling_params=sp)["output_ids"] == out["output_ids"]
 
 
+def test_a_speculative_engines_plain_steps_fill_masks_while_the_forward_runs(engine):
+    """A speculative engine's plain steps (the adaptive policy's choice at large batches) also run
+    split under a grammar: the target forward launches before the loop reads the step in flight,
+    and the constrained text equals the plain engine's."""
+    sp = {"max_new_tokens": 24, "temperature": 0, "regex": REGEX}
+    want = engine.generate(input_ids=_ids("go"), sampling_params=sp)["output_ids"]
+    with Engine(engine.model.path, page_size=4, chunked_prefill_size=16, context_length=96,
+                grammar_backend="llguidance", speculative_algorithm="NGRAM", speculative_num_draft_tokens=4,
+                **{**SMALL, "cuda_graph_bs": [1], "speculative_adaptive": True}) as eng:
+        eng.policy.choose = lambda b, n: 0  # plain steps only
+        unread, core = [], eng.core
+        for b, exe in eng.runner.compiled.items():
+            if isinstance(exe, SplitExecutable) and not b.speculate:
+                exe.first = lambda *a, _f=exe.first: (unread.append(core.pending is not None), _f(*a))[1]
+        out = eng.generate(input_ids=_ids("go"), sampling_params=sp)
+        info = eng.get_server_info()
+        check_no_leaks(eng)
+    assert out["output_ids"] == want and re.fullmatch(REGEX, out["text"])
+    assert info["num_steps"]["spec"] == 0 and len(unread) >= len(want) - 2 and all(unread), unread
+
+
 def test_a_read_that_fails_between_the_parts_leaves_the_engine_serving(engine):
     """The previous step is read between a split step's parts, after the first part took the device
     state: when that read raises, the step still completes, the requests fail with the error named,
