@@ -85,13 +85,14 @@ def test_logprob_start_len_is_checked(setup):
 
 def test_a_speculative_engine_reports_the_same_input_logprobs(setup, tiny_checkpoint):
     """The prompt chunks of a speculative engine (NGRAM: no drafter weights to load) run the same
-    step with the drafter's part added: the same input logprobs, beside speculated outputs."""
+    step with the drafter's part added: the same input logprobs, beside speculated outputs; on a
+    target split over 2 devices (each token's logprob read where its vocabulary slice lives)."""
     _, hf = setup
     p = tm.random_ids(17, seed=8)
     want, _ = _oracle(hf, p)
     with Engine(tiny_checkpoint("qwen3", 77), page_size=4, chunked_prefill_size=8, context_length=64,
                 enable_input_logprobs=True, speculative_algorithm="NGRAM", speculative_num_steps=2,
-                speculative_num_draft_tokens=3, **SMALL) as eng:
+                speculative_num_draft_tokens=3, tp_size=2, **SMALL) as eng:
         out = eng.generate(input_ids=p, sampling_params={"max_new_tokens": 4, "temperature": 0}, logprob_start_len=3)
         check_no_leaks(eng)
     got = out["meta_info"]["input_token_logprobs"]
