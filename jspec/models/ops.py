@@ -220,11 +220,19 @@ def moe_gather(x, experts, weights, gate_up, down, *, tp: int = 1, expert_parall
 # step far more (measured in bench/README.md, "tensor parallelism").
 
 
-def _vocab_split(x, tp: int):
-    """x `[B, V]` padded with -inf to a multiple of tp (the padded columns were dropped from the
-    logits; -inf never outranks a real entry)."""
+def _vocab_split(x, tp: int, fill=-jnp.inf):
+    """x `[B, V]` padded with fill to a multiple of tp (the padded columns were dropped from the
+    logits; -inf never outranks a real entry, and no id reads or writes a padded column)."""
     v = x.shape[-1]
-    return x if v % tp == 0 else jnp.pad(x, ((0, 0), (0, -v % tp)), constant_values=-jnp.inf)
+    return x if v % tp == 0 else jnp.pad(x, ((0, 0), (0, -v % tp)), constant_values=fill)
+
+
+def _local_ids(ids, size: int):
+    """Inside a mapped function: (ids in this device's slice of `size` rows / columns, clipped to
+    0 outside it, and where they are inside)."""
+    lid = ids - jax.lax.axis_index(TP) * size
+    mine = (lid >= 0) & (lid < size)
+    return jnp.where(mine, lid, 0), mine
 
 
 def _all_rows(x):
@@ -279,36 +287,31 @@ def vocab_take(x, ids, *, tp: int = 1):
         return jnp.take_along_axis(x, ids, axis=-1)
 
     def local(x, ids):
-        lid = ids - jax.lax.axis_index(TP) * x.shape[-1]
-        mine = (lid >= 0) & (lid < x.shape[-1])
-        got = jnp.take_along_axis(x, jnp.where(mine, lid, 0), axis=-1)
+        lid, mine = _local_ids(ids, x.shape[-1])
+        got = jnp.take_along_axis(x, lid, axis=-1)
         return jax.lax.psum(jnp.where(mine, got, jnp.zeros((), x.dtype)), TP)
 
-    lead, v = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, v)
-    x2 = x2 if v % tp == 0 else jnp.pad(x2, ((0, 0), (0, -v % tp)))
+    x2 = _vocab_split(x.reshape(-1, x.shape[-1]), tp, 0)
     out = _per_device(local, tp, (_TOK2, _R), _R)(x2, ids.reshape(x2.shape[0], -1))
-    return out.reshape(lead + ids.shape[-1:])
+    return out.reshape(x.shape[:-1] + ids.shape[-1:])
 
 
 def vocab_put(x, ids, vals, *, tp: int = 1):
     """x `[..., V]` with `x[..., ids[..., k]] = vals[..., k]` (ids `[..., K]`, the same leading axes;
     a repeated id must carry one value). On a vocabulary split tp ways each device writes the ids in
     its slice: no collective."""
-    lead, v = x.shape[:-1], x.shape[-1]
+    v = x.shape[-1]
     x2, ids2, vals2 = x.reshape(-1, v), ids.reshape(-1, ids.shape[-1]), vals.reshape(-1, ids.shape[-1])
     rows = jnp.arange(x2.shape[0])[:, None]
     if tp == 1:
         return x2.at[rows, ids2].set(vals2).reshape(x.shape)
 
     def local(x, ids, vals):
-        lid = ids - jax.lax.axis_index(TP) * x.shape[-1]
-        lid = jnp.where((lid >= 0) & (lid < x.shape[-1]), lid, x.shape[-1])  # out of range: dropped
-        return x.at[rows, lid].set(vals, mode="drop")
+        lid, mine = _local_ids(ids, x.shape[-1])
+        return x.at[rows, jnp.where(mine, lid, x.shape[-1])].set(vals, mode="drop")  # not here: dropped
 
-    x2 = x2 if v % tp == 0 else jnp.pad(x2, ((0, 0), (0, -v % tp)))
-    out = _per_device(local, tp, (_TOK2, _R, _R), _TOK2)(x2, ids2, vals2)
-    return out[:, :v].reshape(lead + (v,))
+    out = _per_device(local, tp, (_TOK2, _R, _R), _TOK2)(_vocab_split(x2, tp, 0), ids2, vals2)
+    return out[:, :v].reshape(x.shape)
 
 
 def vocab_embed(table, ids, *, tp: int = 1):
@@ -320,9 +323,8 @@ def vocab_embed(table, ids, *, tp: int = 1):
         return jnp.take(table, ids, axis=0)
 
     def local(table, ids):
-        lid = ids - jax.lax.axis_index(TP) * table.shape[0]
-        mine = (lid >= 0) & (lid < table.shape[0])
-        rows = jnp.take(table, jnp.where(mine, lid, 0), axis=0)
+        lid, mine = _local_ids(ids, table.shape[0])
+        rows = jnp.take(table, lid, axis=0)
         return jax.lax.psum(jnp.where(mine[..., None], rows, jnp.zeros((), rows.dtype)), TP)
 
     return _per_device(local, tp, (P(TP, None), _R), _R)(table, ids)
