@@ -9,6 +9,11 @@ it can be set beside `nccl-tests`' all_reduce_perf for the same bytes.
 
     python3 bench/allreduce.py --out $OUT/allreduce.json [--sizes 8192,262144,2097152] [--chain 72]
 
+`--impl` picks the all-reduce: `psum` (XLA's, NCCL) or `oneshot` / `oneshot_handshake` (jspec's
+Mosaic GPU kernel reading every peer's buffer over NVLink, `pallas_kernels/all_reduce`); several, comma-separated, are timed in
+one run, the kernel checked against `psum`'s result. `--profile DIR` also writes a trace of each
+(implementation, size) point for `bench/trace_summary.py` (device time vs host overhead).
+
 Run it under different XLA / NCCL settings (e.g. NCCL_PROTO=LL, NCCL_ALGO=Ring|Tree,
 --xla_gpu_enable_nccl_user_buffers) to compare; each run records its environment.
 """
@@ -29,15 +34,27 @@ from jspec.bench.record import environment
 from jspec.sharding import TP, make_mesh
 
 
-def chain_fn(mesh, chain: int):
+def reducer(impl: str, n: int):
+    """The all-reduce `impl` of a per-device block under shard_map over the `tp` axis."""
+    if impl == "psum":
+        return lambda x: jax.lax.psum(x, TP)
+    from pallas_kernels.all_reduce.kernel import one_shot_all_reduce
+
+    if impl in ("oneshot", "oneshot_handshake"):
+        return lambda x: one_shot_all_reduce(x, TP, n, handshake=impl == "oneshot_handshake")
+    raise ValueError(f"--impl {impl!r}: psum, oneshot or oneshot_handshake")
+
+
+def chain_fn(mesh, chain: int, impl: str = "psum"):
     """x `[n * rows, cols]` sharded by rows -> after `chain` all-reduces, each fed the previous."""
+    reduce = reducer(impl, mesh.size)
 
     def body(x):
         for _ in range(chain):
-            x = jax.lax.psum(x, TP) * (1.0 / mesh.size)  # keeps the values bounded
+            x = reduce(x) * (1.0 / mesh.size)  # keeps the values bounded
         return x
 
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(TP), out_specs=P(TP)))
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(TP), out_specs=P(TP), check_vma=False))
 
 
 def time_chain(fn, x, reps: int = 20) -> float:
@@ -56,6 +73,8 @@ def main() -> None:
     p.add_argument("--sizes", default="8192,65536,262144,2097152,16777216", help="bytes per all-reduce")
     p.add_argument("--chain", type=int, default=72, help="dependent all-reduces per program (Qwen3-8B: 72)")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--impl", default="psum", help="psum, oneshot, oneshot_handshake; comma-separated")
+    p.add_argument("--profile", help="write a trace of each point under this folder")
     p.add_argument("--out")
     args = p.parse_args()
     mesh = make_mesh(args.tp_size)
@@ -63,13 +82,35 @@ def main() -> None:
     records = []
     for size in (int(s) for s in args.sizes.split(",")):
         cols = max(1, size // dtype.itemsize)
-        x = jax.device_put(jnp.ones((args.tp_size, cols), dtype), NamedSharding(mesh, P(TP)))
-        sec = time_chain(chain_fn(mesh, args.chain), x) / args.chain
-        n = args.tp_size
-        rec = {"bytes": cols * dtype.itemsize, "us_per_allreduce": sec * 1e6,
-               "bus_bandwidth_gb_s": 2 * (n - 1) / n * cols * dtype.itemsize / sec / 1e9}
-        records.append(rec)
-        print(f"{rec['bytes']:>10} B  {rec['us_per_allreduce']:8.1f} us  {rec['bus_bandwidth_gb_s']:8.1f} GB/s bus")
+        x = jax.random.normal(jax.random.key(0), (args.tp_size, cols), dtype)
+        x = jax.device_put(x, NamedSharding(mesh, P(TP)))
+        want = None
+        for impl in args.impl.split(","):
+            rec = {"impl": impl, "bytes": cols * dtype.itemsize}
+            try:
+                fn = chain_fn(mesh, args.chain, impl)
+                got = np.asarray(fn(x), np.float32)
+                if impl == "psum":
+                    want = got
+                elif want is not None:
+                    rec["max_abs_diff_vs_psum"] = float(np.abs(got - want).max())
+                sec = time_chain(fn, x) / args.chain
+                if args.profile:
+                    where = os.path.join(args.profile, f"{impl}_{rec['bytes']}")
+                    with jax.profiler.trace(where, create_perfetto_trace=True):
+                        for _ in range(5):
+                            fn(x).block_until_ready()
+            except Exception as e:  # one implementation failing must not lose the others' figures
+                rec["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+                print(f"{impl:>9} {rec['bytes']:>10} B  failed: {rec['error'][:400]}")
+                records.append(rec)
+                continue
+            n = args.tp_size
+            rec.update(us_per_allreduce=sec * 1e6,
+                       bus_bandwidth_gb_s=2 * (n - 1) / n * cols * dtype.itemsize / sec / 1e9)
+            records.append(rec)
+            print(f"{impl:>9} {rec['bytes']:>10} B  {rec['us_per_allreduce']:8.1f} us  "
+                  f"{rec['bus_bandwidth_gb_s']:8.1f} GB/s bus  {rec.get('max_abs_diff_vs_psum', '')}")
     out = {"command": "python3 bench/allreduce.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
                                                               vars(args).items() if k != "out" and v is not None),
            **environment(), "tp_size": args.tp_size, "chain": args.chain,

@@ -2,8 +2,8 @@
 # Tensor-parallel benchmarks of bench/README.md ("Tensor parallelism"), one stage per call so each
 # fits a 10-minute device command; results (JSONL / JSON + printed tables) under OUT.
 #   bench/tp_sweep.sh OUT allreduce | collectives | step-8b | step-8b-flags | next80b [ALGOS] | next80b-ep | llama70b
-# allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size: XLA's defaults (NCCL),
-#   NCCL's low-latency protocol, and XLA's one-shot all-reduce kernel over peer memory
+# allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size: XLA's defaults (NCCL)
+#   beside jspec's one-shot Mosaic GPU kernel over peer memory, NCCL's low-latency protocol, and XLA's one-shot all-reduce kernel over peer memory
 #   (--xla_gpu_unsupported_use_all_reduce_one_shot_kernel), beside the figure a TP step pays per layer.
 # step-8b (any multi-GPU kind): Qwen3-8B decode step at batch 1 / 32, TP1 vs TP2 (XLA's defaults,
 #   profiled and summarised) vs TP2 with collectives in the command buffers (+COLLECTIVES).
@@ -19,7 +19,8 @@
 # next80b-ep (nvidia-h200-x2): the same with expert parallelism (256 whole experts per GPU instead of
 #   every expert's half), v2 only: which MoE split serves the 512-expert model faster.
 # llama70b (the largest kind lent; on 2 x H200 the 140 GB of weights leave a small KV pool):
-#   Llama-3.1-70B, no spec vs EAGLE3 3/1/4 at concurrency 1, TP = all visible GPUs.
+#   Llama-3.1-70B, the batch-1 decode step against its bytes floor, then no spec vs EAGLE3 3/1/4 at
+#   concurrency 1, TP = all visible GPUs.
 set -euo pipefail
 out=$1; stage=$2
 oneshot=--xla_gpu_unsupported_use_all_reduce_one_shot_kernel=true
@@ -34,7 +35,7 @@ algos=${3:-none,NEXTN}
 [[ ,$algos, == *,none,* ]] && base=() || base=(--skip-baseline)
 case $stage in
   allreduce)
-    PYTHONPATH=. python3 bench/allreduce.py --out "$out/allreduce_default.json"
+    PYTHONPATH=. python3 bench/allreduce.py --impl psum,oneshot --out "$out/allreduce_default.json"
     NCCL_PROTO=LL PYTHONPATH=. python3 bench/allreduce.py --out "$out/allreduce_nccl_ll.json"
     XLA_FLAGS="${XLA_FLAGS:-} $oneshot" PYTHONPATH=. python3 bench/allreduce.py --out "$out/allreduce_oneshot.json" ;;
   step-8b)
@@ -72,6 +73,8 @@ case $stage in
         "${serve[@]}" --cuda-graph-bs 1,32 --max-concurrency-list 1,32 --speculative-algorithm-list none,NEXTN \
         --overlap-list on --output-file "$out/serve_next80b_tp2_ep2.jsonl" 2>&1 | tee "$out/serve_next80b_tp2_ep2.log" ;;
   llama70b)
+    PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:llama-3.1-70b --batch-sizes 1 --context-lens 1024 \
+        --tp-size "$ngpu" --output-file "$out/step_llama70b_tp$ngpu.jsonl"
     PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:llama-3.1-70b --tp-size "$ngpu" "${serve[@]}" \
         --cuda-graph-bs 1 --max-concurrency-list 1 --speculative-algorithm-list none,EAGLE3 --overlap-list on \
         --context-length 4096 --output-file "$out/serve_llama70b_tp$ngpu.jsonl" 2>&1 | tee "$out/serve_llama70b.log" ;;
