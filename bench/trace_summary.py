@@ -1,5 +1,6 @@
 """Where a profiled step's GPU time goes, per device: busy time (kernel intervals merged), the span
-from first to last kernel, idle = span - busy, kernel count, collective kernels, and the top kernels.
+from first to last kernel, idle = span - busy, kernel count, collective kernels, and the top kernels;
+and the host's busiest events (what it does while the GPU idles).
 
 Reads the perfetto traces that `jspec bench step --profile DIR` writes (one folder per point) and
 prints one block per trace; `--json` also writes the figures.
@@ -66,7 +67,35 @@ def summarise(trace_dir: str, steps: int) -> dict:
                     for n, us in by_name.most_common(15)]})
     if not devices:
         return {"trace_dir": trace_dir, "error": f"no GPU kernels; processes: {sorted(set(pid_name.values()))[:20]}"}
-    return {"trace_dir": trace_dir, "steps": steps, "devices": devices}
+    return {"trace_dir": trace_dir, "steps": steps, "devices": devices, "host": host_summary(events, gpu_pids, steps)}
+
+
+def host_summary(events, gpu_pids, steps: int, top: int = 25) -> list[dict]:
+    """The host's event names (runtime work such as thunk execution, launches, rendezvous) by self
+    time per step (an event's duration less its children's on the same thread): where the host
+    spends a step that the GPU idles through."""
+    by_thread = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("pid") not in gpu_pids and "dur" in e:
+            by_thread[(e["pid"], e.get("tid"))].append(e)
+    self_us, total_us, count = collections.Counter(), collections.Counter(), collections.Counter()
+    for evs in by_thread.values():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack: list[list] = []  # [end, name, children's time]
+        for e in evs:
+            while stack and stack[-1][0] <= e["ts"]:
+                end, name, kids = stack.pop()
+                self_us[name] -= kids
+            if stack:
+                stack[-1][2] += e["dur"]
+            self_us[e["name"]] += e["dur"]
+            total_us[e["name"]] += e["dur"]
+            count[e["name"]] += 1
+            stack.append([e["ts"] + e["dur"], e["name"], 0.0])
+        for _, name, kids in stack:
+            self_us[name] -= kids
+    return [{"name": n[:100], "self_us_per_step": us / steps, "us_per_step": total_us[n] / steps,
+             "calls_per_step": count[n] / steps} for n, us in self_us.most_common(top)]
 
 
 def show(s: dict) -> None:
@@ -81,6 +110,10 @@ def show(s: dict) -> None:
               f"({', '.join(k[:40] for k in d['collective_kernels'][:2])})")
         for k in d["top"][:8]:
             print(f"      {k['us_per_step']:8.1f} us  x{k['calls_per_step']:5.1f}  {k['name'][:80]}")
+    print("  host, by self time (all threads):")
+    for k in s["host"][:15]:
+        print(f"      {k['self_us_per_step']:8.1f} us self {k['us_per_step']:8.1f} total  x{k['calls_per_step']:5.1f}  "
+              f"{k['name'][:70]}")
 
 
 def main(argv=None) -> None:
