@@ -29,6 +29,7 @@ from jspec.runtime.adaptive import SpecPolicy
 from jspec.runtime import outputs
 from jspec.runtime.engine_core import EngineCore
 from jspec.runtime.grammar import GrammarBackend
+from jspec.runtime.executable_cache import ExecutableCache
 from jspec.runtime.model_runner import ModelRunner
 from jspec.runtime.request import RequestLimits, make_request, parallel_samples
 from jspec.runtime.scheduler import Scheduler
@@ -38,21 +39,32 @@ from jspec.speculative.algorithms import make_drafting
 logger = logging.getLogger("jspec")
 
 
-def _enable_compilation_cache(path: str | None) -> None:
+def _enable_compilation_cache(path: str | None) -> str | None:
+    """Turn on XLA's persistent cache in path (default `JSPEC_COMPILATION_CACHE`, else
+    ~/.cache/jspec/xla; "none": off); returns the folder or None."""
     path = path or os.environ.get("JSPEC_COMPILATION_CACHE", os.path.expanduser("~/.cache/jspec/xla"))
     if path in ("", "none"):
-        return
+        return None
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    return path
+
+
+def _executable_cache(cache_dir: str | None, cfg: EngineConfig) -> ExecutableCache | None:
+    """Compiled steps beside XLA's cache, so a warm start skips tracing (`JSPEC_EXECUTABLE_CACHE=0`:
+    off)."""
+    if cache_dir is None or os.environ.get("JSPEC_EXECUTABLE_CACHE", "1") == "0":
+        return None
+    return ExecutableCache(os.path.join(cache_dir, "executables"), cfg.cache_context())
 
 
 class Engine:
     def __init__(self, model_path, *, compilation_cache_dir: str | None = None, **kwargs):
         """`model_path`: an HF or orbax checkpoint directory (or a loaded `Model`); keywords: SGLang's
         engine settings (`jspec.engine_config.EngineConfig.create` lists them)."""
-        _enable_compilation_cache(compilation_cache_dir)
+        cache_dir = _enable_compilation_cache(compilation_cache_dir)
         cfg = self.engine_config = EngineConfig.create(model_path, **kwargs)
         self.spec = cfg.spec
         self.context_length = cfg.context_length
@@ -99,7 +111,8 @@ class Engine:
                                                                           self.spec.disable_by_batch_size is not None),
                                   shorter_chains=self.spec is not None and self.spec.adaptive,
                                   prefix_pages=cfg.prefix_pages_per_step, grammar=cfg.grammar_backend is not None,
-                                  input_logprobs=cfg.enable_input_logprobs)
+                                  input_logprobs=cfg.enable_input_logprobs,
+                                  executables=_executable_cache(cache_dir, cfg))
         tokenizer_json = None if tokenizer_dir is None else os.path.join(tokenizer_dir, "tokenizer.json")
         self.grammars = GrammarBackend.create(
             cfg.grammar_backend, vocab_size=self.config.vocab_size, eos_token_ids=self.eos_token_ids,
@@ -285,6 +298,8 @@ class Engine:
             "num_generated_tokens": self.core.num_generated,
             "compile_seconds": self.runner.compile_seconds,
             "compile_seconds_per_bucket": dict(self.runner.compile_times),
+            "executable_cache": None if self.runner.executables is None else
+            {"hits": self.runner.executables.hits, "misses": self.runner.executables.misses},
             **self._spec_info(),
             "memory": self._memory_info(),
             "last_error": None if self._error is None else repr(self._error),

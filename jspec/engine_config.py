@@ -75,6 +75,15 @@ class EngineConfig:
     def pool_tokens(self) -> int:
         return self.layout.pool_tokens
 
+    def cache_context(self) -> str:
+        """The settings as the executable cache keys them (`jspec.runtime.executable_cache`):
+        without the checkpoints' paths (the runner keys the models by configuration and
+        structure, and their weights are arguments), the memory plan (what it decides, the pool
+        sizes, is in the steps' argument shapes) or what only the host loop reads."""
+        spec = None if self.spec is None else dataclasses.replace(self.spec, draft_model_path=None)
+        return repr(dataclasses.replace(self, model=None, spec=spec, memory_plan=None, show_progress=True,
+                                        transfer_guard=None))
+
     def server_args(self) -> dict:
         """The settings as `Engine.get_server_info` reports them."""
         return dict(model_path=self.model if isinstance(self.model, str) else self.model.path,

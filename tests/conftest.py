@@ -12,6 +12,11 @@ Level 0 compiles faster still but makes generated code much slower (`jspec demo`
 compilation cache shared by the session does not pay: the test files' tiny models differ, so almost
 no compile would hit it. Timings: bench/README.md, "Test suite timing".
 
+The compiled-step cache (`jspec.runtime.executable_cache`) is off for the suite
+(`JSPEC_EXECUTABLE_CACHE=0`): every engine traces its own steps, and an engine built without
+`compilation_cache_dir` cannot load steps another test run left in the user's cache. Its own tests
+turn it on.
+
 Flags the caller already set in XLA_FLAGS come last and so win. Subprocesses inherit the test
 flags; the one that runs `jspec demo` as a user would gets the caller's own (`JSPEC_USER_XLA_FLAGS`),
 because its 10 engines generate enough tokens that -O1 code costs more than it saves.
@@ -23,6 +28,7 @@ TEST_XLA_FLAGS = ("--xla_backend_optimization_level=1 --xla_cpu_use_fusion_emitt
                   "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JSPEC_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
 os.environ["XLA_FLAGS"] = f"{TEST_XLA_FLAGS} {os.environ['JSPEC_USER_XLA_FLAGS']}".strip()
+os.environ["JSPEC_EXECUTABLE_CACHE"] = "0"
 
 # ----------------------------------------------------------------------------- shared fixtures
 # Imported after the flags above (none of these modules starts JAX, but keep it that way).

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -28,6 +29,7 @@ from jspec.cache.pool import PoolLayout, allocate_caches, pool_specs
 from jspec.models import ops
 from jspec.models.batch import ForwardMode
 from jspec.runtime import grammar, sampler, split_step
+from jspec.runtime.executable_cache import ExecutableCache, abstract_signature
 from jspec.runtime.grammar import mask_words, token_words
 from jspec.runtime.scheduler import StepPlan
 from jspec.runtime.split_step import SplitExecutable
@@ -58,9 +60,10 @@ class ModelRunner:
                  max_extend_requests: int, num_top_logprobs: int = 20, progress: bool = True,
                  drafting: Drafting | None = None, top_k_top_p: bool = True, compile: bool = True,
                  plain_decode: bool = False, shorter_chains: bool = False, prefix_pages: int = 0,
-                 grammar: bool = False, input_logprobs: bool = False):
+                 grammar: bool = False, input_logprobs: bool = False, executables: ExecutableCache | None = None):
         """grammar: every step takes token bitmasks (structured output, `jspec.runtime.grammar`);
-        input_logprobs: each prompt-chunk bucket also has a variant reporting input token logprobs."""
+        input_logprobs: each prompt-chunk bucket also has a variant reporting input token logprobs;
+        executables: compiled steps are loaded from / stored to this cache (warm starts)."""
         self.model = model
         self.drafting = drafting
         self.page_size = page_size = layout.page_size
@@ -120,6 +123,8 @@ class ModelRunner:
         self._open_masks: dict[Bucket, jax.Array] = {}  # grammar buckets: the all-allowed mask, on the device
         self.compile_seconds = 0.0
         self.compile_times: dict[str, float] = {}  # bucket label -> seconds its compile took
+        self.executables = executables
+        self._lower_lock = threading.Lock()  # tracing sets the module-wide mesh (ops.tensor_parallel)
         self.state: DeviceState | None = None
         self._progress = progress
         if compile:
@@ -185,9 +190,8 @@ class ModelRunner:
                 largest[b.mode] = b
         temp = 0
         for bucket in largest.values():
-            lowered = self._lower(bucket, state)
-            for part in lowered if isinstance(lowered, tuple) else (lowered,):
-                stats = part.compile().memory_analysis()
+            for part in self._compiled_parts(bucket, state):
+                stats = part.memory_analysis()
                 temp = max(temp, 0 if stats is None else int(stats.temp_size_in_bytes))
         return temp
 
@@ -224,7 +228,7 @@ class ModelRunner:
         mask = [jax.ShapeDtypeStruct(self._mask_shape(bucket), jnp.int32, sharding=self._replicated)
                 ] if bucket.grammar_nodes and not bucket.grammar_split else []
         out_shardings = (self.state_shardings(state), self._replicated)
-        with ops.tensor_parallel(self.mesh):
+        with self._lower_lock, ops.tensor_parallel(self.mesh):
             if bucket.grammar_split:  # two parts (split_step.py)
                 return split_step.lower(self.step_fn(bucket), self.step_fn(split_step.without_grammar(bucket)),
                                         bucket, self.params, state, packed, out_shardings=out_shardings,
@@ -256,21 +260,42 @@ class ModelRunner:
                                                       self._replicated)
         return [self._open_masks[bucket]]
 
+    def _key(self, bucket: Bucket, state) -> str | None:
+        """The executable cache's key of a bucket's step against `state` (None: no cache)."""
+        if self.executables is None:
+            return None
+        models = [self.model] + [m for m in [getattr(self.drafting, "draft_model", None)] if m is not None]
+        return self.executables.key(abstract_signature((self.params, state)), repr(bucket), str(self.mesh),
+                                    *(f"{m.config!r}\n{m.graphdef}" for m in models),
+                                    f"{self.page_size} {self.num_top} {type(self.drafting).__name__}")
+
+    def _compiled_parts(self, bucket: Bucket, state, lowered=None) -> list:
+        """A bucket's compiled executable(s) (three for a split step): from the executable cache,
+        else lowered (unless given), compiled and stored."""
+        key = self._key(bucket, state)
+        parts = None if key is None else self.executables.load(key, self.mesh.devices.flat)
+        if parts is None:
+            lowered = self._lower(bucket, state) if lowered is None else lowered
+            parts = [part.compile() for part in (lowered if isinstance(lowered, tuple) else (lowered,))]
+            if key is not None:
+                self.executables.store(key, parts)
+        return parts
+
     def _compile_all(self, progress: bool) -> None:
         t0 = time.perf_counter()
         lowered = {}
-        bar = tqdm(self.buckets, desc="capture (trace buckets)", disable=not progress, unit="bucket")
+        cached = {b for b in self.buckets if self.executables is not None and self._key(b, self.state) in self.executables}
+        bar = tqdm([b for b in self.buckets if b not in cached], desc="capture (trace buckets)",
+                   disable=not progress, unit="bucket")
         for bucket in bar:
             bar.set_postfix_str(bucket.label, refresh=False)
             lowered[bucket] = self._lower(bucket, self.state)
         # Tracing holds the GIL; XLA's compilation releases it, so the buckets compile side by side.
         def compile_one(b: Bucket):
             t = time.perf_counter()
-            if not b.grammar_split:
-                exe = lowered[b].compile()
-            else:
-                first, second, fused = (part.compile() for part in lowered[b])
-                exe = SplitExecutable(first, second, fused, b, self._replicated, plain=self.drafting is None)
+            parts = self._compiled_parts(b, self.state, lowered.get(b))
+            exe = parts[0] if not b.grammar_split else SplitExecutable(*parts, b, self._replicated,
+                                                                      plain=self.drafting is None)
             return b, exe, time.perf_counter() - t
 
         if self._seeds:
@@ -279,9 +304,9 @@ class ModelRunner:
             slot = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._replicated)
             self._seed = jax.jit(_seed_slot, donate_argnums=(0,), out_shardings=self.state_shardings(self.state)
                                  ).lower(self.state, slot, words).compile()
-        with ThreadPoolExecutor(max_workers=max(1, min(len(lowered), os.cpu_count() or 1))) as pool:
-            bar = tqdm(total=len(lowered), desc="compile buckets", disable=not progress, unit="bucket")
-            for done in as_completed([pool.submit(compile_one, b) for b in lowered]):
+        with ThreadPoolExecutor(max_workers=max(1, min(len(self.buckets), os.cpu_count() or 1))) as pool:
+            bar = tqdm(total=len(self.buckets), desc="compile buckets", disable=not progress, unit="bucket")
+            for done in as_completed([pool.submit(compile_one, b) for b in self.buckets]):
                 b, exe, sec = done.result()
                 self.compiled[b] = exe
                 self.compile_times[b.label] = sec  # seconds of each bucket (a warm start: cache loads)

@@ -73,6 +73,7 @@ def demo(tmp_path_factory):
     out = str(tmp / "demo.json")
     env = dict(os.environ, JSPEC_COMPILATION_CACHE=str(tmp / "xla"),  # a cold cache of its own
                XLA_FLAGS=os.environ.get("JSPEC_USER_XLA_FLAGS", ""))  # not the tests' compile-time flags (conftest.py)
+    env.pop("JSPEC_EXECUTABLE_CACHE")  # the compiled-step cache on, as for a user (conftest.py turns it off)
     proc = subprocess.run([sys.executable, "-m", "jspec.cli", "demo", "--num-prompts", "8", "--max-new-tokens", "64",
                            "--random-baseline", "--json", out], capture_output=True, text=True, timeout=1200, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

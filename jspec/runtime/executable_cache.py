@@ -1,0 +1,181 @@
+"""Compiled steps kept on disk, so that a warm start neither traces nor lowers them.
+
+XLA's persistent compilation cache is keyed by the lowered program: a warm start skips XLA's
+compiler but still traces and lowers every bucket in Python first, and that is most of a warm
+start's time. This cache is keyed by what a step's program is made from instead:
+
+- the code that traces it: the source files of `jspec` and `pallas_kernels` (kernels are imported
+  only when first traced), and every function (its bytecode, constants and the names it reads),
+  class and scalar constant of their loaded modules as they are in memory, so an edited file or
+  a patched function changes the key (`code_digest`);
+- the jax and jaxlib versions, the platform, device kinds and ids, `XLA_FLAGS`, the kernel backend
+  and the jax settings that change lowering;
+- the engine's resolved settings, the target's and drafter's configuration and module structure
+  (`context`, given by the engine);
+- the bucket and the abstract arguments: every parameter's and state leaf's shape, dtype and
+  sharding (`abstract_signature`).
+
+A hit deserializes the executables (`jax.experimental.serialize_executable`); an entry that fails
+to load is compiled again and rewritten; writes are atomic (a temporary file renamed), so engines
+starting side by side share the folder. Loading a serialized executable can run code: the folder
+must be as trusted as the code itself (it is the user's own cache directory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+import os
+import pickle
+import sys
+import tempfile
+import types
+
+import jax
+from jax.experimental import serialize_executable
+
+log = logging.getLogger(__name__)
+
+_PACKAGES = ("jspec", "pallas_kernels")
+_SCALARS = (int, float, str, bool, bytes, type(None))
+
+
+def _scalar_tree(value) -> bool:
+    if isinstance(value, _SCALARS):
+        return True
+    return isinstance(value, (tuple, frozenset)) and all(_scalar_tree(v) for v in value)
+
+
+def _feed_code(h, code: types.CodeType) -> None:
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _feed_code(h, const)
+        elif _scalar_tree(const):
+            h.update(repr(const).encode())
+
+
+def _feed(h, name: str, value, module: str, depth: int = 0) -> None:
+    value = getattr(value, "__wrapped__", value)  # jax.jit, functools.wraps and lru_cache wrappers
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    if isinstance(value, property):
+        value = value.fget
+    if isinstance(value, types.FunctionType):
+        h.update(name.encode())
+        _feed_code(h, value.__code__)
+        if value.__defaults__ and _scalar_tree(value.__defaults__):
+            h.update(repr(value.__defaults__).encode())
+    elif isinstance(value, type) and depth == 0 and value.__module__ == module:
+        h.update(name.encode())
+        for key, member in sorted(vars(value).items()):
+            _feed(h, key, member, module, depth + 1)
+    elif _scalar_tree(value):
+        h.update(f"{name}={value!r}".encode())
+
+
+def code_digest() -> str:
+    """A digest of jspec's and pallas_kernels' source files and of their loaded code as it is in
+    memory now."""
+    h = hashlib.sha256()
+    for package in _PACKAGES:
+        root = os.path.dirname(importlib.import_module(package).__file__)
+        for folder, dirs, files in sorted(os.walk(root)):
+            dirs.sort()
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    with open(os.path.join(folder, f), "rb") as src:
+                        h.update(os.path.relpath(os.path.join(folder, f), root).encode() + src.read())
+    for name in sorted(m for m in list(sys.modules) if m.split(".")[0] in _PACKAGES):
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        h.update(name.encode())
+        for key, value in sorted(vars(module).items()):
+            _feed(h, key, value, name)
+    return h.hexdigest()
+
+
+def environment() -> str:
+    """The jax side of a key: versions, devices, flags and the settings that change lowering."""
+    import jaxlib
+
+    from jspec.models import ops
+
+    devices = [(d.platform, getattr(d, "device_kind", ""), d.id) for d in jax.devices()]
+    settings = {k: getattr(jax.config, k, None) for k in
+                ("jax_enable_x64", "jax_default_matmul_precision", "jax_default_prng_impl")}
+    return repr((jax.__version__, jaxlib.__version__, devices, os.environ.get("XLA_FLAGS", ""),
+                 ops.backend(), sorted(settings.items())))
+
+
+def abstract_signature(tree) -> str:
+    """Tree structure plus each leaf's shape, dtype and sharding (values excluded)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    parts = [str(treedef)]
+    for x in leaves:
+        sharding = getattr(x, "sharding", None)
+        spec = getattr(sharding, "spec", None)
+        parts.append(f"{getattr(x, 'shape', ())}/{getattr(x, 'dtype', type(x).__name__)}/{spec}")
+    return "\n".join(parts)
+
+
+class ExecutableCache:
+    """Serialized executables in `directory`, one file per key."""
+
+    def __init__(self, directory: str, context: str):
+        self.directory = directory
+        os.makedirs(directory, exist_ok=True)
+        self._base = hashlib.sha256("\n".join((code_digest(), environment(), context)).encode()).hexdigest()
+        self.hits = 0
+        self.misses = 0
+
+    def key(self, *parts: str) -> str:
+        h = hashlib.sha256(self._base.encode())
+        for p in parts:
+            h.update(b"\0" + p.encode())
+        return h.hexdigest()
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.directory, key + ".jexe")
+
+    def __contains__(self, key: str) -> bool:
+        return os.path.exists(self._path(key))
+
+    def load(self, key: str, devices) -> list | None:
+        """The compiled executables stored under key, loaded onto `devices` (the program's devices
+        in its order: the mesh's, not every visible one), or None (absent or unloadable)."""
+        path = self._path(key)
+        if not os.path.exists(path):
+            self.misses += 1
+            return None
+        try:
+            with open(path, "rb") as f:
+                entries = pickle.load(f)
+            exes = [serialize_executable.deserialize_and_load(*e, execution_devices=list(devices))
+                    for e in entries]
+        except Exception as e:  # a stale or damaged entry: compile again and overwrite it
+            log.warning("executable cache: %s did not load (%s: %s); compiling", path, type(e).__name__, e)
+            self.misses += 1
+            return None
+        self.hits += 1
+        return exes
+
+    def store(self, key: str, executables: list) -> None:
+        """Write the executables under key; one that cannot be serialized leaves no entry."""
+        try:
+            data = pickle.dumps([serialize_executable.serialize(e) for e in executables])
+        except Exception as e:
+            log.warning("executable cache: not stored (%s: %s)", type(e).__name__, e)
+            return
+        fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self._path(key))
+        except OSError as e:
+            log.warning("executable cache: not stored (%s)", e)
+            if os.path.exists(tmp):
+                os.unlink(tmp)

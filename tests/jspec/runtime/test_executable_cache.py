@@ -1,0 +1,97 @@
+"""The compiled-step cache: a warm start loads every bucket instead of tracing it and serves the
+same tokens; a change to the code or to a setting that shapes the steps misses; a damaged entry is
+compiled again."""
+
+import glob
+import os
+
+import pytest
+
+from jspec.api import Engine
+from jspec.models import ops
+from jspec.runtime import executable_cache
+from jspec.tiny import tiny_dir
+from tests.support.engines import SPEC_BS4, output_ids
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40, 41, 42]]
+GREEDY = {"max_new_tokens": 10, "temperature": 0.0, "ignore_eos": True}
+SETTINGS = {**SPEC_BS4, "speculative_algorithm": "EAGLE3", "speculative_num_steps": 2, "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": 3, "speculative_draft_model_path": tiny_dir("qwen3-eagle3")}
+
+
+def run(cache_dir, **overrides):
+    """(outputs, hits, misses, buckets) of a fresh engine on cache_dir."""
+    with Engine(tiny_dir("qwen3"), **{**SETTINGS, "compilation_cache_dir": str(cache_dir), **overrides}) as eng:
+        outs = output_ids(eng.generate(input_ids=PROMPTS, sampling_params=GREEDY))
+        cache = eng.get_server_info()["executable_cache"]
+        return outs, cache["hits"], cache["misses"], len(eng.runner.buckets)
+
+
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory):
+    """A cold start on an empty cache: every bucket compiled and stored."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("JSPEC_EXECUTABLE_CACHE", "1")
+    cache_dir = tmp_path_factory.mktemp("xla")
+    try:
+        outs, hits, misses, buckets = run(cache_dir)
+        assert (hits, misses) == (0, buckets)
+        entries = sorted(glob.glob(os.path.join(cache_dir, "executables", "*.jexe")))
+        assert len(entries) == buckets
+        yield cache_dir, outs, entries
+    finally:
+        mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def cache_on(monkeypatch):
+    monkeypatch.setenv("JSPEC_EXECUTABLE_CACHE", "1")
+
+
+def test_a_warm_start_loads_every_bucket_and_serves_the_same_tokens(cold):
+    cache_dir, outs, entries = cold
+    warm, hits, misses, buckets = run(cache_dir)
+    assert buckets == len(entries)
+    assert (hits, misses) == (buckets, 0)
+    assert warm == outs
+
+
+def test_a_setting_that_shapes_the_steps_misses(cold):
+    cache_dir, _, _ = cold
+    _, hits, misses, buckets = run(cache_dir, context_length=112)  # another page-table width
+    assert hits == 0 and misses == buckets
+
+
+def test_patched_code_changes_the_key(monkeypatch):
+    before = executable_cache.code_digest()
+    assert executable_cache.code_digest() == before
+    monkeypatch.setattr(ops, "vocab_take", lambda x, ids, *, tp=1: x[..., :1])  # a patched function
+    patched = executable_cache.code_digest()
+    assert patched != before
+    monkeypatch.undo()
+    assert executable_cache.code_digest() == before
+    monkeypatch.setattr(ops, "BACKENDS", ("reference",))  # a patched constant
+    assert executable_cache.code_digest() != before
+
+
+def test_a_damaged_entry_is_compiled_again(cold):
+    cache_dir, outs, entries = cold
+    buckets = len(entries)
+    with open(entries[0], "wb") as f:
+        f.write(b"not an executable")
+    warm, hits, misses, _ = run(cache_dir)
+    assert (hits, misses) == (buckets - 1, 1)
+    assert warm == outs
+    warm, hits, misses, _ = run(cache_dir)  # rewritten
+    assert (hits, misses) == (buckets, 0)
+
+
+def test_a_split_target_warm_start_runs_on_its_mesh(tmp_path):
+    """At tp_size 2 the loaded steps run on the mesh's two devices (not on every visible one)."""
+    plain = {k: None for k in SETTINGS if k.startswith("speculative_") and k != "speculative_adaptive"}
+    plain["tp_size"] = 2
+    cold, hits, misses, buckets = run(tmp_path, **plain)
+    assert hits == 0
+    warm, hits, misses, _ = run(tmp_path, **plain)
+    assert (hits, misses) == (buckets, 0)
+    assert warm == cold
