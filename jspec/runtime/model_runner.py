@@ -190,9 +190,10 @@ class ModelRunner:
                 largest[b.mode] = b
         temp = 0
         for bucket in largest.values():
-            for part in self._compiled_parts(bucket, state):
-                stats = part.memory_analysis()
-                temp = max(temp, 0 if stats is None else int(stats.temp_size_in_bytes))
+            stats = [part.memory_analysis() for part in self._compiled_parts(bucket, state)]
+            if None in stats and self.executables is not None:  # a loaded executable that cannot tell
+                stats = [part.memory_analysis() for part in self._compiled_parts(bucket, state, cached=False)]
+            temp = max([temp] + [int(st.temp_size_in_bytes) for st in stats if st is not None])
         return temp
 
     def release(self) -> None:
@@ -269,11 +270,11 @@ class ModelRunner:
                                     *(f"{m.config!r}\n{m.graphdef}" for m in models),
                                     f"{self.page_size} {self.num_top} {type(self.drafting).__name__}")
 
-    def _compiled_parts(self, bucket: Bucket, state, lowered=None) -> list:
-        """A bucket's compiled executable(s) (three for a split step): from the executable cache,
-        else lowered (unless given), compiled and stored."""
+    def _compiled_parts(self, bucket: Bucket, state, lowered=None, cached: bool = True) -> list:
+        """A bucket's compiled executable(s) (three for a split step): from the executable cache
+        (unless not `cached`), else lowered (unless given), compiled and stored."""
         key = self._key(bucket, state)
-        parts = None if key is None else self.executables.load(key, self.mesh.devices.flat)
+        parts = None if key is None or not cached else self.executables.load(key, self.mesh.devices.flat)
         if parts is None:
             lowered = self._lower(bucket, state) if lowered is None else lowered
             parts = [part.compile() for part in (lowered if isinstance(lowered, tuple) else (lowered,))]

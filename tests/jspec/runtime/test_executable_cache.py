@@ -5,10 +5,14 @@ compiled again."""
 import glob
 import os
 
+import jax
 import pytest
 
 from jspec.api import Engine
+from jspec.cache import memory
+from jspec.cache.memory import DeviceMemory
 from jspec.models import ops
+from jspec.models.loader import load_model
 from jspec.runtime import executable_cache
 from jspec.tiny import tiny_dir
 from tests.support.engines import SPEC_BS4, output_ids
@@ -95,3 +99,20 @@ def test_a_split_target_warm_start_runs_on_its_mesh(tmp_path):
     warm, hits, misses, _ = run(tmp_path, **plain)
     assert (hits, misses) == (buckets, 0)
     assert warm == cold
+
+
+def test_a_warm_start_sizes_the_pool_as_the_cold_one(monkeypatch, tmp_path):
+    """Sizing the pool from device memory reads the workspace of the largest buckets' executables:
+    loaded ones report the same bytes as compiled ones, so the plan is the same."""
+    model = load_model(tiny_dir("qwen3"), dtype="float32")
+    weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
+    monkeypatch.setattr(memory, "device_memory", lambda device=None: DeviceMemory(256 << 20, weights))
+    small = dict(dtype="float32", cuda_graph_bs=[2], max_running_requests=2, chunked_prefill_size=32,
+                 context_length=96, show_progress=False, compilation_cache_dir=str(tmp_path))
+    runs = []
+    for _ in range(2):
+        with Engine(model, mem_fraction_static=0.5, **small) as eng:
+            info = eng.get_server_info()
+            runs.append((info["memory"]["workspace_bytes"], eng.engine_config.memory_plan, info["executable_cache"]))
+    assert runs[0][0] > 0 and runs[0][:2] == runs[1][:2]
+    assert runs[0][2]["hits"] == 0 and runs[1][2]["misses"] == 0
