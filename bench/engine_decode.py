@@ -4,8 +4,9 @@ For each model shape (random bf16 weights) and each (batch, context):
 - the compiled decode step of the engine's ModelRunner is called repeatedly on a batch whose
   requests each hold `context` tokens of random KV (never zeros), and its median time is compared
   with `bytes moved / copy bandwidth`, the copy measured in this same run;
-- start-up compile time of the decode buckets, cold (empty persistent cache) and warm (a second
-  build reading the persistent cache);
+- start-up compile time of the decode buckets, cold (empty persistent cache), warm (a second
+  build reading XLA's persistent cache) and warm with jspec's compiled-step cache (a build that
+  loads the executables a third one stored: no tracing);
 - an end-to-end `Engine.generate` at batch 1 (host loop included) and HF transformers' greedy
   `generate` on the same weights, as the peer.
 
@@ -36,6 +37,7 @@ from jspec.config import parse_hf_config  # noqa: E402
 from jspec.models.loader import random_model  # noqa: E402
 from jspec.models.presets import preset_config  # noqa: E402
 from jspec.bench.step import copy_bandwidth, roofline  # noqa: E402
+from jspec.runtime.executable_cache import ExecutableCache  # noqa: E402
 from jspec.runtime.model_runner import ModelRunner  # noqa: E402
 
 T0 = time.perf_counter()
@@ -93,6 +95,15 @@ def bench_model(preset, grid, copy_bps, results, budget_end, cache_dir):
         entry["compile_warm_s"] = r2.compile_seconds
         log(f"{preset}: warm compile {r2.compile_seconds:.1f}s")
         del r2
+        # And with jspec's compiled-step cache: the first runner stores, the second loads (no tracing).
+        exes = ExecutableCache(os.path.join(cache_dir, "executables"), context=f"engine_decode {preset}")
+        for name in ("compile_store_executables_s", "compile_warm_executables_s"):
+            r3 = ModelRunner(model, layout=layout, decode_batch_sizes=decode_bs, extend_token_sizes=[],
+                             max_extend_requests=1, progress=False, executables=exes)
+            entry[name] = r3.compile_seconds
+            del r3
+        log(f"{preset}: warm start with the compiled-step cache {entry['compile_warm_executables_s']:.1f}s "
+            f"({exes.hits} loads)")
     return model
 
 
