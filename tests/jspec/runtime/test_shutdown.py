@@ -12,8 +12,10 @@ from jspec.errors import EngineShutdownError
 from jspec.models.loader import load_model
 from jspec.tiny import tiny_dir
 
-SETTINGS = dict(dtype="float32", cuda_graph_bs=[1, 2], max_running_requests=2, chunked_prefill_size=32,
-                context_length=96, show_progress=False, compilation_cache_dir="none")
+# One decode batch size and no top-k / top-p step variants: those add executables, not buffers.
+# The engines stay adaptive (the default), whose plain-step and shorter-chain variants they keep.
+SETTINGS = dict(dtype="float32", cuda_graph_bs=[2], max_running_requests=2, chunked_prefill_size=32,
+                context_length=96, show_progress=False, compilation_cache_dir="none", disable_top_k_top_p=True)
 ENGINES = {
     "plain": dict(model_path=tiny_dir("qwen3")),
     "eagle3": dict(model_path=tiny_dir("qwen3"), speculative_algorithm="EAGLE3",
