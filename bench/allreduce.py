@@ -10,8 +10,8 @@ it can be set beside `nccl-tests`' all_reduce_perf for the same bytes.
     python3 bench/allreduce.py --out $OUT/allreduce.json [--sizes 8192,262144,2097152] [--chain 72]
 
 `--impl` picks the all-reduce: `psum` (XLA's, NCCL) or `oneshot` / `oneshot_handshake` (jspec's
-Mosaic GPU kernel reading every peer's buffer over NVLink, `pallas_kernels/all_reduce`); several, comma-separated, are timed in
-one run, the kernel checked against `psum`'s result. `--profile DIR` also writes a trace of each
+Mosaic GPU kernel reading every peer's buffer over NVLink, `pallas_kernels/all_reduce`); several,
+comma-separated, are timed in one run, the kernel checked against `psum`'s result. `--profile DIR` also writes a trace of each
 (implementation, size) point for `bench/trace_summary.py` (device time vs host overhead).
 
 Run it under different XLA / NCCL settings (e.g. NCCL_PROTO=LL, NCCL_ALGO=Ring|Tree,

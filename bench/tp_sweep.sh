@@ -3,7 +3,8 @@
 # fits a 10-minute device command; results (JSONL / JSON + printed tables) under OUT.
 #   bench/tp_sweep.sh OUT allreduce | collectives | step-8b | step-8b-flags | next80b [ALGOS] | next80b-ep | llama70b
 # allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size: XLA's defaults (NCCL)
-#   beside jspec's one-shot Mosaic GPU kernel over peer memory, NCCL's low-latency protocol, and XLA's one-shot all-reduce kernel over peer memory
+#   beside jspec's one-shot Mosaic GPU kernel over peer memory, NCCL's low-latency protocol, and
+#   XLA's one-shot all-reduce kernel over peer memory
 #   (--xla_gpu_unsupported_use_all_reduce_one_shot_kernel), beside the figure a TP step pays per layer.
 # step-8b (any multi-GPU kind): Qwen3-8B decode step at batch 1 / 32, TP1 vs TP2 (XLA's defaults,
 #   profiled and summarised) vs TP2 with collectives in the command buffers (+COLLECTIVES).

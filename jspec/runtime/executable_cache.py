@@ -33,7 +33,10 @@ import tempfile
 import types
 
 import jax
+import jaxlib
 from jax.experimental import serialize_executable
+
+from jspec.models import ops
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +103,6 @@ def code_digest() -> str:
 
 def environment() -> str:
     """The jax side of a key: versions, devices, flags and the settings that change lowering."""
-    import jaxlib
-
-    from jspec.models import ops
-
     devices = [(d.platform, getattr(d, "device_kind", ""), d.id) for d in jax.devices()]
     settings = {k: getattr(jax.config, k, None) for k in
                 ("jax_enable_x64", "jax_default_matmul_precision", "jax_default_prng_impl")}
@@ -120,6 +119,13 @@ def abstract_signature(tree) -> str:
         spec = getattr(sharding, "spec", None)
         parts.append(f"{getattr(x, 'shape', ())}/{getattr(x, 'dtype', type(x).__name__)}/{spec}")
     return "\n".join(parts)
+
+
+def models_signature(params, mesh, models, *extra) -> str:
+    """The part of a step's key that all of a runner's buckets share: the parameters' abstract
+    signature, the mesh, each model's configuration and module structure, and `extra`."""
+    return "\n".join([abstract_signature(params), str(mesh), *map(str, extra)] +
+                     [f"{m.config!r}\n{m.graphdef}" for m in models])
 
 
 class ExecutableCache:

@@ -13,6 +13,7 @@ the collectives.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 import time
@@ -29,7 +30,7 @@ from jspec.cache.pool import PoolLayout, allocate_caches, pool_specs
 from jspec.models import ops
 from jspec.models.batch import ForwardMode
 from jspec.runtime import grammar, sampler, split_step
-from jspec.runtime.executable_cache import ExecutableCache, abstract_signature
+from jspec.runtime.executable_cache import ExecutableCache, abstract_signature, models_signature
 from jspec.runtime.grammar import mask_words, token_words
 from jspec.runtime.scheduler import StepPlan
 from jspec.runtime.split_step import SplitExecutable
@@ -49,10 +50,6 @@ class StepHandle:
 def _seed_slot(state: DeviceState, slot, words) -> DeviceState:
     counts, mask = sampler.seed_slot(state.output_counts, state.prompt_mask, slot, words)
     return dataclasses.replace(state, output_counts=counts, prompt_mask=mask)
-
-
-def _pages(tokens: int, page_size: int) -> int:
-    return -(-tokens // page_size)
 
 
 class ModelRunner:
@@ -75,7 +72,7 @@ class ModelRunner:
         # top-p, so the sampler's choice is static and no device-side conditional stalls dispatch.
         sorts = (False, True) if top_k_top_p else (False,)
         # A speculative step writes kv_ahead positions past each request's length.
-        updates_per_req = 1 if drafting is None else _pages(drafting.kv_ahead, page_size) + 1
+        updates_per_req = 1 if drafting is None else -(-drafting.kv_ahead // page_size) + 1
         # plain_decode / shorter_chains: a speculative engine also compiles each decode bucket's plain
         # step / its drafter's shorter chains, which it runs when they pay better (runtime.adaptive).
         variants = [(True, 0)]
@@ -102,7 +99,7 @@ class ModelRunner:
                                                speculate=speculate, draft_steps=steps,
                                                snapshots=layout.num_snapshots > 0,
                                                commit_tracks=drafting is not None, **masks(speculate, steps)))
-        ahead_pages = 0 if drafting is None else _pages(drafting.prefill_ahead, page_size)
+        ahead_pages = 0 if drafting is None else -(-drafting.prefill_ahead // page_size)
         for t in sorted(set(extend_token_sizes)):
             b = min(t, max_extend_requests)
             # prefix_pages: cached pages a prompt step may map into page-table rows (prefix cache).
@@ -261,14 +258,16 @@ class ModelRunner:
                                                       self._replicated)
         return [self._open_masks[bucket]]
 
+    @functools.cached_property
+    def _models_key(self) -> str:
+        drafter = getattr(self.drafting, "draft_model", None)
+        return models_signature(self.params, self.mesh, [m for m in (self.model, drafter) if m is not None],
+                                self.page_size, self.num_top, type(self.drafting).__name__)
+
     def _key(self, bucket: Bucket, state) -> str | None:
         """The executable cache's key of a bucket's step against `state` (None: no cache)."""
-        if self.executables is None:
-            return None
-        models = [self.model] + [m for m in [getattr(self.drafting, "draft_model", None)] if m is not None]
-        return self.executables.key(abstract_signature((self.params, state)), repr(bucket), str(self.mesh),
-                                    *(f"{m.config!r}\n{m.graphdef}" for m in models),
-                                    f"{self.page_size} {self.num_top} {type(self.drafting).__name__}")
+        return None if self.executables is None else self.executables.key(self._models_key, repr(bucket),
+                                                                          abstract_signature(state))
 
     def _compiled_parts(self, bucket: Bucket, state, lowered=None, cached: bool = True) -> list:
         """A bucket's compiled executable(s) (three for a split step): from the executable cache
