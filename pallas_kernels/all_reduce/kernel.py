@@ -1,12 +1,12 @@
 """One-shot all-reduce over NVLink peer memory, as a Mosaic GPU kernel.
 
-A tensor-parallel decode step at batch 1 all-reduces a few KiB twice per layer. NCCL's path costs
-tens of microseconds per call whatever the size; reading every peer's buffer directly (the buffers
-of one process's GPUs are mapped into each other's address space) and adding in registers costs
-one kernel launch plus one NVLink round trip. This is the "one-shot" all-reduce of SGLang's and
-vLLM's custom all-reduce, written with Pallas' Mosaic GPU primitives (`remote_ref`, cross-device
-semaphores): JAX's runtime hands each kernel its peers' buffer addresses, no communication library
-of ours is involved.
+A tensor-parallel decode step at batch 1 all-reduces a few KiB twice per layer, so latency, not
+bandwidth, is what it pays. The kernel reads every peer's buffer directly (the buffers of one
+process's GPUs are mapped into each other's address space) and adds in registers: the "one-shot"
+all-reduce of SGLang's and vLLM's custom all-reduce, written with Pallas' Mosaic GPU primitives
+(`remote_ref`, cross-device semaphores). JAX's runtime hands each kernel its peers' buffer
+addresses; no communication library of ours is involved. How it compares with XLA's NCCL
+all-reduce, and why the models do not use it: NOTES.md beside this file.
 
 Each block owns one tile of the flattened buffer. JAX's runtime runs a cross-device barrier just
 before a kernel that reads peer memory (its inputs are ready on every device when it starts), so
