@@ -1,0 +1,98 @@
+"""Engine start-up in fresh processes, as a restarted server sees it (bench/README.md, "Start-up").
+
+Three runs of the same engine (random weights of a preset's shape, the default bucket set unless
+engine keywords say otherwise), each a new Python process sharing one cache folder:
+  cold:        empty caches: trace, lower and compile every bucket;
+  warm_xla:    XLA's persistent cache only (`JSPEC_EXECUTABLE_CACHE=0`): trace and lower, then load;
+  warm:        jspec's compiled-step cache as well: load every bucket, no tracing.
+Each run reports the engine's construction time (pool sizing, compile, warm-up), the runner's
+compile seconds, the bucket count and the cache's hits, then one short request's latency.
+
+  python3 bench/startup.py --preset qwen3-8b --out $OUT/startup.jsonl [--engine-json '{...}']
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+RUNS = (("cold", {}), ("warm_xla", {"JSPEC_EXECUTABLE_CACHE": "0"}), ("warm", {}))
+
+
+def child(preset: str, cache_dir: str, engine_kw: dict) -> dict:
+    t_start = time.perf_counter()
+    import jax
+
+    from jspec.api import Engine
+    from jspec.config import parse_hf_config
+    from jspec.models.loader import random_model
+    from jspec.models.presets import preset_config
+
+    t_import = time.perf_counter()
+    model = random_model(parse_hf_config(preset_config(preset)), dtype="bfloat16", seed=0, scale=0.02)
+    jax.block_until_ready(jax.tree_util.tree_leaves(model.params))
+    t_model = time.perf_counter()
+    eng = Engine(model, compilation_cache_dir=cache_dir, show_progress=False, **engine_kw)
+    t_engine = time.perf_counter()
+    try:
+        v = model.config.vocab_size
+        out = eng.generate(input_ids=[(7 * i + 3) % v for i in range(64)],
+                           sampling_params={"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+        t_first = time.perf_counter()
+        info = eng.get_server_info()
+    finally:
+        eng.shutdown()
+    return {"import_s": t_import - t_start, "random_weights_s": t_model - t_import,
+            "engine_init_s": t_engine - t_model, "compile_s": info["compile_seconds"],
+            "num_buckets": len(info["compile_seconds_per_bucket"]),
+            "executable_cache": info.get("executable_cache"), "first_request_s": t_first - t_engine,
+            "first_request_tokens": out["meta_info"]["completion_tokens"],
+            "device": jax.devices()[0].device_kind, "num_devices": jax.device_count(),
+            "jax_version": jax.__version__}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="qwen3-8b")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--engine-json", default="{}", help="Engine keywords (default: the default buckets)")
+    ap.add_argument("--cache-dir", default=None, help="shared cache folder (default: a new empty one)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    kw = json.loads(args.engine_json)
+    if args.child:
+        print("RESULT " + json.dumps(child(args.preset, args.cache_dir, kw)), flush=True)
+        return 0
+    cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="jspec-startup-")
+    try:
+        commit = subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
+    except Exception:  # noqa: BLE001
+        commit = os.environ.get("JSPEC_COMMIT", "unknown")
+    for name, env in RUNS:
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, __file__, "--child", "--preset", args.preset, "--cache-dir",
+                               cache_dir, "--engine-json", args.engine_json, "--out", "-"],
+                              env={**os.environ, **env}, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+        rec = {"run": name, "preset": args.preset, "engine": kw, "process_wall_s": wall,
+               "commit": os.environ.get("JSPEC_COMMIT", commit), "command": " ".join(sys.argv)}
+        if line is None:
+            rec["error"] = (proc.stderr or proc.stdout)[-2000:]
+        else:
+            rec.update(json.loads(line[len("RESULT "):]))
+        with open(args.out, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        print(f"{name:9s} process {wall:6.1f} s  engine {rec.get('engine_init_s', float('nan')):6.1f} s  "
+              f"compile {rec.get('compile_s', float('nan')):6.1f} s  buckets {rec.get('num_buckets')}  "
+              f"exe cache {rec.get('executable_cache')}  first request {rec.get('first_request_s', float('nan')):.2f} s"
+              + (f"  ERROR {rec['error'][-300:]}" if "error" in rec else ""), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
