@@ -1,7 +1,7 @@
 """Engine start-up in fresh processes, as a restarted server sees it (bench/README.md, "Start-up").
 
 Three runs of the same engine (random weights of a preset's shape, the default bucket set unless
-engine keywords say otherwise), each a new Python process sharing one cache folder:
+engine keywords say otherwise; `"speculative_draft_model_path": "random"` builds a random drafter), each a new Python process sharing one cache folder:
   cold:        empty caches: trace, lower and compile every bucket;
   warm_xla:    XLA's persistent cache only (`JSPEC_EXECUTABLE_CACHE=0`): trace and lower, then load;
   warm:        jspec's compiled-step cache as well: load every bucket, no tracing.
@@ -35,6 +35,12 @@ def child(preset: str, cache_dir: str, engine_kw: dict) -> dict:
     t_import = time.perf_counter()
     model = random_model(parse_hf_config(preset_config(preset)), dtype="bfloat16", seed=0, scale=0.02)
     jax.block_until_ready(jax.tree_util.tree_leaves(model.params))
+    if engine_kw.get("speculative_draft_model_path") == "random":  # a random drafter of the algorithm's format
+        from types import SimpleNamespace
+
+        from jspec.bench.serve import with_draft
+
+        engine_kw = with_draft(engine_kw, model, SimpleNamespace(seed=0))
     t_model = time.perf_counter()
     eng = Engine(model, compilation_cache_dir=cache_dir, show_progress=False, **engine_kw)
     t_engine = time.perf_counter()
@@ -50,7 +56,8 @@ def child(preset: str, cache_dir: str, engine_kw: dict) -> dict:
             "engine_init_s": t_engine - t_model, "compile_s": info["compile_seconds"],
             "num_buckets": len(info["compile_seconds_per_bucket"]),
             "executable_cache": info.get("executable_cache"), "first_request_s": t_first - t_engine,
-            "first_request_tokens": out["meta_info"]["completion_tokens"],
+            "first_request_tokens": out["meta_info"]["completion_tokens"], "num_total_pages": info["num_total_pages"],
+            "memory": info.get("memory"),
             "device": jax.devices()[0].device_kind, "num_devices": jax.device_count(),
             "jax_version": jax.__version__}
 

@@ -161,12 +161,18 @@ class Engine:
     def _plan_memory(self) -> memory.MemoryPlan:
         """Size the KV pool from the device's memory, now that the weights are resident: the
         allocator's bytes in use, the runner's measured workspace and its per-page and fixed bytes."""
-        runner, layout = self.runner, self.engine_config.layout
+        runner, layout, exes = self.runner, self.engine_config.layout, self.runner.executables
         fixed = runner.state_bytes(0)
-        return memory.plan_pages(memory.device_memory(), mem_fraction_static=self.engine_config.mem_fraction_static,
-                          page_bytes=runner.state_bytes(1) - fixed, fixed_bytes=fixed,
-                          workspace_bytes=runner.workspace_bytes(), min_pages=layout.min_pages,
-                          page_size=layout.page_size)
+        # The page count of the last start with the same settings, kept while it fits: the same
+        # pool shapes, so the compiled steps load from the caches.
+        key = None if exes is None else exes.key(runner.models_key, "pool pages")
+        plan = memory.plan_pages(memory.device_memory(), mem_fraction_static=self.engine_config.mem_fraction_static,
+                                 page_bytes=runner.state_bytes(1) - fixed, fixed_bytes=fixed,
+                                 workspace_bytes=runner.workspace_bytes(), min_pages=layout.min_pages,
+                                 page_size=layout.page_size, previous=None if key is None else exes.recall(key))
+        if key is not None:
+            exes.remember(key, plan.num_pages)
+        return plan
 
     def _load_draft(self):
         """The drafter: a loaded object passes through (benchmarks build random ones); a path is

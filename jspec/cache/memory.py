@@ -6,6 +6,12 @@ and the drafter, measured as the allocator's bytes in use, so another engine's l
 too), the compiled steps' workspace (measured from the largest prompt and decode buckets), the
 fixed-size per-slot buffers and the KV pages. The pages get what is left; the rest of the device
 (1 - mem_fraction_static) absorbs what is not measured (allocator fragmentation, transfers).
+
+The page count must not follow the few MiB by which the bytes in use drift between processes
+(library workspaces, autotuning): a pool one page larger is a new shape for every compiled step,
+which misses both XLA's persistent cache and jspec's compiled-step cache on a restart. So the
+count is rounded down to a coarse step (`PAGE_STEPS` steps per power of two), and an earlier
+start's count is kept while it still fits and is within one step of what fits now.
 """
 
 from __future__ import annotations
@@ -18,6 +24,19 @@ from jspec.errors import ConfigError
 
 DEFAULT_MEM_FRACTION_STATIC = 0.88
 GiB = float(1 << 30)
+PAGE_STEPS = 64  # at most 1/64 of the pool given up for a page count that is stable across restarts
+
+
+def page_step(num_pages: int) -> int:
+    """The rounding step at num_pages: the power of two at or just under num_pages / PAGE_STEPS."""
+    return 1 << max(0, num_pages.bit_length() - PAGE_STEPS.bit_length())
+
+
+def round_pages(num_pages: int, min_pages: int = 1) -> int:
+    """num_pages rounded down to a multiple of its step (never below min_pages, never above
+    num_pages)."""
+    step = page_step(num_pages)
+    return min(num_pages, max(min_pages, num_pages // step * step))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,9 +79,10 @@ class MemoryPlan:
 
 
 def plan_pages(memory: DeviceMemory, *, mem_fraction_static: float | None, page_bytes: int, fixed_bytes: int,
-               workspace_bytes: int, min_pages: int, page_size: int) -> MemoryPlan:
-    """Pages (the sink page included) that fit the static share; ConfigError when fewer than
-    min_pages do, saying how much is missing and which setting changes it."""
+               workspace_bytes: int, min_pages: int, page_size: int, previous: int | None = None) -> MemoryPlan:
+    """Pages (the sink page included) that fit the static share, rounded down (or `previous`, an
+    earlier start's count, where it fits and gives up less than a step); ConfigError when fewer
+    than min_pages fit, saying how much is missing and which setting changes it."""
     frac = DEFAULT_MEM_FRACTION_STATIC if mem_fraction_static is None else float(mem_fraction_static)
     if not 0.0 < frac <= 1.0:
         raise ConfigError(f"mem_fraction_static must be in (0, 1], got {mem_fraction_static!r}")
@@ -80,4 +100,10 @@ def plan_pages(memory: DeviceMemory, *, mem_fraction_static: float | None, page_
             f"max_running_requests or context_length, or shut down other engines on this device")
     return MemoryPlan(bytes_limit=memory.bytes_limit, mem_fraction_static=frac, resident_bytes=memory.bytes_in_use,
                       workspace_bytes=workspace_bytes, fixed_bytes=fixed_bytes, page_bytes=page_bytes,
-                      num_pages=int(num_pages))
+                      num_pages=keep_or_round(int(num_pages), min_pages, previous))
+
+
+def keep_or_round(fits: int, min_pages: int, previous: int | None) -> int:
+    if previous is not None and max(min_pages, fits * (1 - 1 / PAGE_STEPS)) <= previous <= fits:
+        return previous
+    return round_pages(fits, min_pages)

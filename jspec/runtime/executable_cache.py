@@ -169,6 +169,20 @@ class ExecutableCache:
         self.hits += 1
         return exes
 
+    def recall(self, key: str) -> int | None:
+        """A number stored under key by `remember` (an earlier start's pool size), or None."""
+        try:
+            with open(os.path.join(self.directory, key + ".int")) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return None
+
+    def remember(self, key: str, value: int) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(str(int(value)))
+        os.replace(tmp, os.path.join(self.directory, key + ".int"))
+
     def store(self, key: str, executables: list) -> None:
         """Write the executables under key; one that cannot be serialized leaves no entry."""
         try:

@@ -259,14 +259,14 @@ class ModelRunner:
         return [self._open_masks[bucket]]
 
     @functools.cached_property
-    def _models_key(self) -> str:
+    def models_key(self) -> str:
         drafter = getattr(self.drafting, "draft_model", None)
         return models_signature(self.params, self.mesh, [m for m in (self.model, drafter) if m is not None],
                                 self.page_size, self.num_top, type(self.drafting).__name__)
 
     def _key(self, bucket: Bucket, state) -> str | None:
         """The executable cache's key of a bucket's step against `state` (None: no cache)."""
-        return None if self.executables is None else self.executables.key(self._models_key, repr(bucket),
+        return None if self.executables is None else self.executables.key(self.models_key, repr(bucket),
                                                                           abstract_signature(state))
 
     def _compiled_parts(self, bucket: Bucket, state, lowered=None, cached: bool = True) -> list:

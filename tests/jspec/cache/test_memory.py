@@ -8,7 +8,7 @@ import pytest
 
 from jspec import Engine
 from jspec.cache import memory
-from jspec.cache.memory import DeviceMemory, plan_pages
+from jspec.cache.memory import PAGE_STEPS, DeviceMemory, plan_pages, round_pages
 from jspec.errors import ConfigError
 from jspec.models.loader import load_model
 from jspec.tiny import tiny_dir
@@ -19,8 +19,33 @@ GiB = 1 << 30
 def test_pages_take_what_the_static_share_leaves():
     plan = plan_pages(DeviceMemory(bytes_limit=80 * GiB, bytes_in_use=16 * GiB), mem_fraction_static=0.9,
                       page_bytes=2 << 20, fixed_bytes=GiB, workspace_bytes=3 * GiB, min_pages=3, page_size=16)
-    assert plan.num_pages == (int(0.9 * 80 * GiB) - 16 * GiB - 3 * GiB - GiB) // (2 << 20)
+    fits = (int(0.9 * 80 * GiB) - 16 * GiB - 3 * GiB - GiB) // (2 << 20)
+    assert fits * (1 - 1 / PAGE_STEPS) <= plan.num_pages <= fits
     assert plan.resident_bytes == 16 * GiB and plan.workspace_bytes == 3 * GiB
+
+
+def test_a_few_mib_more_in_use_keeps_the_page_count():
+    """A restarted engine finds a few MiB more or less in use; its pool, and so every compiled step's
+    shapes, must stay the same or the persistent caches miss. The first start's count sits just on
+    a step (the worst case for rounding alone); later starts keep it while it fits."""
+    def plan(drift, previous=None):
+        return plan_pages(DeviceMemory(bytes_limit=80 * GiB, bytes_in_use=16 * GiB + drift), mem_fraction_static=0.9,
+                          page_bytes=2 << 20, fixed_bytes=GiB, workspace_bytes=3 * GiB, min_pages=3, page_size=16,
+                          previous=previous).num_pages
+    first = plan(0)
+    assert first == round_pages(first)
+    assert plan(-(600 << 20)) > first  # 300 pages more fit: rounding alone gives one step more
+    assert {plan(drift, previous=first) for drift in range(-(600 << 20), 1 << 20, 8 << 20)} == {first}
+    assert plan(1 << 20, previous=first) < first  # no longer fits: the rounded count of what does
+    assert plan(-(4 * GiB), previous=first) > first  # much more room: not held back by the old count
+
+
+def test_pages_round_down_by_at_most_a_step():
+    for n in [1, 5, 64, 127, 128, 129, 1000, 25_001, 171_000, 1 << 20]:
+        r = round_pages(n)
+        assert n * (1 - 1 / PAGE_STEPS) <= r <= n
+        assert round_pages(r) == r
+    assert round_pages(1007) == 1000 and round_pages(1007, min_pages=1005) == 1005  # never below what the engine needs
 
 
 def test_too_little_memory_names_the_knob():
@@ -56,7 +81,8 @@ def test_engine_pool_is_sized_from_device_memory(monkeypatch, model):
         # The plan's per-page and fixed bytes are the real pools' bytes, to the byte.
         assert mem["kv_pool_bytes"] + mem["state_pool_bytes"] == plan.fixed_bytes + plan.page_bytes * plan.num_pages
         static = weights + mem["workspace_bytes"] + mem["kv_pool_bytes"] + mem["state_pool_bytes"]
-        assert static <= 0.5 * (256 << 20) < static + plan.page_bytes
+        fits = (int(0.5 * (256 << 20)) - static) // plan.page_bytes + plan.num_pages  # before rounding
+        assert static <= 0.5 * (256 << 20) and plan.num_pages == round_pages(fits, eng.engine_config.layout.min_pages)
         assert info["num_total_pages"] == plan.num_pages - 1
         assert info["max_total_tokens"] == (plan.num_pages - 1) * 16
         out = eng.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 3, "temperature": 0})

@@ -103,16 +103,25 @@ def test_a_split_target_warm_start_runs_on_its_mesh(tmp_path):
 
 def test_a_warm_start_sizes_the_pool_as_the_cold_one(monkeypatch, tmp_path):
     """Sizing the pool from device memory reads the workspace of the largest buckets' executables:
-    loaded ones report the same bytes as compiled ones, so the plan is the same."""
+    loaded ones report the same bytes as compiled ones. The second start finds a little less in use,
+    enough that what fits now rounds to one more step of pages: it keeps the first start's count, so
+    its pool has the same shape and every step loads."""
     model = load_model(tiny_dir("qwen3"), dtype="float32")
     weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
-    monkeypatch.setattr(memory, "device_memory", lambda device=None: DeviceMemory(256 << 20, weights))
+    in_use = [weights]
+    monkeypatch.setattr(memory, "device_memory", lambda device=None: DeviceMemory(256 << 20, in_use[0]))
     small = dict(dtype="float32", cuda_graph_bs=[2], max_running_requests=2, chunked_prefill_size=32,
                  context_length=96, show_progress=False, compilation_cache_dir=str(tmp_path))
     runs = []
     for _ in range(2):
         with Engine(model, mem_fraction_static=0.5, **small) as eng:
             info = eng.get_server_info()
-            runs.append((info["memory"]["workspace_bytes"], eng.engine_config.memory_plan, info["executable_cache"]))
+            plan = eng.engine_config.memory_plan
+            runs.append((info["memory"]["workspace_bytes"], plan.num_pages, info["executable_cache"]))
+        # Free memory for the next start: what fits reaches the next multiple of the rounding step.
+        static = int(0.5 * (256 << 20)) - plan.resident_bytes - plan.workspace_bytes - plan.fixed_bytes
+        fits, step = static // plan.page_bytes, memory.page_step(plan.num_pages)
+        in_use[0] -= (plan.num_pages + step - fits) * plan.page_bytes
+        assert memory.round_pages(fits + (plan.num_pages + step - fits)) > plan.num_pages  # rounding alone would move
     assert runs[0][0] > 0 and runs[0][:2] == runs[1][:2]
     assert runs[0][2]["hits"] == 0 and runs[1][2]["misses"] == 0
