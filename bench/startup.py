@@ -57,7 +57,7 @@ def child(preset: str, cache_dir: str, engine_kw: dict) -> dict:
             "num_buckets": len(info["compile_seconds_per_bucket"]),
             "executable_cache": info.get("executable_cache"), "first_request_s": t_first - t_engine,
             "first_request_tokens": out["meta_info"]["completion_tokens"], "num_total_pages": info["num_total_pages"],
-            "memory": info.get("memory"),
+            "memory": info.get("memory"), "compile_seconds_per_bucket": info["compile_seconds_per_bucket"],
             "device": jax.devices()[0].device_kind, "num_devices": jax.device_count(),
             "jax_version": jax.__version__}
 
