@@ -13,6 +13,7 @@ compile seconds, the bucket count and the cache's hits, then one short request's
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import subprocess
@@ -88,6 +89,10 @@ def main(argv=None) -> int:
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         rec = {"run": name, "preset": args.preset, "engine": kw, "process_wall_s": wall,
                "commit": os.environ.get("JSPEC_COMMIT", commit), "command": " ".join(sys.argv)}
+        rec["stored_entries"] = len(glob.glob(os.path.join(cache_dir, "executables", "*.jexe")))
+        warnings = [x for x in proc.stderr.splitlines() if "executable cache" in x]
+        if warnings:
+            rec["cache_warnings"] = sorted(set(w[-400:] for w in warnings))[:5]
         if line is None:
             rec["error"] = (proc.stderr or proc.stdout)[-2000:]
         else:
@@ -97,6 +102,7 @@ def main(argv=None) -> int:
         print(f"{name:9s} process {wall:6.1f} s  engine {rec.get('engine_init_s', float('nan')):6.1f} s  "
               f"compile {rec.get('compile_s', float('nan')):6.1f} s  buckets {rec.get('num_buckets')}  "
               f"exe cache {rec.get('executable_cache')}  first request {rec.get('first_request_s', float('nan')):.2f} s"
+              + f"  entries {rec['stored_entries']}" + (f"  WARNINGS {rec['cache_warnings']}" if "cache_warnings" in rec else "")
               + (f"  ERROR {rec['error'][-300:]}" if "error" in rec else ""), flush=True)
     return 0
 
