@@ -50,6 +50,17 @@ def _scalar_tree(value) -> bool:
     return isinstance(value, (tuple, frozenset)) and all(_scalar_tree(v) for v in value)
 
 
+def _canonical(value) -> str:
+    """repr of a scalar tree with sets in sorted order: a set's iteration order follows string
+    hashes, which differ between processes (`in {...}` tests compile to frozenset constants, and
+    Python 3.12 writes one into every frozen dataclass's `__setattr__`)."""
+    if isinstance(value, frozenset):
+        return "frozenset({" + ", ".join(sorted(map(_canonical, value))) + "})"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(map(_canonical, value)) + ",)"
+    return repr(value)
+
+
 def _feed_code(h, code: types.CodeType) -> None:
     h.update(code.co_code)
     h.update(repr(code.co_names).encode())
@@ -57,7 +68,7 @@ def _feed_code(h, code: types.CodeType) -> None:
         if isinstance(const, types.CodeType):
             _feed_code(h, const)
         elif _scalar_tree(const):
-            h.update(repr(const).encode())
+            h.update(_canonical(const).encode())
 
 
 def _feed(h, name: str, value, module: str, depth: int = 0) -> None:
@@ -70,13 +81,13 @@ def _feed(h, name: str, value, module: str, depth: int = 0) -> None:
         h.update(name.encode())
         _feed_code(h, value.__code__)
         if value.__defaults__ and _scalar_tree(value.__defaults__):
-            h.update(repr(value.__defaults__).encode())
+            h.update(_canonical(value.__defaults__).encode())
     elif isinstance(value, type) and depth == 0 and value.__module__ == module:
         h.update(name.encode())
         for key, member in sorted(vars(value).items()):
             _feed(h, key, member, module, depth + 1)
     elif _scalar_tree(value):
-        h.update(f"{name}={value!r}".encode())
+        h.update(f"{name}={_canonical(value)}".encode())
 
 
 def code_digest() -> str:

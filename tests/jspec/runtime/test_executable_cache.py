@@ -4,6 +4,8 @@ compiled again."""
 
 import glob
 import os
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -76,6 +78,31 @@ def test_patched_code_changes_the_key(monkeypatch):
     assert executable_cache.code_digest() == before
     monkeypatch.setattr(ops, "BACKENDS", ("reference",))  # a patched constant
     assert executable_cache.code_digest() != before
+
+
+DIGEST_IN_A_NEW_PROCESS = """
+import dataclasses
+from jspec.models import ops
+from jspec.runtime.executable_cache import code_digest
+ops.is_known = lambda name: name in {"alpha", "beta", "gamma", "delta", "epsilon"}  # a frozenset constant
+@dataclasses.dataclass(frozen=True)
+class Frozen:  # Python 3.12 tests field names against a set literal in __setattr__
+    alpha: int = 1
+    beta: int = 2
+    gamma: int = 3
+Frozen.__module__ = ops.__name__
+ops.Frozen = Frozen
+print(code_digest())
+"""
+
+
+def test_the_key_is_the_same_in_every_process():
+    """Set iteration order follows string hashes, which differ per process: the code digest must not
+    (a restarted engine would miss every step)."""
+    digests = {subprocess.run([sys.executable, "-c", DIGEST_IN_A_NEW_PROCESS], capture_output=True, text=True,
+                              check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+               for seed in ("1", "2", "3")}
+    assert len(digests) == 1
 
 
 def test_a_damaged_entry_is_compiled_again(cold):
