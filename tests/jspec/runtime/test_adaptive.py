@@ -42,39 +42,72 @@ def plain_outputs():
     return out
 
 
+@pytest.fixture(scope="module")
+def small_engines():
+    """`small_engines(name)`: one engine per drafter at batch sizes 1, 2 and 4, kept for the module;
+    EAGLE3's is adaptive (the default), shared by the two tests below, each setting the policy's
+    knobs it needs; NEXTN's is built with the capped policy its one test uses."""
+    engines = {}
+
+    def get(name):
+        if name not in engines:
+            path, spec = DRAFTERS[name]
+            knobs = {} if name == "eagle3" else dict(speculative_adaptive=False, speculative_disable_by_batch_size=2)
+            engines[name] = Engine(path, **SMALL, **spec, **knobs)
+        return engines[name]
+
+    yield get
+    for eng in engines.values():
+        eng.shutdown()
+
+
+def _policy_counts(eng) -> tuple[dict, dict, int]:
+    info = eng.get_server_info()
+    return dict(info["speculative_policy"]), dict(info["spec_accept_length_histogram"]), info["num_steps"]["decode"]
+
+
 @pytest.mark.parametrize("name", ["eagle3", "nextn_hybrid"])  # every drafter: the test below
-def test_switching_both_ways_keeps_greedy_output(name, plain_outputs):
+def test_switching_both_ways_keeps_greedy_output(name, plain_outputs, small_engines):
     """The long prompt alone first (speculating throughout: the reference accept length), then
     all three: while two or more run the engine decodes plainly (vLLM's cap), then the long one
     speculates again. Greedy output is the target's, and the drafts after the pause are accepted
     about as well as before it (a drafter that missed the paused positions would draft from stale
     KV / context / history)."""
-    path, spec = DRAFTERS[name]
-    with Engine(path, **SMALL, **spec, speculative_adaptive=False, speculative_disable_by_batch_size=2) as eng:
-        alone = eng.generate(input_ids=PROMPTS[0], sampling_params=SP[0])
-        first = eng.get_server_info()
-        got = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=SP)]
-        info = eng.get_server_info()
+    path, _ = DRAFTERS[name]
+    eng = small_engines(name)
+    eng.policy.adaptive, eng.policy.disable_by_batch_size = False, 2
+    assert eng.flush_cache()
+    start = _policy_counts(eng)
+    alone = eng.generate(input_ids=PROMPTS[0], sampling_params=SP[0])
+    first = _policy_counts(eng)
+    got = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=SP)]
+    end = _policy_counts(eng)
     assert alone["output_ids"] == plain_outputs[path][0]
     assert got == plain_outputs[path]
-    policy, before = info["speculative_policy"], first["speculative_policy"]
-    assert before["num_plain_steps"] == 0
-    assert policy["num_plain_steps"] >= 5 and policy["num_spec_steps"] - before["num_spec_steps"] >= 3, policy
-    assert info["num_steps"]["decode"] == policy["num_plain_steps"]
-    after = {k: v - first["spec_accept_length_histogram"].get(k, 0)
-             for k, v in info["spec_accept_length_histogram"].items()}
-    assert _mean(after) >= 0.75 * _mean(first["spec_accept_length_histogram"]), (name, after, first)
+
+    def steps(a, b, key):
+        return b[0][key] - a[0][key]
+
+    def hist(a, b):
+        return {k: v - a[1].get(k, 0) for k, v in b[1].items() if v - a[1].get(k, 0)}
+
+    assert steps(start, first, "num_plain_steps") == 0
+    assert steps(first, end, "num_plain_steps") >= 5 and steps(first, end, "num_spec_steps") >= 3, end[0]
+    assert end[2] - first[2] == steps(first, end, "num_plain_steps")  # the plain steps are the decode steps
+    after, before = hist(first, end), hist(start, first)
+    assert _mean(after) >= 0.75 * _mean(before), (name, after, before)
 
 
 def _mean(hist: dict) -> float:
     return sum(k * v for k, v in hist.items()) / sum(hist.values())
 
 
-def test_adaptive_engine_measures_and_reports_its_choices(plain_outputs):
-    path, spec = DRAFTERS["eagle3"]
-    with Engine(path, **SMALL, **spec) as eng:  # speculative_adaptive is on by default
-        got = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=SP)]
-        policy = eng.get_server_info()["speculative_policy"]
+def test_adaptive_engine_measures_and_reports_its_choices(plain_outputs, small_engines):
+    path, _ = DRAFTERS["eagle3"]
+    eng = small_engines("eagle3")
+    eng.policy.adaptive, eng.policy.disable_by_batch_size = True, None  # the engine's own default
+    got = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=SP)]
+    policy = eng.get_server_info()["speculative_policy"]
     assert got == plain_outputs[path]
     assert policy["speculative_adaptive"] is True
     assert set(policy["step_times_ms"]) == {1, 2, 4}
@@ -149,30 +182,34 @@ def adaptive_runs():
     """`adaptive_runs(name)`: one adaptive engine per drafter (every variant compiled, batch 1),
     run twice with the policy's choice replaced: cycling through plain, every shorter variant and
     the configured step over PROMPTS; then plain steps only for PROMPTS[0] (prefix cache flushed
-    first), with the drafter's view after it. Shared by the two tests below (one engine each)."""
-    done = {}
+    first), with the drafter's view after it. Shared by the two tests below (one engine each);
+    the engines stay up for the module (`adaptive_runs.engines`)."""
+    done, engines = {}, {}
 
     def run(name):
         if name not in done:
             path, spec = DRAFTERS[name]
-            with Engine(path, **ONE, **spec) as eng:  # speculative_adaptive is on by default
-                shorter = eng.runner.drafting.shorter_chains
-                ks = [0, *shorter, eng.policy.max_drafts]
-                cycle, ran = itertools.cycle(ks), []
-                eng.policy.choose = lambda b, n: ran.append(next(cycle)) or ran[-1]
-                got = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=SP)]
-                kinds = {(b.speculate, b.draft_steps) for b in eng.runner.buckets if b.mode.value == "decode"}
-                assert eng.flush_cache()
-                before = eng.get_server_info()["num_steps"]["decode"]
-                eng.policy.choose = lambda b, n: 0
-                plain = eng.generate(input_ids=PROMPTS[0], sampling_params=PLAIN_SP)["output_ids"]
-                plain_steps = eng.get_server_info()["num_steps"]["decode"] - before
-                view = _drafter_view(eng, len(PROMPTS[0]) + len(plain) - 1)
+            eng = engines[name] = Engine(path, **ONE, **spec)  # speculative_adaptive is on by default
+            shorter = eng.runner.drafting.shorter_chains
+            ks = [0, *shorter, eng.policy.max_drafts]
+            cycle, ran = itertools.cycle(ks), []
+            eng.policy.choose = lambda b, n: ran.append(next(cycle)) or ran[-1]
+            got = [o["output_ids"] for o in eng.generate(input_ids=PROMPTS, sampling_params=SP)]
+            kinds = {(b.speculate, b.draft_steps) for b in eng.runner.buckets if b.mode.value == "decode"}
+            assert eng.flush_cache()
+            before = eng.get_server_info()["num_steps"]["decode"]
+            eng.policy.choose = lambda b, n: 0
+            plain = eng.generate(input_ids=PROMPTS[0], sampling_params=PLAIN_SP)["output_ids"]
+            plain_steps = eng.get_server_info()["num_steps"]["decode"] - before
+            view = _drafter_view(eng, len(PROMPTS[0]) + len(plain) - 1)
             done[name] = dict(shorter=shorter, ks=ks, ran=ran, got=got, kinds=kinds, plain=plain,
                               plain_steps=plain_steps, view=view)
         return done[name]
 
-    return run
+    run.engines = engines
+    yield run
+    for eng in engines.values():
+        eng.shutdown()
 
 
 @pytest.mark.parametrize("name", ["eagle3", "eagle3_tree", "nextn_hybrid", "standalone", "ngram", "dflash"])
@@ -207,14 +244,19 @@ def test_a_plain_step_leaves_the_drafter_as_a_rejected_speculation_would(name, a
         np.testing.assert_allclose(plain["view"][key], rejected[key], rtol=2e-5, atol=2e-5, err_msg=f"{name}: {key}")
 
 
-def test_plain_steps_sample_too():
+def test_plain_steps_sample_too(adaptive_runs):
     """Sampling rows in plain steps (temperature > 0): a seeded request gives the same tokens twice,
-    all within the vocabulary, and the engine stays leak-free in between."""
-    path, spec = DRAFTERS["ngram"]
+    all within the vocabulary, and the engine stays leak-free in between (NGRAM's adaptive engine,
+    its policy held at plain steps)."""
+    adaptive_runs("ngram")
+    eng = adaptive_runs.engines["ngram"]
+    eng.policy.choose = lambda b, n: 0
+    assert eng.flush_cache()
+    spec_before = eng.get_server_info()["num_steps"]["spec"]
     sp = {"max_new_tokens": 10, "temperature": 0.8, "seed": 7}
-    with Engine(path, **ONE, **spec, speculative_adaptive=False, speculative_disable_by_batch_size=1) as eng:
-        a = eng.generate(input_ids=PROMPTS[1], sampling_params=sp)["output_ids"]
-        b = eng.generate(input_ids=PROMPTS[1], sampling_params=sp)["output_ids"]
-        info = eng.get_server_info()
+    a = eng.generate(input_ids=PROMPTS[1], sampling_params=sp)["output_ids"]
+    b = eng.generate(input_ids=PROMPTS[1], sampling_params=sp)["output_ids"]
+    assert eng.flush_cache()
+    info = eng.get_server_info()
     assert a == b and len(a) == 10 and all(0 <= t < eng.config.vocab_size for t in a)
-    assert info["num_steps"]["spec"] == 0 and info["num_free_pages"] == info["num_total_pages"]
+    assert info["num_steps"]["spec"] == spec_before and info["num_free_pages"] == info["num_total_pages"]
