@@ -16,6 +16,7 @@ from the parameters' shardings; a custom kernel is opaque to XLA, hence the expl
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 
@@ -109,7 +110,24 @@ def _pick(module: str, name: str, ref):
     fn = _kernel(module, name)
     if fn is None:
         return ref, {}
-    return fn, ({"interpret": True} if b == "interpret" else {})
+    return _shared(fn), ({"interpret": True} if b == "interpret" else {})
+
+
+def _shared(fn):
+    """A kernel entry point under one `jax.jit` per kernel, with every non-array keyword static:
+    the layers of a step call each kernel with the same shapes and settings, so the kernel is
+    traced and lowered once per step instead of once per layer (a Pallas kernel's lowering is
+    most of a layer's trace-and-lower time). XLA inlines the call: the compiled step is the same."""
+    def call(*args, **kw):
+        static = tuple(sorted(k for k, v in kw.items() if not isinstance(v, jax.Array)))
+        return _jit(fn, static)(*args, **kw)
+
+    return call
+
+
+@functools.lru_cache(maxsize=None)
+def _jit(fn, static: tuple[str, ...]):
+    return jax.jit(fn, static_argnames=static)
 
 
 # ----------------------------------------------------------------------------- paged attention
