@@ -104,6 +104,7 @@ def plan_pages(memory: DeviceMemory, *, mem_fraction_static: float | None, page_
 
 
 def keep_or_round(fits: int, min_pages: int, previous: int | None) -> int:
+    """previous where it fits and gives up less than 1/PAGE_STEPS of what fits, else fits rounded."""
     if previous is not None and max(min_pages, fits * (1 - 1 / PAGE_STEPS)) <= previous <= fits:
         return previous
     return round_pages(fits, min_pages)

@@ -189,10 +189,14 @@ class ExecutableCache:
             return None
 
     def remember(self, key: str, value: int) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(str(int(value)))
-        os.replace(tmp, os.path.join(self.directory, key + ".int"))
+        """Store a number under key (atomically); a folder that cannot be written only logs."""
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                f.write(str(int(value)))
+            os.replace(tmp, os.path.join(self.directory, key + ".int"))
+        except OSError as e:
+            log.warning("executable cache: %s not remembered (%s)", key, e)
 
     def store(self, key: str, executables: list) -> None:
         """Write the executables under key; one that cannot be serialized leaves no entry."""
