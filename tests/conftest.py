@@ -17,18 +17,28 @@ The compiled-step cache (`jspec.runtime.executable_cache`) is off for the suite
 `compilation_cache_dir` cannot load steps another test run left in the user's cache. Its own tests
 turn it on.
 
+Engines that name no `compilation_cache_dir` (and the `jspec serve` / `jspec bench` subprocesses)
+use a cache folder of this test process (`JSPEC_COMPILATION_CACHE`), not the user's
+~/.cache/jspec: a test run neither writes into the user's cache nor runs faster because an earlier
+run warmed it.
+
 Flags the caller already set in XLA_FLAGS come last and so win. Subprocesses inherit the test
 flags; the one that runs `jspec demo` as a user would gets the caller's own (`JSPEC_USER_XLA_FLAGS`),
 because its 10 engines generate enough tokens that -O1 code costs more than it saves.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=1 --xla_cpu_use_fusion_emitters=false "
                   "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JSPEC_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
 os.environ["XLA_FLAGS"] = f"{TEST_XLA_FLAGS} {os.environ['JSPEC_USER_XLA_FLAGS']}".strip()
 os.environ["JSPEC_EXECUTABLE_CACHE"] = "0"
+os.environ["JSPEC_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="jspec-test-xla-")
+atexit.register(shutil.rmtree, os.environ["JSPEC_COMPILATION_CACHE"], ignore_errors=True)
 
 # ----------------------------------------------------------------------------- shared fixtures
 # Imported after the flags above (none of these modules starts JAX, but keep it that way).
