@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import subprocess
 import sys
 import time
 
@@ -20,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.api import Engine
+from jspec.bench.record import environment
 from jspec.config import parse_hf_config
 from jspec.models import ops
 from jspec.models.loader import random_model
@@ -42,10 +41,6 @@ def main(argv=None) -> int:
     model = args.model_path or random_model(cfg, dtype="bfloat16", seed=0, scale=0.02)
     kw = {"chunked_prefill_size": 64, "context_length": 256, "max_total_tokens": 2048, **json.loads(args.engine_json)}
     eng = Engine(model, dtype="bfloat16", show_progress=False, compilation_cache_dir="none", **kw)
-    try:
-        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:  # noqa: BLE001
-        commit = os.environ.get("JSPEC_COMMIT", "unknown")
     runner, rows = eng.runner, []
     with ops.use_backend("pallas"):
         for b in runner.buckets:
@@ -63,8 +58,8 @@ def main(argv=None) -> int:
                   f"custom calls {rows[-1]['custom_calls']}", flush=True)
     eng.shutdown()
     rec = {"preset": args.model_path or args.preset, "layers": eng.config.num_hidden_layers, "engine": kw, "buckets": rows,
-           "total_s": sum(r["trace_s"] + r["lower_s"] for r in rows), "commit": commit,
-           "jax_version": jax.__version__, "host_platform": jax.default_backend(), "command": " ".join(sys.argv)}
+           "total_s": sum(r["trace_s"] + r["lower_s"] for r in rows), **environment(),
+           "command": " ".join(sys.argv)}
     print(f"total {rec['total_s']:.2f} s over {len(rows)} buckets")
     with open(args.out, "a") as f:
         f.write(json.dumps(rec) + "\n")

@@ -29,6 +29,7 @@ def child(preset: str, cache_dir: str, engine_kw: dict) -> dict:
     import jax
 
     from jspec.api import Engine
+    from jspec.bench.record import environment
     from jspec.config import parse_hf_config
     from jspec.models.loader import random_model
     from jspec.models.presets import preset_config
@@ -59,8 +60,7 @@ def child(preset: str, cache_dir: str, engine_kw: dict) -> dict:
             "executable_cache": info.get("executable_cache"), "first_request_s": t_first - t_engine,
             "first_request_tokens": out["meta_info"]["completion_tokens"], "num_total_pages": info["num_total_pages"],
             "memory": info.get("memory"), "compile_seconds_per_bucket": info["compile_seconds_per_bucket"],
-            "device": jax.devices()[0].device_kind, "num_devices": jax.device_count(),
-            "jax_version": jax.__version__}
+            **environment()}
 
 
 def main(argv=None) -> int:
@@ -76,10 +76,6 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(child(args.preset, args.cache_dir, kw)), flush=True)
         return 0
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="jspec-startup-")
-    try:
-        commit = subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
-    except Exception:  # noqa: BLE001
-        commit = os.environ.get("JSPEC_COMMIT", "unknown")
     for name, env in RUNS:
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, __file__, "--child", "--preset", args.preset, "--cache-dir",
@@ -87,8 +83,8 @@ def main(argv=None) -> int:
                               env={**os.environ, **env}, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        rec = {"run": name, "preset": args.preset, "engine": kw, "process_wall_s": wall,
-               "commit": os.environ.get("JSPEC_COMMIT", commit), "command": " ".join(sys.argv)}
+        # Device, versions and commit come from the child (the parent leaves the GPU to the children).
+        rec = {"run": name, "preset": args.preset, "engine": kw, "process_wall_s": wall, "command": " ".join(sys.argv)}
         rec["stored_entries"] = len(glob.glob(os.path.join(cache_dir, "executables", "*.jexe")))
         warnings = [x for x in proc.stderr.splitlines() if "executable cache" in x]
         if warnings:
