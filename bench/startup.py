@@ -8,7 +8,7 @@ engine keywords say otherwise; `"speculative_draft_model_path": "random"` builds
 Each run reports the engine's construction time (pool sizing, compile, warm-up), the runner's
 compile seconds, the bucket count and the cache's hits, then one short request's latency.
 
-  python3 bench/startup.py --preset qwen3-8b --out $OUT/startup.jsonl [--engine-json '{...}']
+  python3 bench/startup.py --preset qwen3-8b --out $OUT/startup.jsonl [--engine-json '{...}'] [--runs cold]
 """
 from __future__ import annotations
 
@@ -69,6 +69,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--engine-json", default="{}", help="Engine keywords (default: the default buckets)")
     ap.add_argument("--cache-dir", default=None, help="shared cache folder (default: a new empty one)")
+    ap.add_argument("--runs", default=",".join(n for n, _ in RUNS),
+                    help="which of cold,warm_xla,warm to run, in that order (a warm run needs the cold one's folder)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     kw = json.loads(args.engine_json)
@@ -76,7 +78,10 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(child(args.preset, args.cache_dir, kw)), flush=True)
         return 0
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="jspec-startup-")
+    wanted = set(args.runs.split(","))
     for name, env in RUNS:
+        if name not in wanted:
+            continue
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, __file__, "--child", "--preset", args.preset, "--cache-dir",
                                cache_dir, "--engine-json", args.engine_json, "--out", "-"],

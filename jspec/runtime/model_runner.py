@@ -30,6 +30,7 @@ from jspec.cache.pool import PoolLayout, allocate_caches, pool_specs
 from jspec.models import ops
 from jspec.models.batch import ForwardMode
 from jspec.runtime import grammar, sampler, split_step
+from jspec.runtime.compile_options import step_compiler_options
 from jspec.runtime.executable_cache import ExecutableCache, abstract_signature, models_signature
 from jspec.runtime.grammar import mask_words, token_words
 from jspec.runtime.scheduler import StepPlan
@@ -276,7 +277,8 @@ class ModelRunner:
         parts = None if key is None or not cached else self.executables.load(key, self.mesh.devices.flat)
         if parts is None:
             lowered = self._lower(bucket, state) if lowered is None else lowered
-            parts = [part.compile() for part in (lowered if isinstance(lowered, tuple) else (lowered,))]
+            options = step_compiler_options(self.mesh.devices.flat[0].platform, bucket, self.drafting) or None
+            parts = [part.compile(options) for part in (lowered if isinstance(lowered, tuple) else (lowered,))]
             if key is not None:
                 self.executables.store(key, parts)
         return parts
