@@ -218,7 +218,8 @@ def test_masks_are_filled_while_the_next_forward_runs(engine):
     assert re.fullmatch(REGEX, out["text"])
     assert len(unread) >= len(out["output_ids"]) - 2 and all(unread), unread  # each launched with the last unread
     with Engine(engine.model.path, page_size=4, chunked_prefill_size=16, context_length=96, tp_size=2,
-                grammar_backend="llguidance", disable_overlap_schedule=True, **SMALL) as v1:
+                grammar_backend="llguidance", disable_overlap_schedule=True, disable_top_k_top_p=True,  # greedy only
+                **SMALL) as v1:
         assert any(isinstance(e, SplitExecutable) for e in v1.runner.compiled.values())
         assert v1.generate(input_ids=_ids("go"), sampling_params=sp)["output_ids"] == out["output_ids"]
 
@@ -234,7 +235,7 @@ def test_a_speculative_engines_plain_steps_fill_masks_while_the_forward_runs(eng
                 # Plain steps only, as the policy chooses at large batches (not adaptive: no
                 # shorter-chain variants to compile, which this test does not run).
                 **{**SMALL, "cuda_graph_bs": [1], "speculative_adaptive": False,
-                   "speculative_disable_by_batch_size": 1}) as eng:
+                   "speculative_disable_by_batch_size": 1, "disable_top_k_top_p": True}) as eng:
         unread, core = [], eng.core
         for b, exe in eng.runner.compiled.items():
             if isinstance(exe, SplitExecutable) and not b.speculate:

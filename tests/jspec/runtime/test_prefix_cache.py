@@ -18,7 +18,10 @@ from tests.support.engines import SMALL, check_no_leaks, output_ids
 SYSTEM = tm.random_ids(37, seed=77)
 PROMPTS = [SYSTEM + tm.random_ids(n, seed=500 + n) for n in (3, 6, 1, 9)]
 GREEDY = {"max_new_tokens": 9, "temperature": 0, "ignore_eos": True}
-SETTINGS = {**SMALL, "cuda_graph_bs": [4], "chunked_prefill_size": 64, "context_length": 96}
+# One prompt bucket of 64 tokens (a shorter chunk runs padded into it) and no top-k / top-p sampler
+# variants: three compiled steps per engine.
+SETTINGS = {**SMALL, "cuda_graph_bs": [4], "chunked_prefill_size": 64, "prefill_token_buckets": [64],
+            "context_length": 96, "disable_top_k_top_p": True}
 
 
 @pytest.fixture(scope="module")
