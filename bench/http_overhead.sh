@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # What the HTTP server costs (bench/README.md, "HTTP server"): the same workload through `jspec serve`
 # (streamed /generate, `jspec bench serve --backend http`) and in process, Qwen3-8B shape + random
-# EAGLE3 3/1/4 at simulated accept 3 (spec v2), random 1024 in / 512 out, concurrency 1 (4 prompts),
+# EAGLE3 3/1/4 at simulated accept 3 (spec v2), random 1024 in / 512 out, concurrency 1 (8 prompts),
 # 32 (64 prompts) and 128 (256 prompts). Writes JSONL and logs under OUT. WHEELS: a folder of wheels to install the
-# serve extra from (a machine without a network).
+# serve extra from (a machine without a network). SERVER_ONLY=1: the HTTP runs only (no in-process
+# runs); JSPEC_SWITCH_INTERVAL reaches the server (`jspec serve`'s GIL switch interval).
 set -euo pipefail
 out=$1
 if [[ -n "${WHEELS:-}" ]]; then
@@ -23,15 +24,16 @@ for _ in $(seq 300); do
   sleep 1
 done
 for c in 1 32 128; do
-  n=$(( c == 1 ? 4 : 2 * c ))
+  n=$(( c == 1 ? 8 : 2 * c ))
   python3 -m jspec.cli bench serve --backend http --base-url http://127.0.0.1:30000 --model-path random:qwen3-8b \
       "${work[@]}" \
       --num-prompts $n --max-concurrency $c --output-file "$out/serve_http_overhead.jsonl" 2>&1 \
       | tee -a "$out/http_bench.log" | grep -E "Output token throughput|Mean TTFT"
 done
 kill -TERM $server; wait $server || true
+[[ -n "${SERVER_ONLY:-}" ]] && exit 0
 for c in 1 32 128; do
-  n=$(( c == 1 ? 4 : 2 * c ))
+  n=$(( c == 1 ? 8 : 2 * c ))
   python3 -m jspec.cli bench serve "${engine[@]}" "${work[@]}" --num-prompts $n --max-concurrency $c \
       --output-file "$out/serve_http_overhead.jsonl" 2>&1 | tee -a "$out/engine_bench.log" \
       | grep -E "Output token throughput|Mean TTFT"

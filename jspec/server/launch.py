@@ -12,6 +12,7 @@ exits 0.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 
@@ -87,6 +88,12 @@ def run(args) -> int:
     from jspec.server.app import build_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The engine loop, uvicorn's event loop and one thread per stream share the GIL; a thread that
+    # wants it waits for the holder to block or for the switch interval to pass (JSPEC_SWITCH_INTERVAL
+    # seconds; Python's default 0.005).
+    interval = os.environ.get("JSPEC_SWITCH_INTERVAL")
+    if interval:
+        sys.setswitchinterval(float(interval))
     kw = {**engine_kwargs(args), **spec_kwargs(args)}
     model = open_model(args)
     engine = Engine(model, **with_draft(kw, model, args))
