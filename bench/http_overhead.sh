@@ -4,7 +4,7 @@
 # EAGLE3 3/1/4 at simulated accept 3 (spec v2), random 1024 in / 512 out, concurrency 1 (8 prompts),
 # 32 (64 prompts) and 128 (256 prompts). Writes JSONL and logs under OUT. WHEELS: a folder of wheels to install the
 # serve extra from (a machine without a network). SERVER_ONLY=1: the HTTP runs only (no in-process
-# runs); JSPEC_SWITCH_INTERVAL reaches the server (`jspec serve`'s GIL switch interval).
+# runs); JSPEC_SWITCH_INTERVAL reaches the server (`jspec serve`'s GIL switch interval, default 0.0005 s).
 set -euo pipefail
 out=$1
 if [[ -n "${WHEELS:-}" ]]; then

@@ -19,6 +19,7 @@ import sys
 from jspec.errors import ConfigError
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+SWITCH_INTERVAL = 0.0005  # seconds: the GIL switch interval of `jspec serve` (see run)
 
 
 def add_serve_parser(sub) -> None:
@@ -89,11 +90,11 @@ def run(args) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The engine loop, uvicorn's event loop and one thread per stream share the GIL; a thread that
-    # wants it waits for the holder to block or for the switch interval to pass (JSPEC_SWITCH_INTERVAL
-    # seconds; Python's default 0.005).
-    interval = os.environ.get("JSPEC_SWITCH_INTERVAL")
-    if interval:
-        sys.setswitchinterval(float(interval))
+    # wants it waits for the holder to block or for the switch interval to pass. At Python's default
+    # 5 ms every hand-over (engine -> stream thread -> event loop) could wait that long while the
+    # engine loop plans the next step; a shorter interval (JSPEC_SWITCH_INTERVAL seconds) hands
+    # over sooner (measured: bench/README.md, "HTTP server").
+    sys.setswitchinterval(float(os.environ.get("JSPEC_SWITCH_INTERVAL", SWITCH_INTERVAL)))
     kw = {**engine_kwargs(args), **spec_kwargs(args)}
     model = open_model(args)
     engine = Engine(model, **with_draft(kw, model, args))
