@@ -4,10 +4,12 @@ XLA's persistent compilation cache is keyed by the lowered program: a warm start
 compiler but still traces and lowers every bucket in Python first, and that is most of a warm
 start's time. This cache is keyed by what a step's program is made from instead:
 
-- the code that traces it: the source files of `jspec` and `pallas_kernels` (kernels are imported
-  only when first traced), and every function (its bytecode, constants and the names it reads),
-  class and scalar constant of their loaded modules as they are in memory, so an edited file or
-  a patched function changes the key (`code_digest`);
+- the code that traces it: the source files of `jspec` and `pallas_kernels`, and every function
+  (its bytecode, constants and the names it reads), class and scalar constant of their modules
+  that can build a step, as they are in memory, so an edited file or a patched function changes
+  the key (`code_digest`). Those modules are all imported first, and the front ends (server,
+  benchmarks, training, command line) are left out of the in-memory part, so what else a process
+  happened to import (`jspec serve` imports the server before its engine starts) does not;
 - the jax and jaxlib versions, the platform, device kinds and ids, `XLA_FLAGS`, the kernel backend
   and the jax settings that change lowering;
 - the engine's resolved settings, the target's and drafter's configuration and module structure
@@ -23,11 +25,13 @@ must be as trusted as the code itself (it is the user's own cache directory).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import logging
 import os
 import pickle
+import pkgutil
 import sys
 import tempfile
 import types
@@ -41,6 +45,9 @@ from jspec.models import ops
 log = logging.getLogger(__name__)
 
 _PACKAGES = ("jspec", "pallas_kernels")
+# Modules that never build a step: their files are in the digest, their memory is not.
+_FRONT_ENDS = ("jspec.server", "jspec.bench", "jspec.train", "jspec.cli", "jspec.demo", "jspec.tiny",
+               "jspec.convert")
 _SCALARS = (int, float, str, bool, bytes, type(None))
 
 
@@ -90,9 +97,38 @@ def _feed(h, name: str, value, module: str, depth: int = 0) -> None:
         h.update(f"{name}={_canonical(value)}".encode())
 
 
+def _front_end(name: str) -> bool:
+    return any(name == f or name.startswith(f + ".") for f in _FRONT_ENDS)
+
+
+@functools.cache
+def step_modules() -> tuple[str, ...]:
+    """Every module of the packages that can build a step (all but the front ends), imported: a
+    fixed set, whatever the process imported before. One that cannot be imported here (a
+    missing optional dependency) is left out."""
+    names = list(_PACKAGES)
+    todo = [(importlib.import_module(p).__path__, p) for p in _PACKAGES]
+    while todo:
+        path, prefix = todo.pop()
+        for info in pkgutil.iter_modules(path, prefix + "."):
+            if _front_end(info.name):
+                continue
+            names.append(info.name)
+            if info.ispkg:
+                todo.append(([os.path.join(p, info.name.rsplit(".", 1)[-1]) for p in path], info.name))
+    loaded = []
+    for name in sorted(names):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+        loaded.append(name)
+    return tuple(loaded)
+
+
 def code_digest() -> str:
-    """A digest of jspec's and pallas_kernels' source files and of their loaded code as it is in
-    memory now."""
+    """A digest of jspec's and pallas_kernels' source files and of the step-building modules'
+    code as it is in memory now (`step_modules`)."""
     h = hashlib.sha256()
     for package in _PACKAGES:
         root = os.path.dirname(importlib.import_module(package).__file__)
@@ -102,7 +138,7 @@ def code_digest() -> str:
                 if f.endswith(".py"):
                     with open(os.path.join(folder, f), "rb") as src:
                         h.update(os.path.relpath(os.path.join(folder, f), root).encode() + src.read())
-    for name in sorted(m for m in list(sys.modules) if m.split(".")[0] in _PACKAGES):
+    for name in step_modules():
         module = sys.modules.get(name)
         if module is None:
             continue

@@ -105,6 +105,16 @@ def test_the_key_is_the_same_in_every_process():
     assert len(digests) == 1
 
 
+def test_the_key_does_not_depend_on_what_else_was_imported():
+    """`jspec serve` imports the server (and a user's script whatever it likes) before the engine
+    starts: the same steps must find the same entries as a bare `Engine(...)` does."""
+    code = "{}\nfrom jspec.runtime.executable_cache import code_digest\nprint(code_digest())"
+    digests = {subprocess.run([sys.executable, "-c", code.format(pre)], capture_output=True, text=True,
+                              check=True).stdout
+               for pre in ("", "import jspec.bench.record, jspec.server.stream_text, jspec.models.scoring")}
+    assert len(digests) == 1
+
+
 def test_a_damaged_entry_is_compiled_again(cold):
     cache_dir, outs, entries = cold
     buckets = len(entries)
