@@ -44,6 +44,7 @@ def add_serve_parser(sub) -> None:
 
 
 def validate(args) -> None:
+    switch_interval()
     for flag in ("max_running_requests", "max_total_tokens", "context_length", "chunked_prefill_size", "page_size",
                  "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
         v = getattr(args, flag, None)
@@ -58,6 +59,21 @@ def validate(args) -> None:
     given = [k for k in knobs if getattr(args, k) is not None]
     if given and args.speculative_algorithm is None:
         raise ConfigError(f"--{given[0].replace('_', '-')} needs --speculative-algorithm")
+
+
+def switch_interval() -> float:
+    """The GIL switch interval `jspec serve` runs with: $JSPEC_SWITCH_INTERVAL seconds, else
+    SWITCH_INTERVAL."""
+    raw = os.environ.get("JSPEC_SWITCH_INTERVAL")
+    if raw is None:
+        return SWITCH_INTERVAL
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ConfigError(f"JSPEC_SWITCH_INTERVAL={raw!r}: must be a number of seconds > 0")
+    return value
 
 
 def _server_class():
@@ -94,7 +110,7 @@ def run(args) -> int:
     # 5 ms every hand-over (engine -> stream thread -> event loop) could wait that long while the
     # engine loop plans the next step; a shorter interval (JSPEC_SWITCH_INTERVAL seconds) hands
     # over sooner (measured: bench/README.md, "HTTP server").
-    sys.setswitchinterval(float(os.environ.get("JSPEC_SWITCH_INTERVAL", SWITCH_INTERVAL)))
+    sys.setswitchinterval(switch_interval())
     kw = {**engine_kwargs(args), **spec_kwargs(args)}
     model = open_model(args)
     engine = Engine(model, **with_draft(kw, model, args))

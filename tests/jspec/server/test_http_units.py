@@ -181,6 +181,22 @@ def test_command_line_errors_name_the_flag(argv, flag, capsys):
     assert flag in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["fast", "0", "-1"])
+def test_a_bad_switch_interval_names_the_variable(value, monkeypatch, capsys):
+    monkeypatch.setenv("JSPEC_SWITCH_INTERVAL", value)
+    assert main(["serve", "--model-path", "x"]) == 2
+    assert "JSPEC_SWITCH_INTERVAL" in capsys.readouterr().err
+
+
+def test_the_switch_interval_defaults_and_can_be_set(monkeypatch):
+    from jspec.server.launch import SWITCH_INTERVAL, switch_interval
+
+    monkeypatch.delenv("JSPEC_SWITCH_INTERVAL", raising=False)
+    assert switch_interval() == SWITCH_INTERVAL
+    monkeypatch.setenv("JSPEC_SWITCH_INTERVAL", "0.002")
+    assert switch_interval() == 0.002
+
+
 def test_an_event_stream_left_before_its_first_event_still_closes():
     """The client is gone before the first event is sent: the events' generator never starts (its
     own cleanup never runs), and on_close (the abort of its requests) runs all the same."""
