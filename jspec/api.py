@@ -142,7 +142,7 @@ class Engine:
                                    spec_max_accept=0 if drafting is None else drafting.max_accept,
                                    prefill_ahead=0 if drafting is None else drafting.prefill_ahead,
                                    radix_cache=self.radix_cache, prefix_pages_per_step=cfg.prefix_pages_per_step,
-                                   schedule_policy=cfg.schedule_policy,
+                                   schedule_policy=cfg.schedule_policy, prefill_first=cfg.prefill_first,
                                    track_interval=cfg.mamba_track_interval)
         self.core = EngineCore(self.runner, self.scheduler, tokenizer=self.tokenizer,
                                eos_token_ids=self.eos_token_ids, overlap=self.overlap, policy=self.policy)

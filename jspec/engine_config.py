@@ -61,6 +61,7 @@ class EngineConfig:
     ep_size: int = 1  # tp_size: MoE experts split whole over those devices (expert parallelism)
     disable_radix_cache: bool = False  # the prefix cache (on where supported, see radix_cache_enabled)
     schedule_policy: str = "fcfs"  # admission order: "fcfs" or "lpm" (longest cached prefix first)
+    prefill_first: bool = False  # prompt-chunk steps before decode whenever a prompt can advance (else alternate)
     max_mamba_cache_size: int | None = None  # hybrid: GDN state rows, running requests + cached snapshots
     mamba_track_interval: int = 256  # hybrid: decode keeps the GDN state every this many tokens
     grammar_backend: str | None = None  # structured output (regex / json_schema / ebnf): "llguidance"
@@ -82,7 +83,7 @@ class EngineConfig:
         sizes, is in the steps' argument shapes) or what only the host loop reads."""
         spec = None if self.spec is None else dataclasses.replace(self.spec, draft_model_path=None)
         return repr(dataclasses.replace(self, model=None, spec=spec, memory_plan=None, show_progress=True,
-                                        transfer_guard=None))
+                                        transfer_guard=None, schedule_policy="fcfs", prefill_first=False))
 
     def server_args(self) -> dict:
         """The settings as `Engine.get_server_info` reports them."""
@@ -96,6 +97,7 @@ class EngineConfig:
                     enable_mixed_chunk=self.enable_mixed_chunk, mem_fraction_static=self.mem_fraction_static,
                     tp_size=self.tp_size, ep_size=self.ep_size, disable_radix_cache=self.disable_radix_cache,
                     radix_cache=self.radix_cache_enabled, schedule_policy=self.schedule_policy,
+                    prefill_first=self.prefill_first,
                     max_mamba_cache_size=self.layout.num_slots - 1 + self.layout.num_snapshots
                     if self.model_config.is_hybrid else None, mamba_track_interval=self.mamba_track_interval,
                     grammar_backend=self.grammar_backend, tokenizer_path=self.tokenizer_path,
@@ -123,7 +125,7 @@ class EngineConfig:
                max_top_logprobs_num: int = 20, skip_tokenizer_init: bool = False, show_progress: bool = True,
                enable_mixed_chunk: bool = False, transfer_guard: str | None = None,
                disable_top_k_top_p: bool = False, tp_size: int | None = None, ep_size: int | None = None,
-               disable_radix_cache: bool = False, schedule_policy: str = "fcfs",
+               disable_radix_cache: bool = False, schedule_policy: str = "fcfs", prefill_first: bool = False,
                max_mamba_cache_size: int | None = None, mamba_track_interval: int = 256,
                grammar_backend: str | None = None, tokenizer_path: str | None = None,
                enable_input_logprobs: bool = False, **speculative) -> EngineConfig:
@@ -189,6 +191,7 @@ class EngineConfig:
                    show_progress=bool(show_progress), transfer_guard=transfer_guard, spec=spec, spec_extra=spec_extra,
                    mem_fraction_static=mem_fraction_static, tp_size=tp, ep_size=ep,
                    disable_radix_cache=bool(disable_radix_cache), schedule_policy=schedule_policy,
+                   prefill_first=bool(prefill_first),
                    max_mamba_cache_size=max_mamba_cache_size, mamba_track_interval=mamba_track_interval,
                    grammar_backend=grammar_backend, tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
                    enable_input_logprobs=bool(enable_input_logprobs))

@@ -64,6 +64,9 @@ def add_engine_flags(p) -> None:
                    help="hybrid targets without speculation: decode keeps the GDN state every this many tokens")
     g.add_argument("--schedule-policy", choices=("fcfs", "lpm"),
                    help="admission order: arrival (fcfs) or longest cached prefix first (lpm)")
+    g.add_argument("--prefill-first", action="store_true", default=None,
+                   help="run a prompt-chunk step whenever a prompt can advance, decode only when none can "
+                        "(SGLang's order); default: prompt and decode steps alternate")
     g.add_argument("--cuda-graph-bs", type=_list(int, "ints"), help="decode batch buckets, e.g. 1,2,4,8")
     g.add_argument("--prefill-token-buckets", type=_list(int, "ints"), help="prefill token buckets, e.g. 64,512")
     g.add_argument("--compilation-cache-dir", help="persistent XLA cache ('none' to disable)")
@@ -220,7 +223,7 @@ def validate(args) -> None:
 # `jspec bench serve` flags that configure an engine: with --backend http the server's settings apply.
 _ENGINE_ONLY = ("dtype", "page_size", "max_running_requests", "max_total_tokens", "context_length",
                 "chunked_prefill_size", "mem_fraction_static", "tp_size", "ep_size", "disable_radix_cache",
-                "max_mamba_cache_size", "mamba_track_interval", "schedule_policy", "cuda_graph_bs",
+                "max_mamba_cache_size", "mamba_track_interval", "schedule_policy", "prefill_first", "cuda_graph_bs",
                 "prefill_token_buckets", "compilation_cache_dir", "enable_mixed_chunk", "skip_tokenizer_init",
                 "speculative_draft_model_path", "disable_top_k_top_p", "speculative_adaptive",
                 "speculative_disable_by_batch_size", "disable_overlap_schedule", "speculative_algorithm",

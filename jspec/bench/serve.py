@@ -19,7 +19,7 @@ ENGINE_FLAGS = ("dtype", "page_size", "max_running_requests", "max_total_tokens"
                 "cuda_graph_bs", "prefill_token_buckets", "context_length", "mem_fraction_static",
                 "compilation_cache_dir", "disable_top_k_top_p", "speculative_adaptive",
                 "speculative_disable_by_batch_size", "tp_size", "ep_size", "disable_radix_cache",
-                "schedule_policy", "max_mamba_cache_size", "mamba_track_interval", "grammar_backend",
+                "schedule_policy", "prefill_first", "max_mamba_cache_size", "mamba_track_interval", "grammar_backend",
                 "tokenizer_path", "enable_input_logprobs")
 # Speculative keywords, passed to the Engine only when an algorithm is set, so that runs without
 # speculation work on engines that do not know them yet.

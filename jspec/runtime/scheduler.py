@@ -10,7 +10,9 @@ Each call to `schedule` plans one step. Policy:
   that is fed over several steps, continuing before anything new is admitted.
 - Prefill and decode alternate while both have work, so neither starves the other (decode-only
   steps use the decode kernel). With `enable_mixed_chunk` (SGLang's name) decodes instead ride
-  along in every extend step as one-token rows.
+  along in every extend step as one-token rows. With `prefill_first` a prompt-chunk step runs
+  whenever a prompt can advance, decode only when none can (SGLang's order): first tokens come
+  sooner when many prompts arrive at once, while the running requests wait.
 - Pages are allocated at dispatch for exactly the tokens a step writes; when decode needs a page
   and none is free, unused prefix-cache pages are evicted first, then the most recently admitted
   request is retracted (its pages and slot freed, its prompt + outputs re-queued to be prefilled
@@ -86,13 +88,14 @@ class Scheduler:
                  chunked_prefill_size: int, max_extend_requests: int, max_decode_requests: int,
                  enable_mixed_chunk: bool = False, spec_tokens: int = 0, spec_max_accept: int = 0,
                  prefill_ahead: int = 0, radix_cache: RadixCache | None = None, prefix_pages_per_step: int = 0,
-                 schedule_policy: str = "fcfs", track_interval: int = 0):
+                 schedule_policy: str = "fcfs", track_interval: int = 0, prefill_first: bool = False):
         self.pages, self.slots = pages, slots
         self.max_running = max_running_requests
         self.chunk_budget = chunked_prefill_size
         self.max_extend_requests = max_extend_requests
         self.max_decode_requests = max_decode_requests
         self.mixed = enable_mixed_chunk
+        self.prefill_first = prefill_first
         # Speculative decode: each decode step writes KV for `spec_tokens` positions per request and
         # produces up to `spec_max_accept` tokens, a number known only from its results. With steps in
         # flight the host does not know a request's length yet, so it plans pages for the longest one.
@@ -131,7 +134,8 @@ class Scheduler:
     def schedule(self, *, inflight: bool) -> StepPlan | None:
         prefill_pending = bool(self.waiting) or any(r.in_prefill for r in self.running)
         decodable = self._decodable()
-        if prefill_pending and (self.mixed or not decodable or self._last_mode is ForwardMode.DECODE):
+        if prefill_pending and (self.mixed or self.prefill_first or not decodable
+                                or self._last_mode is ForwardMode.DECODE):
             plan = self._plan_extend(decodable)
             if plan is not None:
                 self._last_mode = ForwardMode.EXTEND

@@ -37,7 +37,10 @@ def no_cache(target):
 
 
 def test_shared_prefix_is_reused_and_output_unchanged(target, no_cache):
-    with Engine(target, page_size=4, transfer_guard="disallow", **SETTINGS) as eng:
+    """Also with prompt steps first (`prefill_first`): the four prompts of a batch run their chunks
+    before anyone decodes, which changes the steps' make-up, not the output."""
+    with Engine(target, page_size=4, transfer_guard="disallow", prefill_first=True, **SETTINGS) as eng:
+        assert eng.get_server_info()["prefill_first"] is True
         first = eng.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
         assert first["meta_info"]["cached_tokens"] == 0
         outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
@@ -50,6 +53,12 @@ def test_shared_prefix_is_reused_and_output_unchanged(target, no_cache):
         assert again["output_ids"] == no_cache[1] and again["meta_info"]["cached_tokens"] == 40
         check_no_leaks(eng)  # flushes the cache first
         assert eng.get_server_info()["num_cached_pages"] == 0
+        # Uncached, the batch's prompts take two prompt steps. Alternating, the first request would
+        # decode between them (9 decode steps in all); prompt steps first, 8 decode all four.
+        before = dict(eng.get_server_info()["num_steps"])
+        assert output_ids(eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)) == no_cache
+        after = eng.get_server_info()["num_steps"]
+        assert (after["extend"] - before["extend"], after["decode"] - before["decode"]) == (2, 8)
 
 
 def test_cached_pages_are_evicted_before_retraction(target, no_cache):

@@ -84,13 +84,16 @@ def test_prefill_and_decode_alternate_and_mixed_chunks_ride_along():
     extend, decode = ForwardMode.EXTEND, ForwardMode.DECODE
     expected = {
         # a decodes between b's chunks, so neither starves the other
-        False: [(decode, ["a"]), (extend, ["b"]), (decode, ["a"]), (extend, ["b"]), (decode, ["a", "b"])],
+        "alternate": [(decode, ["a"]), (extend, ["b"]), (decode, ["a"]), (extend, ["b"]), (decode, ["a", "b"])],
         # a rides along as a one-token row in an extend step whose chunk budget has room for it
-        True: [(extend, ["b"]), (extend, ["a", "b"]), (decode, ["a", "b"]), (decode, ["a", "b"]),
-               (decode, ["a", "b"])],
+        "mixed": [(extend, ["b"]), (extend, ["a", "b"]), (decode, ["a", "b"]), (decode, ["a", "b"]),
+                  (decode, ["a", "b"])],
+        # b's prompt runs to its end before a decodes again
+        "prefill_first": [(extend, ["b"]), (extend, ["b"]), (decode, ["a", "b"]), (decode, ["a", "b"]),
+                          (decode, ["a", "b"])],
     }
-    for mixed, want in expected.items():
-        sched = make(chunk=8, enable_mixed_chunk=mixed)
+    for order, want in expected.items():
+        sched = make(chunk=8, enable_mixed_chunk=order == "mixed", prefill_first=order == "prefill_first")
         a = request("a", 3, max_new=10)
         sched.add(a)
         apply(sched, sched.schedule(inflight=False))  # a's prompt; a samples its first token
@@ -101,8 +104,21 @@ def test_prefill_and_decode_alternate_and_mixed_chunks_ride_along():
             modes.append((plan.mode, sorted(s.req.rid for s in plan.reqs)))
             check_accounting(sched)
             apply(sched, plan)
-        assert modes == want
-        assert sched.num_mixed_decode_rows == (1 if mixed else 0)
+        assert modes == want, order
+        assert sched.num_mixed_decode_rows == (1 if order == "mixed" else 0)
+
+
+def test_prefill_first_decodes_when_no_prompt_can_advance():
+    # The pool holds a's prompt and its decode pages, not b's as well: b waits, a keeps decoding.
+    sched = make(num_pages=5, chunk=64, prefill_first=True)  # 4 usable pages = 16 tokens
+    a, b = request("a", 8, max_new=4), request("b", 12, max_new=4)
+    sched.add(a)
+    apply(sched, sched.schedule(inflight=False))
+    sched.add(b)
+    plan = sched.schedule(inflight=False)
+    assert plan.mode is ForwardMode.DECODE and [s.req.rid for s in plan.reqs] == ["a"]
+    assert list(sched.waiting) == [b]
+    check_accounting(sched)
 
 
 def test_decode_allocates_pages_as_tokens_cross_them():
