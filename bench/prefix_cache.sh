@@ -6,6 +6,7 @@
 #   bench/prefix_cache.sh OUT eagle3 | next | nextn | lpm | fcfs | multiturn | wide | wide-pf
 # wide: Qwen3-8B shape, no speculation, --max-running-requests 512 (decode buckets 1/64/256/512):
 #   with the cache every prompt of the workload fits in the pool at once, so none waits for a slot.
+# CACHES="on" (or "off") runs one of the two engines of a stage.
 # wide-pf: the same with --prefill-first (prompt steps before decode whenever a prompt can advance).
 # eagle3: Qwen3-8B shape + random EAGLE3 head at simulated accept length 3 (spec v2), on and off;
 # next: Qwen3-Next-12L shape (hybrid: GDN state snapshots), no speculation, on and off;
@@ -26,7 +27,7 @@ spec=(--speculative-draft-model-path random --speculative-num-steps 3 --speculat
       --speculative-num-draft-tokens 4 --speculative-simulate-accept-length 3)
 run() {  # run NAME ARGS...: one engine, cache on, then one with the cache off
   local name=$1; shift
-  for cache in on off; do
+  for cache in ${CACHES:-on off}; do
     extra=(); [[ $cache == off ]] && extra=(--disable-radix-cache)
     PYTHONPATH=. python3 -m jspec.cli bench serve "${gsp[@]}" "$@" "${extra[@]}" \
         --output-file "$out/serve_gsp_$name.jsonl" 2>&1 | tee -a "$out/serve_gsp_$name.log"

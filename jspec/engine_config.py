@@ -26,6 +26,9 @@ from jspec.speculative.config import SpecConfig, check_draft, parse_spec_config
 
 DEFAULT_CUDA_GRAPH_BS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256]
 MAX_EXTEND_REQUESTS = 64  # requests one prompt-chunk step can carry
+# Page-table updates a prompt step carries for cached prefixes, at most (12 bytes each, uploaded with
+# every prompt step): 64 requests with 4,096-token cached prefixes at page size 16.
+MAX_PREFIX_PAGES_PER_STEP = 16384
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,11 +113,16 @@ class EngineConfig:
 
     @property
     def prefix_pages_per_step(self) -> int:
-        """Cached pages one prompt step may map into page-table rows: a whole row's worth (so any one
-        request's match fits a step), or a chunk's worth where that is more."""
+        """Cached pages one prompt step may map into page-table rows (each a row of the step's page
+        updates): enough for a whole row (any one request's match fits a step) and for as many
+        requests as a step carries each mapping a full row, up to `MAX_PREFIX_PAGES_PER_STEP`.
+        Cached tokens cost the step no compute, so a smaller bound would be what limits how fast
+        prompts that share a long prefix are admitted."""
         if not self.radix_cache_enabled:
             return 0
-        return max(-(-self.chunked_prefill_size // self.page_size), self.layout.pages_per_seq)
+        pages_per_seq = self.layout.pages_per_seq
+        return max(-(-self.chunked_prefill_size // self.page_size), pages_per_seq,
+                   min(self.max_extend_requests * pages_per_seq, MAX_PREFIX_PAGES_PER_STEP))
 
     @classmethod
     def create(cls, model_path, *, dtype: str = "bfloat16", page_size: int = 16,

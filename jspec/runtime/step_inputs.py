@@ -228,8 +228,8 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
         raise AssertionError(f"{len(plan.page_updates)} page updates exceed the bucket's {u_cap}")
     upd = f["page_updates"]
     upd[:] = -1
-    for j, update in enumerate(plan.page_updates):
-        upd[j] = update
+    if plan.page_updates:
+        upd[:len(plan.page_updates)] = plan.page_updates
     parts = [(fl[name].view(np.int32) if name in FLOAT_FIELDS_B else f[name]).reshape(-1)
              for name, _ in bucket.fields()]
     out = np.concatenate(parts)

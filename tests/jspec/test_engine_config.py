@@ -31,3 +31,18 @@ def test_naive_eagle_with_mtp_serves_the_targets_greedy_output():
         got = eng.generate(input_ids=ids, sampling_params=sp)
     assert got["output_ids"] == want
     assert got["meta_info"]["spec_accept_length"] > 1.0  # the trained MTP layer does get accepted
+
+
+def test_a_prompt_step_maps_a_full_cached_row_for_every_request_it_carries():
+    """Cached tokens cost a prompt step no compute, so its page-update rows for cached prefixes, not
+    its token budget, would decide how many requests of a shared-prefix group it admits: enough for
+    every request it carries to map a whole page-table row, within MAX_PREFIX_PAGES_PER_STEP."""
+    from jspec.engine_config import MAX_PREFIX_PAGES_PER_STEP
+
+    qwen3 = tiny_dir("qwen3")
+    cfg = EngineConfig.create(qwen3, max_running_requests=8, chunked_prefill_size=32, context_length=96, page_size=4)
+    assert cfg.layout.pages_per_seq >= 24 and cfg.max_extend_requests == 8
+    assert cfg.prefix_pages_per_step == 8 * cfg.layout.pages_per_seq
+    big = EngineConfig.create(qwen3, max_running_requests=64, chunked_prefill_size=32, context_length=8192, page_size=4)
+    assert big.prefix_pages_per_step == MAX_PREFIX_PAGES_PER_STEP > big.layout.pages_per_seq
+    assert EngineConfig.create(qwen3, disable_radix_cache=True).prefix_pages_per_step == 0
