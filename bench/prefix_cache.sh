@@ -7,7 +7,8 @@
 # wide: Qwen3-8B shape, no speculation, --max-running-requests 512 (decode buckets 1/64/256/512):
 #   with the cache every prompt of the workload fits in the pool at once, so none waits for a slot.
 # CACHES="on" (or "off") runs one of the two engines of a stage.
-# next-wide: Qwen3-Next-12L shape, no speculation, 512 running requests (and 512 snapshot rows).
+# next-wide: Qwen3-Next-12L shape, no speculation, 256 running requests (and 256 snapshot rows: at
+#   512 the state rows and the 38 GB of weights leave no KV pool on an H100).
 # wide-pf: the same with --prefill-first (prompt steps before decode whenever a prompt can advance).
 # eagle3: Qwen3-8B shape + random EAGLE3 head at simulated accept length 3 (spec v2), on and off;
 # next: Qwen3-Next-12L shape (hybrid: GDN state snapshots), no speculation, on and off;
@@ -39,8 +40,8 @@ case $stage in
   next) run qwen3_next_12l --model-path random:qwen3-next-12l ;;
   wide) gsp=("${gsp[@]/1,32,64,128/1,64,256,512}")
         run wide_qwen3_8b --model-path random:qwen3-8b --max-running-requests 512 ;;
-  next-wide) gsp=("${gsp[@]/1,32,64,128/1,64,256,512}")
-        run wide_qwen3_next_12l --model-path random:qwen3-next-12l --max-running-requests 512 ;;
+  next-wide) gsp=("${gsp[@]/1,32,64,128/1,64,256}")
+        run wide_qwen3_next_12l --model-path random:qwen3-next-12l --max-running-requests 256 ;;
   wide-pf) gsp=("${gsp[@]/1,32,64,128/1,64,256,512}")
         run wide_prefill_first_qwen3_8b --model-path random:qwen3-8b --max-running-requests 512 --prefill-first ;;
   nextn) run nextn_qwen3_next_12l --model-path random:qwen3-next-12l --speculative-algorithm NEXTN "${spec[@]}" ;;
