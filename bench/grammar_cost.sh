@@ -13,6 +13,8 @@
 #   drafts break the JSON and are cut, so this shows the path, not a real model's acceptance).
 # WHEELS: a folder holding the llguidance wheel (the GPU machine has no network). SKIP_BASELINE=1: no
 # no-speculation column (the stages compare EAGLE3 engines; each baseline costs an engine build).
+# EXTRA: more `jspec bench sweep` flags, after the stage's (later flags win), e.g.
+#   EXTRA="--profile OUT/trace --random-output-len 128" for traces of a shorter run.
 set -euo pipefail
 out=$1; stage=$2
 if [[ -n "${WHEELS:-}" ]]; then
@@ -36,5 +38,5 @@ case $stage in
   json) extra=(--grammar-backend llguidance --json-schema "$schema") ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
-python3 -m jspec.cli bench sweep "${common[@]}" "${extra[@]}" \
+python3 -m jspec.cli bench sweep "${common[@]}" "${extra[@]}" ${EXTRA:-} \
     --output-file "$out/serve_grammar_cost_$stage.jsonl" 2>&1 | tee "$out/serve_grammar_cost_$stage.log"

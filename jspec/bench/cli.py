@@ -152,6 +152,8 @@ def add_bench_parser(sub) -> None:
                    help="engine: an Engine in this process (default); http: a running `jspec serve` at --base-url")
     s.add_argument("--base-url", help="with --backend http: the server, e.g. http://127.0.0.1:30000")
     s.add_argument("--output-file", help="JSONL to append to (default jspec_serve_MMDD_<dataset>.jsonl)")
+    s.add_argument("--profile", metavar="DIR", help="also write a jax.profiler trace of the timed run under DIR "
+                   "(engine backend; bench/trace_summary.py reads it)")
     s.set_defaults(func=_cmd_serve, _parser=s)
 
     w = bsub.add_parser("sweep", help="grid of speculative settings x max concurrency, speedup table")
@@ -173,6 +175,8 @@ def add_bench_parser(sub) -> None:
     w.add_argument("--overlap-list", type=_list(_on_off, "on/off values"), default=[True],
                    help="overlap schedule (v2) on, off (v1), or both: on,off")
     w.add_argument("--output-file", help="JSONL to append to (default jspec_sweep_MMDD_<dataset>.jsonl)")
+    w.add_argument("--profile", metavar="DIR", help="also write a jax.profiler trace of each point's timed run "
+                   "under DIR (one folder per algorithm, overlap and concurrency)")
     w.set_defaults(func=_cmd_sweep, _parser=w)
 
     st = bsub.add_parser("step", help="per-step roofline: ms/step vs bytes moved / copy bandwidth")
@@ -228,7 +232,7 @@ _ENGINE_ONLY = ("dtype", "page_size", "max_running_requests", "max_total_tokens"
                 "speculative_draft_model_path", "disable_top_k_top_p", "speculative_adaptive",
                 "speculative_disable_by_batch_size", "disable_overlap_schedule", "speculative_algorithm",
                 "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-                "speculative_simulate_accept_length")
+                "speculative_simulate_accept_length", "profile")
 
 
 def _validate_backend(args) -> None:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -92,8 +93,10 @@ def measure(engine, args, engine_args: dict, env: dict, command: str, kind: str 
     _warmup(engine, [c.turns[0] for c in requests] if chats else requests, args)
     before = engine.get_server_info()
     run = run_conversations if chats else run_requests
-    results, duration = run(engine, requests, sampling_params(args), args.request_rate, args.max_concurrency,
-                            args.seed)
+    trace_dir = _trace_dir(args, engine_args)
+    with _profiled(trace_dir):
+        results, duration = run(engine, requests, sampling_params(args), args.request_rate, args.max_concurrency,
+                                args.seed)
     engine.wait_idle(timeout=120.0)
     info = engine.get_server_info()
     s = settings(args)
@@ -115,8 +118,27 @@ def measure(engine, args, engine_args: dict, env: dict, command: str, kind: str 
         errors=errors[:5],
         error=None,
         server_info=info,
+        **({"profile_dir": trace_dir} if trace_dir else {}),
         **extra,
     )
+
+
+def _trace_dir(args, engine_args: dict) -> str | None:
+    """--profile DIR: this point's trace folder (algorithm and concurrency), else None."""
+    if not getattr(args, "profile", None):
+        return None
+    algo = engine_args.get("speculative_algorithm") or "none"
+    overlap = "v1" if engine_args.get("disable_overlap_schedule") else "v2"
+    return os.path.join(args.profile, f"{algo}_{overlap}_c{args.max_concurrency or 'all'}")
+
+
+def _profiled(trace_dir: str | None):
+    """A jax.profiler trace (perfetto, for bench/trace_summary.py) around the timed run, or nothing."""
+    if trace_dir is None:
+        return contextlib.nullcontext()
+    import jax
+
+    return jax.profiler.trace(trace_dir, create_perfetto_trace=True)
 
 
 def open_model(args):

@@ -22,9 +22,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm
-
 from jax.sharding import NamedSharding, PartitionSpec as P
+from tqdm import tqdm
 
 from jspec.cache.pool import PoolLayout, allocate_caches, pool_specs
 from jspec.models import ops
@@ -378,7 +377,8 @@ class ModelRunner:
                 exe = self.compiled[bucket]
                 carry = exe.begin(self.params, self.state, packed)
                 try:
-                    between()
+                    with jax.profiler.TraceAnnotation("jspec.between"):  # named in traces: read the last step
+                        between()
                 finally:  # the state was donated to the first part: finish the step even if reading failed
                     self.state, out = exe.complete(self.params, packed, carry, plan)
             else:

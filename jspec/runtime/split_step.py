@@ -58,7 +58,11 @@ class SplitExecutable:
             state, logits = carry
             return self.second(params, state, packed, logits, self._put(grammar.step_inputs(plan, b)))
         buffers, rest, view = carry
-        decisions, masks = grammar.draft_inputs(plan, b, jax.device_get(view))
+        # Named in profiler traces: the host's wait for the drafts, then its walk over them.
+        with jax.profiler.TraceAnnotation("jspec.wait_drafts"):
+            view = jax.device_get(view)
+        with jax.profiler.TraceAnnotation("jspec.grammar_walk"):
+            decisions, masks = grammar.draft_inputs(plan, b, view)
         return self.second(params, buffers, rest, jax.device_put(decisions, self.sharding), self._put(masks))
 
     def _put(self, masks):

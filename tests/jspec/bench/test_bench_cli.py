@@ -68,12 +68,16 @@ def check_serve_record(rec: dict, n: int, out_lens: list[int] | None = None) -> 
 
 
 def test_serve_random_poisson_capped(engine_flags, tmp_path, capsys):
+    """Also --profile: a perfetto trace of the timed run, in a folder named by the point."""
     out = tmp_path / "serve.jsonl"
     rc = main(["bench", "serve", *engine_flags, "--dataset-name", "random", "--num-prompts", "8",
                "--random-input-len", "24", "--random-output-len", "12", "--random-range-ratio", "1",
-               "--request-rate", "200", "--max-concurrency", "2", "--output-file", str(out)])
+               "--request-rate", "200", "--max-concurrency", "2", "--output-file", str(out),
+               "--profile", str(tmp_path / "trace")])
     assert rc == 0
     (rec,) = read(out)
+    assert rec["profile_dir"] == str(tmp_path / "trace" / "none_v2_c2")
+    assert list((tmp_path / "trace" / "none_v2_c2").rglob("*.trace.json.gz")), "no perfetto trace written"
     check_serve_record(rec, 8, out_lens=[12] * 8)
     assert rec["metrics"]["total_input_tokens"] == 8 * 24
     assert rec["settings"]["request_rate"] == 200.0 and rec["settings"]["max_concurrency"] == 2

@@ -172,6 +172,8 @@ def test_echo_puts_the_prompt_and_its_logprobs_first(tokenizer):
       "--page-size", "8"], "--page-size"),
     (["bench", "serve", "--backend", "http", "--base-url", "http://127.0.0.1:1", "--model-path", "x",
       "--speculative-algorithm", "EAGLE3"], "--speculative-algorithm"),
+    (["bench", "serve", "--backend", "http", "--base-url", "http://127.0.0.1:1", "--model-path", "x",
+      "--profile", "/tmp/t"], "--profile"),
     (["bench", "serve", "--base-url", "http://127.0.0.1:1", "--model-path", "x"], "--base-url"),
     (["serve", "--model-path", "x", "--speculative-num-steps", "2"], "--speculative-num-steps"),
     (["serve", "--model-path", "x", "--port", "70000"], "--port"),
