@@ -133,12 +133,16 @@ def _trace_dir(args, engine_args: dict) -> str | None:
 
 
 def _profiled(trace_dir: str | None):
-    """A jax.profiler trace (perfetto, for bench/trace_summary.py) around the timed run, or nothing."""
+    """A jax.profiler trace (perfetto, for bench/trace_summary.py) around the timed run, or nothing.
+    Without Python's function tracer: it slows every Python call of the host loop several times
+    over, which would make a host-bound run look far more host-bound than it is."""
     if trace_dir is None:
         return contextlib.nullcontext()
     import jax
 
-    return jax.profiler.trace(trace_dir, create_perfetto_trace=True)
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
+    return jax.profiler.trace(trace_dir, create_perfetto_trace=True, profiler_options=options)
 
 
 def open_model(args):
