@@ -1,0 +1,111 @@
+"""What launching one compiled decode step costs the host, apart from what the step costs the device.
+
+A jitted step returns as soon as its work is queued; with overlap the host queues step N + 1 while
+step N runs, so the launch hides behind the device. A step that must wait for the host in the
+middle (the grammar-constrained speculative step, `jspec/runtime/split_step.py`) cannot hide it.
+This probe times, for the engine's plain decode step on a model shape (random weights, random KV):
+
+- idle_same: the device idle, the same packed input array as the step before: host seconds of the
+  call (the launch), then seconds until the result is ready;
+- idle_fresh: the device idle, a packed input just transferred (a new device buffer, as every engine
+  step has): the same two times;
+- pipelined: back-to-back calls with fresh inputs, as the engine's loop runs them: host seconds per
+  call (a launch that blocks behind the step in flight shows here) and seconds per step.
+
+Run it under different XLA_FLAGS (command buffers on / off) to see what capture costs the host.
+
+    PYTHONPATH=. python3 bench/launch_cost.py --preset qwen3-8b --batch-sizes 1,32 --out OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jspec.bench.record import environment  # noqa: E402
+from jspec.bench.step import decode_plan, fill_random_kv, page_table  # noqa: E402
+from jspec.cache.pool import PoolLayout  # noqa: E402
+from jspec.config import parse_hf_config  # noqa: E402
+from jspec.models.loader import random_model  # noqa: E402
+from jspec.models.presets import preset_config  # noqa: E402
+from jspec.runtime.model_runner import ModelRunner  # noqa: E402
+from jspec.runtime.step_inputs import pack  # noqa: E402
+
+
+def probe(runner: ModelRunner, bucket, host_packed: np.ndarray, reps: int) -> dict:
+    fn, sharding = runner.compiled[bucket], runner.state.req_to_page.sharding
+    same = jax.device_put(host_packed, sharding)
+    for _ in range(3):
+        runner.state, out = fn(runner.params, runner.state, same)
+    out.block_until_ready()
+    rows = {}
+    for name in ("idle_same", "idle_fresh"):
+        launch, total = [], []
+        for _ in range(reps):
+            packed = same if name == "idle_same" else jax.device_put(host_packed, sharding)
+            packed.block_until_ready()
+            t0 = time.perf_counter()
+            runner.state, out = fn(runner.params, runner.state, packed)
+            t1 = time.perf_counter()
+            out.block_until_ready()
+            t2 = time.perf_counter()
+            launch.append(t1 - t0)
+            total.append(t2 - t0)
+        rows[name] = {"launch_ms": 1e3 * float(np.median(launch)), "launch_p90_ms": 1e3 * float(np.percentile(launch, 90)),
+                      "until_ready_ms": 1e3 * float(np.median(total))}
+    calls = []
+    t_all = time.perf_counter()
+    for _ in range(reps):
+        packed = jax.device_put(host_packed, sharding)
+        t0 = time.perf_counter()
+        runner.state, out = fn(runner.params, runner.state, packed)
+        calls.append(time.perf_counter() - t0)
+    out.block_until_ready()
+    rows["pipelined"] = {"call_ms": 1e3 * float(np.median(calls)),
+                         "step_ms": 1e3 * (time.perf_counter() - t_all) / reps}
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="qwen3-8b")
+    ap.add_argument("--batch-sizes", default="1,32")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    model = random_model(parse_hf_config(preset_config(args.preset)), dtype="bfloat16", seed=0)
+    page = 16
+    per = -(-args.context // page)
+    layout = PoolLayout(page_size=page, num_pages=max(batches) * per + 1, num_slots=max(batches) + 1,
+                        pages_per_seq=per)
+    runner = ModelRunner(model, layout=layout, decode_batch_sizes=batches, extend_token_sizes=[],
+                         max_extend_requests=1, progress=False)
+    fill_random_kv(runner, jax.random.PRNGKey(7))
+    records = []
+    for b in batches:
+        bucket = next(x for x in runner.buckets if x.batch_size == b and not x.sort)
+        runner.state.req_to_page = jax.device_put(page_table(b, args.context, page, per, max(batches) + 1),
+                                                  runner.state.req_to_page.sharding)
+        rec = {"preset": args.preset, "batch": b, "context": args.context,
+               "xla_flags": os.environ.get("XLA_FLAGS", ""), **probe(runner, bucket, pack(decode_plan(b, args.context),
+                                                                                         bucket), args.reps)}
+        print(json.dumps(rec))
+        records.append(rec)
+    if args.out:
+        with open(args.out, "a") as f:
+            for r in records:
+                f.write(json.dumps({**r, "env": environment()}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
