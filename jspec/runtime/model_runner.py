@@ -276,8 +276,8 @@ class ModelRunner:
         parts = None if key is None or not cached else self.executables.load(key, self.mesh.devices.flat)
         if parts is None:
             lowered = self._lower(bucket, state) if lowered is None else lowered
-            options = step_compiler_options(self.mesh.devices.flat[0].platform, bucket, self.drafting) or None
-            parts = [part.compile(options) for part in (lowered if isinstance(lowered, tuple) else (lowered,))]
+            parts = [p.compile(step_compiler_options(self.mesh.devices.flat[0].platform, bucket, self.drafting, i)
+                               or None) for i, p in enumerate(lowered if isinstance(lowered, tuple) else (lowered,))]
             if key is not None:
                 self.executables.store(key, parts)
         return parts
