@@ -111,6 +111,7 @@ class Engine:
                                                                           self.spec.disable_by_batch_size is not None),
                                   shorter_chains=self.spec is not None and self.spec.adaptive,
                                   prefix_pages=cfg.prefix_pages_per_step, grammar=cfg.grammar_backend is not None,
+                                  grammar_pipeline=not cfg.disable_overlap_schedule,
                                   input_logprobs=cfg.enable_input_logprobs,
                                   executables=_executable_cache(cache_dir, cfg))
         tokenizer_json = None if tokenizer_dir is None else os.path.join(tokenizer_dir, "tokenizer.json")

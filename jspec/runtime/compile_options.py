@@ -13,9 +13,9 @@ keeps that choice for every step.
 XLA records a step's kernels into a CUDA graph (a command buffer) and launches the graph whole: the
 host queues it in one call, which on the GPU machines measured takes milliseconds of host time for
 a decode step, before the device starts on any of it. A step queued while the step before still
-runs hides that. The verify part of a grammar-constrained speculative step (`split_step.py`) cannot
-be queued early: the host launches it only after reading the drafts and walking the grammar, with
-the device idle. That part is compiled without command buffers, so its kernels start as the host
+runs hides that. The verify part of a grammar-constrained speculative step without overlap (`split_step.py`)
+cannot be queued early: the host launches it only after reading the drafts and walking the
+grammar, with the device idle. That part is compiled without command buffers, so its kernels start as the host
 queues them one by one (bench/README.md, "Structured output"). A user who names
 `xla_gpu_enable_command_buffer` in XLA_FLAGS keeps that choice.
 """
@@ -40,8 +40,9 @@ def target_rows(bucket: Bucket, drafting) -> int:
 
 def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0) -> dict:
     """The XLA options to compile bucket's step with on `platform` (a jax device's platform);
-    part: which compiled part of a split step (0: the first, 1: the one after the host's grammar
-    walk, 2: its fused twin; a one-part step is part 0)."""
+    part: which compiled part of a split step (`split_step.lower`'s order: 0 the first; then a
+    pipelined step's forward, the part after the host's grammar walk, the fused twin; a one-part
+    step is part 0)."""
     if platform != "gpu":
         return {}
     flags = os.environ.get("XLA_FLAGS", "")
@@ -49,7 +50,7 @@ def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0
     if (bucket.mode is ForwardMode.DECODE and target_rows(bucket, drafting) >= CUBLAS_FROM_ROWS
             and "xla_gpu_enable_triton_gemm" not in flags):
         options["xla_gpu_enable_triton_gemm"] = False
-    if (part == 1 and bucket.grammar_split and drafting is not None and bucket.speculate
-            and "xla_gpu_enable_command_buffer" not in flags):
+    if (part == 1 and bucket.grammar_split and not bucket.grammar_pipeline and drafting is not None
+            and bucket.speculate and "xla_gpu_enable_command_buffer" not in flags):
         options["xla_gpu_enable_command_buffer"] = ""  # a repeated option: empty clears every type
     return options

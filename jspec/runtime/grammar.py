@@ -10,11 +10,12 @@ last step has been read; the part of the next step that needs no mask runs meanw
 (`jspec.runtime.split_step`).
 
 Under speculation the masks of the draft nodes depend on the drafts, which only the device knows
-when the step starts: such a step runs in two parts (`jspec.speculative.grammar_nodes`). The host
-reads the drafts in between (only when a constrained row is in the batch) and, per constrained row
-(`draft_inputs`): where the grammar forces a run of tokens, verifies that run instead of the drafts
-(it is accepted whole); otherwise walks the grammar along the draft tree, keeping the nodes whose
-path it allows, with each node's mask. Output is exactly the non-speculative constrained output.
+when the step starts: such a step runs in parts (`jspec.speculative.grammar_nodes`). The host
+reads the drafts after the first (only when a constrained row is in the batch) and, per constrained
+row (`draft_inputs`): where the grammar forces a run of tokens and the target's forward is not
+queued yet, verifies that run instead of the drafts (it is accepted whole); otherwise walks
+the grammar along the draft tree, keeping the nodes whose path it allows, with each node's mask.
+Output is exactly the non-speculative constrained output.
 """
 
 from __future__ import annotations
@@ -208,21 +209,25 @@ def _walk_tree(g: Grammar, tokens, parents, masks: np.ndarray, walk: np.ndarray,
     visit(0, 0)
 
 
-def draft_inputs(plan, bucket, view: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+def draft_inputs(plan, bucket, view: np.ndarray | None, *, replace: bool = True) -> \
+        tuple[np.ndarray, np.ndarray | None, bool]:
     """The grammar decisions of a split speculative step (`jspec.speculative.grammar_nodes`): the
-    packed int32 `[bucket.grammar_size]` (replaced, tokens, walk) and masks `[B, N, W]` (None when no
-    row is constrained). view `[B, D + N]`: the drafts, then every node's parent."""
+    packed int32 `[bucket.grammar_size]` (replaced, tokens, walk), masks `[B, N, W]` (None when no
+    row is constrained), and whether the grammar forces a run at any constrained row's root. view
+    `[B, D + N]`: the drafts, then every node's parent. replace: a forced run replaces the row's
+    drafts (False when the target's forward over the drafts is already queued)."""
     b, n = bucket.batch_size, bucket.grammar_nodes
     d = n - 1
     replaced, tokens, walk = np.zeros((b,), np.int32), np.zeros((b, d), np.int32), np.ones((b, n), np.int32)
     rows = constrained(plan)
-    masks = None
+    masks, any_forced = None, False
     if rows:
         masks = np.full((b, n, bucket.mask_words), -1, np.int32)
         for i, g in rows:
             walk[i] = 0
             forced = g.forced(min(bucket.grammar_depth, d))
-            if forced:
+            any_forced |= bool(forced)
+            if forced and replace:
                 replaced[i] = 1
                 tokens[i, :len(forced)] = forced
                 walk[i, :len(forced) + 1] = 1
@@ -230,5 +235,4 @@ def draft_inputs(plan, bucket, view: np.ndarray | None) -> tuple[np.ndarray, np.
             else:
                 nodes = np.concatenate([[0], view[i, :d]])
                 _walk_tree(g, nodes, view[i, d:], masks[i], walk[i], bucket.grammar_depth)
-    return np.concatenate([replaced, tokens.reshape(-1), walk.reshape(-1)]), masks
-
+    return np.concatenate([replaced, tokens.reshape(-1), walk.reshape(-1)]), masks, any_forced

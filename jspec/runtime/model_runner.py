@@ -57,8 +57,10 @@ class ModelRunner:
                  max_extend_requests: int, num_top_logprobs: int = 20, progress: bool = True,
                  drafting: Drafting | None = None, top_k_top_p: bool = True, compile: bool = True,
                  plain_decode: bool = False, shorter_chains: bool = False, prefix_pages: int = 0,
-                 grammar: bool = False, input_logprobs: bool = False, executables: ExecutableCache | None = None):
+                 grammar: bool = False, grammar_pipeline: bool = False, input_logprobs: bool = False,
+                 executables: ExecutableCache | None = None):
         """grammar: every step takes token bitmasks (structured output, `jspec.runtime.grammar`);
+        grammar_pipeline: constrained speculative steps run pipelined (`split_step`, with overlap);
         input_logprobs: each prompt-chunk bucket also has a variant reporting input token logprobs;
         executables: compiled steps are loaded from / stored to this cache (warm starts)."""
         self.model = model
@@ -81,16 +83,7 @@ class ModelRunner:
         if drafting is not None and shorter_chains:
             variants += [(True, k) for k in drafting.shorter_chains]
         words = mask_words(model.config.vocab_size) if grammar else 0
-
-        def masks(speculate: bool, steps: int, decode: bool = True) -> dict:
-            if not grammar:
-                return {}
-            if drafting is None or not speculate:  # one sampled token per row
-                # A decode step runs split (the forward, then sampling with the masks) so the masks
-                # are filled while the forward runs (split_step.py); prompt chunks take them whole.
-                return dict(grammar_nodes=1, mask_words=words, grammar_split=decode)
-            nodes, depth = drafting.grammar_nodes(steps)
-            return dict(grammar_nodes=nodes, grammar_depth=depth, mask_words=words, grammar_split=True)
+        masks = functools.partial(split_step.grammar_fields, words, drafting, pipeline=grammar_pipeline)
 
         for b in sorted(set(decode_batch_sizes)):
             for sort in sorts:
@@ -295,7 +288,7 @@ class ModelRunner:
         def compile_one(b: Bucket):
             t = time.perf_counter()
             parts = self._compiled_parts(b, self.state, lowered.get(b))
-            exe = parts[0] if not b.grammar_split else SplitExecutable(*parts, b, self._replicated,
+            exe = parts[0] if not b.grammar_split else SplitExecutable(parts, b, self._replicated,
                                                                       plain=self.drafting is None)
             return b, exe, time.perf_counter() - t
 

@@ -4,7 +4,12 @@ work a constrained row needs overlaps the device.
 - Speculative (`jspec.speculative.step_common.SplitStep`): the draft part runs first; the host
   reads the drafts, walks each constrained row's grammar along them
   (`jspec.runtime.grammar.draft_inputs`) and launches the rest with its decisions and masks. The
-  parts hand over one carry of device arrays (`jspec.speculative.step_common.carry`).
+  parts hand over one carry of device arrays (`jspec.speculative.step_common.carry`). With overlap
+  the step is pipelined (`Bucket.grammar_pipeline`): the target's forward over the drafts is a
+  part of its own, queued right behind the draft part, so the host walks the grammar while it runs
+  and what it launches afterwards (masking, acceptance, the drafter's catch-up) is small: launching
+  a whole step costs the host milliseconds (bench/README.md, "Structured output"). Without overlap
+  the forward waits for the walk, which may replace a row's drafts by the grammar's forced run.
 - Plain decode (`jspec.runtime.step.SplitSample`): the forward runs first; the sampling half takes
   the masks (`jspec.runtime.grammar.step_inputs`). A speculative engine's plain step
   (`jspec.speculative.plain_step`) splits the same way, after its target forward, as a
@@ -37,33 +42,52 @@ from jspec.sharding import TP
 
 
 class SplitExecutable:
-    """The compiled parts of one bucket's split step (first, second) and its fused twin."""
+    """The compiled parts of one bucket's split step (first, [forward,] second) and its fused twin."""
 
-    def __init__(self, first, second, fused, bucket: Bucket, sharding, *, plain: bool):
-        """plain: a plain engine's step (a SplitSample: the carry is the state and the logits);
-        else a speculative engine's (`step_common.SplitStep`, its plain steps included)."""
-        self.first, self.second, self.fused = first, second, fused
+    def __init__(self, parts: list, bucket: Bucket, sharding, *, plain: bool):
+        """parts: as `lower` returns them, compiled; plain: a plain engine's step (a SplitSample:
+        the carry is the state and the logits); else a speculative engine's
+        (`step_common.SplitStep`, its plain steps included)."""
+        self.first, *forward, self.second, self.fused = parts
+        self.forward = forward[0] if forward else None
         self.bucket, self.sharding = bucket, sharding
         self.plain = plain
+        self._replace = False  # pipelined: the next step's forward waits for the walk (a forced run)
+        self._no_decisions = None
 
     def begin(self, params, state, packed):
-        """Launch the first part (it needs nothing from the host) -> its carry."""
-        return self.first(params, state, packed)
+        """Launch the first part (it needs nothing from the host) -> its carry; a pipelined step
+        also queues its forward now, unless the last walk found a forced run (`_replace`)."""
+        carry = self.first(params, state, packed)
+        if self.forward is None or self._replace:
+            return carry
+        buffers, rest, view = carry
+        if self._no_decisions is None:  # nothing replaced, every node walkable: kept on the device
+            self._no_decisions = jax.device_put(np.zeros((self.bucket.grammar_size,), np.int32), self.sharding)
+        return *self.forward(params, buffers, rest, self._no_decisions), view
 
     def complete(self, params, packed, carry, plan):
         """Fill the plan's grammar inputs now (the grammars have consumed every earlier token) and
-        launch the second part -> (state, out)."""
+        launch the rest -> (state, out)."""
         b = self.bucket
         if self.plain:
             state, logits = carry
             return self.second(params, state, packed, logits, self._put(grammar.step_inputs(plan, b)))
         buffers, rest, view = carry
+        queued = self.forward is not None and not self._replace  # its forward runs on the drafts already
         # Named in profiler traces: the host's wait for the drafts, then its walk over them.
         with jax.profiler.TraceAnnotation("jspec.wait_drafts"):
             view = jax.device_get(view)
         with jax.profiler.TraceAnnotation("jspec.grammar_walk"):
-            decisions, masks = grammar.draft_inputs(plan, b, view)
-        return self.second(params, buffers, rest, jax.device_put(decisions, self.sharding), self._put(masks))
+            decisions, masks, forced = grammar.draft_inputs(plan, b, view, replace=not queued)
+        decisions = jax.device_put(decisions, self.sharding)
+        if self.forward is not None:
+            # A forced run seen now is likely still being followed next step: that step's forward
+            # then waits for the walk and verifies the run (accepted whole) instead of the drafts.
+            self._replace = forced
+            if not queued:
+                buffers, rest = self.forward(params, buffers, rest, decisions)
+        return self.second(params, buffers, rest, decisions, self._put(masks))
 
     def _put(self, masks):
         """Masks on the device; all allowed where every constrained row finished meanwhile."""
@@ -79,14 +103,32 @@ class SplitExecutable:
         return self.complete(params, packed, self.begin(params, state, packed), plan)
 
 
+def grammar_fields(words: int, drafting, speculate: bool, steps: int, decode: bool = True, *,
+                   pipeline: bool = False) -> dict:
+    """A bucket's structured-output fields (words: mask words per token bitmask, 0 without a
+    grammar backend): a speculative decode bucket verifies `drafting.grammar_nodes` nodes and runs
+    split (pipelined when asked); one that samples one token per row takes one mask, and a decode
+    step of those runs split as well (the forward, then sampling with the masks, so the masks are
+    filled while the forward runs); prompt chunks take their masks whole."""
+    if not words:
+        return {}
+    if drafting is None or not speculate:
+        return dict(grammar_nodes=1, mask_words=words, grammar_split=decode)
+    nodes, depth = drafting.grammar_nodes(steps)
+    return dict(grammar_nodes=nodes, grammar_depth=depth, mask_words=words, grammar_split=True,
+                grammar_pipeline=pipeline)
+
+
 def without_grammar(bucket: Bucket) -> Bucket:
     """The bucket's fused twin: the same step with no grammar inputs."""
-    return dataclasses.replace(bucket, grammar_nodes=0, mask_words=0, grammar_split=False, grammar_depth=0)
+    return dataclasses.replace(bucket, grammar_nodes=0, mask_words=0, grammar_split=False, grammar_depth=0,
+                               grammar_pipeline=False)
 
 
 def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings, sharding, tp: int = 1):
-    """(lowered first part, lowered second part, lowered fused step) of a split step and its fused
-    twin's step function against abstract arguments. The carry keeps each array's place: the
+    """(lowered first part, [lowered forward part: a pipelined step,] lowered second part, lowered
+    fused step) of a split step and its fused twin's step function against abstract arguments.
+    The carry keeps each array's place: the
     state's buffers as the device state holds them (a split target's pools split), a plain step's
     logits split by vocabulary as the forward leaves them (when the vocabulary divides by tp),
     everything else replicated: small for a speculative step's drafts; a speculative engine's plain
@@ -107,11 +149,21 @@ def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings,
     pools = ("caches", "draft_caches", "spec_state")  # the buffers travel as the device state holds them
     buffer_sh = {k: getattr(state_sh, k) if k in pools else dataclasses.replace(state_sh, **{p: None for p in pools})
                  for k in buffers}
-    rest_sh = jax.tree.map(lambda _: sharding, rest)
-    draft = jax.jit(split.draft, donate_argnums=(1,), out_shardings=(buffer_sh, rest_sh, sharding))
-    lowered_draft = draft.lower(params, state, packed)
     place = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
-    buffers, rest = jax.tree.map(place, buffers, buffer_sh), jax.tree.map(place, rest, rest_sh)
+
+    def placed(buffers, rest):
+        rest_sh = jax.tree.map(lambda _: sharding, rest)
+        return rest_sh, jax.tree.map(place, buffers, buffer_sh), jax.tree.map(place, rest, rest_sh)
+
+    rest_sh, buffers_in, rest_in = placed(buffers, rest)
+    draft = jax.jit(split.draft, donate_argnums=(1,), out_shardings=(buffer_sh, rest_sh, sharding))
+    lowered = [draft.lower(params, state, packed)]
     decisions = jax.ShapeDtypeStruct((bucket.grammar_size,), jnp.int32, sharding=sharding)
+    if split.forward is not None:  # pipelined: the target's forward as a part of its own
+        buffers, rest = jax.eval_shape(split.forward, params, buffers_in, rest_in, decisions)
+        forward_sh, _, _ = placed(buffers, rest)
+        forward = jax.jit(split.forward, donate_argnums=(1, 2), out_shardings=(buffer_sh, forward_sh))
+        lowered.append(forward.lower(params, buffers_in, rest_in, decisions))
+        _, buffers_in, rest_in = placed(buffers, rest)
     verify = jax.jit(split.verify, donate_argnums=(1,), out_shardings=out_shardings)
-    return lowered_draft, verify.lower(params, buffers, rest, decisions, masks), lowered_fused
+    return (*lowered, verify.lower(params, buffers_in, rest_in, decisions, masks), lowered_fused)

@@ -95,6 +95,7 @@ class Bucket:
     mask_words: int = 0
     grammar_split: bool = False
     grammar_depth: int = 0  # grammar_split: the deepest node acceptance reaches (the drafts per step)
+    grammar_pipeline: bool = False  # grammar_split, speculative: the target forward is a part of its own
 
     @property
     def grammar_size(self) -> int:

@@ -185,15 +185,20 @@ def walk_parents(c: SpecStep, parents):
 
 
 def apply_grammar(c: SpecStep, grammar, masks) -> None:
-    """The host's decisions about the drafts (`grammar_nodes`), before the verify: packed int32
+    """The host's decisions about the drafts (`grammar_nodes`), before acceptance: packed int32
     `[B + B*D + B*N]` (replaced, tokens, walk) and masks `[B, N, W]`."""
     b, d = c.drafts.shape
-    n = d + 1
+    c.x["vocab_mask"] = masks
+    c.scratch["walk"] = grammar[b + b * d:].reshape(b, d + 1)
+    replace_drafts(c, grammar)  # a no-op when the forward part has replaced them already
+
+
+def replace_drafts(c: SpecStep, grammar) -> None:
+    """The replaced rows' forced runs in place of their drafts (before the target's forward)."""
+    b, d = c.drafts.shape
     replaced = grammar[:b] > 0
     tokens = grammar[b:b + b * d].reshape(b, d)
-    walk = grammar[b + b * d:].reshape(b, n)
-    c.x["vocab_mask"] = masks
-    c.scratch["walk"] = walk
+    walk = grammar[b + b * d:].reshape(b, d + 1)
     if "parents" in c.scratch:
         c.drafts, c.scratch["parents"], c.scratch["depth"] = grammar_nodes.override_tree(
             c.drafts, c.scratch["parents"], c.scratch["depth"], replaced, tokens, walk)
@@ -240,13 +245,20 @@ def snapshot_track(c: SpecStep, path=None):
 
 @dataclasses.dataclass(frozen=True)
 class SplitStep:
-    """A speculative step in two parts, for structured output: `draft(params, state, packed) ->
+    """A speculative step in parts, for structured output: `draft(params, state, packed) ->
     (buffers, rest, view)` runs the draft phase (`carry`; view `[B, D + N]` int32: the drafts, then
     every node's parent, for the host's grammar walk); `verify(params, buffers, rest, grammar,
-    masks) -> (state, out)` applies the host's decisions (`apply_grammar`) and runs the rest."""
+    masks) -> (state, out)` applies the host's decisions (`apply_grammar`) and runs the rest.
+
+    Pipelined (`Bucket.grammar_pipeline`): `forward(params, buffers, rest, grammar) -> (buffers,
+    rest)` replaces drafts by forced runs (`replace_drafts`) and runs the target's forward in
+    between; `verify` then masks, accepts and lets the drafter catch up. Given no replacements the
+    forward needs nothing from the host, so the host may queue it right behind the draft part and
+    walk the grammar while it runs (`jspec.runtime.split_step`)."""
 
     draft: Callable
     verify: Callable
+    forward: Callable | None = None
 
 
 def compose(start, phases: list[Phase], rows: SpecRows, *, split_after: str = "draft"):
@@ -269,6 +281,8 @@ def _split(start, phases: list[Phase], rows: SpecRows, split_after: str) -> Spli
     names = [name for name, _ in phases]
     assert names[0] == "draft" and split_after in names, names
     cut = names.index(split_after) + 1
+    # Pipelined: the phases up to the target's forward run as a middle part of their own.
+    mid = names.index("verify") + 1 if start.bucket.grammar_pipeline and split_after == "draft" else cut
 
     def draft(params, state: DeviceState, packed):
         c = start(params, state, packed)
@@ -279,11 +293,18 @@ def _split(start, phases: list[Phase], rows: SpecRows, split_after: str) -> Spli
             parents = verify.chain_parents(*c.drafts.shape[:1], c.drafts.shape[1] + 1)
         return *carry(c), jnp.concatenate([c.drafts, parents], axis=1).astype(jnp.int32)
 
+    def forward(params, buffers: dict, rest: dict, grammar):
+        c = start.resume(params, buffers, rest)
+        replace_drafts(c, grammar)
+        for _, phase in phases[cut:mid]:
+            phase(c)
+        return carry(c)
+
     def verify_(params, buffers: dict, rest: dict, grammar, masks):
         c = start.resume(params, buffers, rest)
         apply_grammar(c, grammar, masks)
-        for _, phase in phases[cut:]:
+        for _, phase in phases[mid:]:
             phase(c)
         return finish(c, rows)
 
-    return SplitStep(draft=draft, verify=verify_)
+    return SplitStep(draft=draft, verify=verify_, forward=forward if mid > cut else None)

@@ -47,14 +47,17 @@ def test_triton_gemm_is_off_only_for_wide_gpu_decode_steps(monkeypatch):
 
 
 def test_the_verify_part_of_a_constrained_speculative_step_runs_without_command_buffers(monkeypatch):
-    """It is launched with the device idle (after the host's grammar walk): kernels queued one by one
-    start at once, a captured graph only once the whole of it is queued."""
+    """Without overlap it is launched with the device idle (after the host's grammar walk): kernels
+    queued one by one start at once, a captured graph only once the whole of it is queued. A
+    pipelined step's forward (part 1) is mostly queued early and keeps its graph."""
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     split = decode(1, grammar_split=True, grammar_nodes=4, mask_words=8)
     no_graph = {"xla_gpu_enable_command_buffer": ""}
     assert step_compiler_options("gpu", split, Chain(3), part=1) == no_graph
     assert step_compiler_options("gpu", split, Chain(3), part=0) == {}  # the draft part: queued early
     assert step_compiler_options("gpu", split, Chain(3), part=2) == {}  # the fused twin
+    piped = decode(1, grammar_split=True, grammar_pipeline=True, grammar_nodes=4, mask_words=8)
+    assert [step_compiler_options("gpu", piped, Chain(3), part=i) for i in range(4)] == [{}] * 4
     assert step_compiler_options("gpu", decode(8, grammar_split=True), Chain(3), part=1) == {**OFF, **no_graph}
     # The plain step of a speculative engine and a plain engine's split: their second part is the sampler.
     assert step_compiler_options("gpu", decode(1, grammar_split=True, speculate=False), Chain(3), part=1) == {}

@@ -103,7 +103,9 @@ def test_a_split_step_walks_each_constrained_rows_grammar_along_its_draft_tree(b
     """draft_inputs: the nodes whose path the grammar allows are walkable, each with the mask of
     the state its path reaches; a forbidden node is marked to be tried (its parent's mask rejects it)
     and nothing under it is walkable (the grammar is broken there); where the grammar forces a run, the row
-    verifies that run instead; unconstrained rows keep all."""
+    verifies that run instead, unless told not to (a pipelined step whose forward over the drafts is
+    queued already: they are walked like any other), and says a run was forced; unconstrained rows
+    keep all."""
     from types import SimpleNamespace
 
     from jspec.runtime.grammar import draft_inputs
@@ -121,7 +123,8 @@ def test_a_split_step_walks_each_constrained_rows_grammar_along_its_draft_tree(b
     drafts = [_ids("2x-f"), _ids("abcd"), _ids("zzzz")]
     parents = [[-1, 0, 0, 1, 2], [-1, 0, 1, 2, 3], [-1, 0, 1, 2, 3]]
     view = np.array([d + p for d, p in zip(drafts, parents)], np.int32)
-    packed, masks = draft_inputs(plan, bucket, view)
+    packed, masks, forced_seen = draft_inputs(plan, bucket, view)
+    assert forced_seen
     replaced, tokens, walk = packed[:3], packed[3:15].reshape(3, 4), packed[15:].reshape(3, 5)
     assert replaced.tolist() == [0, 0, 1]
     assert walk.tolist() == [[1, 1, 2, 1, 0], [1] * 5, [1, 1, 1, 1, 0]]  # 2: forbidden, tried and rejected
@@ -132,6 +135,12 @@ def test_a_split_step_walks_each_constrained_rows_grammar_along_its_draft_tree(b
     for node, text in enumerate(("ab123", "ab123-", "ab123-f", "ab123-fi")):
         np.testing.assert_array_equal(masks[2, node], _mask_after(backend, text))
     np.testing.assert_array_equal(_mask_after(backend, "ab1"), (lambda r: (free.fill(r), r)[1])(np.zeros(w, np.int32)))
+    piped, piped_masks, forced_seen = draft_inputs(plan, bucket, view, replace=False)
+    assert forced_seen and piped[:3].tolist() == [0, 0, 0] and (piped[3:15] == 0).all()
+    assert piped[15:].reshape(3, 5).tolist() == [[1, 1, 2, 1, 0], [1] * 5, [1, 2, 0, 0, 0]]  # "z" is not "-"
+    np.testing.assert_array_equal(piped_masks[:2], masks[:2])
+    np.testing.assert_array_equal(piped_masks[2, 0], _mask_after(backend, "ab123"))
+    assert not draft_inputs(SimpleNamespace(reqs=[row(free), row(None), row(None)]), bucket, view)[2]
 
 
 @pytest.mark.parametrize("key,text,needle", [

@@ -72,9 +72,11 @@ def _engine(dirs, target, **kw):
                   tokenizer_path=dirs["tokenizer"], **kw, **SPEC_BS4)
 
 
-def _split_parts_run(eng) -> list[int]:
+def _split_parts_run(eng, forwards: list | None = None) -> list[int]:
     """Records each first part (drafts, or a plain step's forward) that split steps launch: whether
-    the step before it was still unread then (overlap: the host fills grammar inputs meanwhile)."""
+    the step before it was still unread then (overlap: the host fills grammar inputs meanwhile);
+    and in `forwards`, the same for each target forward a pipelined step launches as a part of its
+    own (unread: queued behind the drafts before the walk; read: after a walk that replaced drafts)."""
     runs = []
     for exe in eng.runner.compiled.values():
         if isinstance(exe, SplitExecutable):
@@ -82,11 +84,17 @@ def _split_parts_run(eng) -> list[int]:
                 runs.append(eng.core.pending is not None)
                 return _first(*a)
             exe.first = counted
+            if exe.forward is not None and forwards is not None:
+                def forward(*a, _forward=exe.forward):
+                    forwards.append(eng.core.pending is not None)
+                    return _forward(*a)
+                exe.forward = forward
     return runs
 
 
 def _run(eng):
-    split_runs = _split_parts_run(eng)
+    forwards = []
+    split_runs = _split_parts_run(eng, forwards)
     outs = eng.generate(input_ids=[p for p in PROMPTS for _ in SAMPLING], sampling_params=SAMPLING * len(PROMPTS),
                         return_logprob=True, top_logprobs_num=TOP)
     # No row is constrained: every step ran fused, never in parts.
@@ -96,6 +104,11 @@ def _run(eng):
     constrained = eng.generate(input_ids=PROMPTS[:1] * len(GRAMMAR), sampling_params=GRAMMAR)
     assert split_runs  # constrained rows ran split
     assert any(split_runs) == eng.core.overlap  # with overlap, first parts launch before the last step is read
+    if eng.spec is not None:
+        # With overlap a speculative step is pipelined: its forward is queued behind the drafts
+        # while the last step is unread, except after a walk that met a forced run ("-fixed-tail-"),
+        # when it waits for the walk and verifies the run; without overlap it is not a part of its own.
+        assert (True in forwards and False in forwards) if eng.core.overlap else not forwards, forwards
     return outs, constrained
 
 
