@@ -46,3 +46,21 @@ def test_a_prompt_step_maps_a_full_cached_row_for_every_request_it_carries():
     big = EngineConfig.create(qwen3, max_running_requests=64, chunked_prefill_size=32, context_length=8192, page_size=4)
     assert big.prefix_pages_per_step == MAX_PREFIX_PAGES_PER_STEP > big.layout.pages_per_seq
     assert EngineConfig.create(qwen3, disable_radix_cache=True).prefix_pages_per_step == 0
+
+
+def test_prompt_steps_without_top_k_top_p_compile_no_conditional():
+    """A prompt step's sampler decides on the device whether any row needs the top-k / top-p sort
+    (a conditional, whose predicate XLA on GPU reads on the host, stalling it for the step). An
+    engine that refuses top-k / top-p needs no such choice: its prompt buckets sort never."""
+    import dataclasses
+
+    from jspec.models.batch import ForwardMode
+
+    with Engine(tiny_dir("qwen3"), prefill_token_buckets=[32], **SMALL) as eng:
+        (bucket,) = [b for b in eng.runner.buckets if b.mode is ForwardMode.EXTEND]
+        assert bucket.sort is False
+        lowered = {s: eng.runner._lower(dataclasses.replace(bucket, sort=s), eng.runner.state).as_text()
+                   for s in (False, None)}
+        assert lowered[False].count("stablehlo.case") == 0 and lowered[None].count("stablehlo.case") == 1
+        out = eng.generate(input_ids=[3, 17, 29, 8], sampling_params={"max_new_tokens": 4, "temperature": 0.7})
+        assert len(out["output_ids"]) == 4
