@@ -128,12 +128,12 @@ def without_grammar(bucket: Bucket) -> Bucket:
 def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings, sharding, tp: int = 1):
     """(lowered first part, [lowered forward part: a pipelined step,] lowered second part, lowered
     fused step) of a split step and its fused twin's step function against abstract arguments.
-    The carry keeps each array's place: the
-    state's buffers as the device state holds them (a split target's pools split), a plain step's
-    logits split by vocabulary as the forward leaves them (when the vocabulary divides by tp),
-    everything else replicated: small for a speculative step's drafts; a speculative engine's plain
-    step also carries its target forward's output, which a split target then gathers between the
-    parts (correct, a cost only at tp > 1)."""
+    The carry keeps each array's place: the state's buffers as the device state holds them (a split
+    target's pools split), a plain step's logits split by vocabulary as the forward leaves them
+    (when the vocabulary divides by tp), everything else replicated: small for a speculative step's
+    drafts; a pipelined step's forward and a speculative engine's plain step also carry the target
+    forward's output, which a split target then gathers between the parts (correct, a cost only at
+    tp > 1)."""
     masks = jax.ShapeDtypeStruct((bucket.batch_size, bucket.grammar_nodes, bucket.mask_words), jnp.int32,
                                  sharding=sharding)
     lowered_fused = jax.jit(fused, donate_argnums=(1,), out_shardings=out_shardings).lower(params, state, packed)
