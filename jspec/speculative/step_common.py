@@ -184,13 +184,15 @@ def walk_parents(c: SpecStep, parents):
     return parents if "walk" not in c.scratch else grammar_nodes.walk_parents(parents, c.scratch["walk"])
 
 
-def apply_grammar(c: SpecStep, grammar, masks) -> None:
+def apply_grammar(c: SpecStep, grammar, masks, *, replace: bool = True) -> None:
     """The host's decisions about the drafts (`grammar_nodes`), before acceptance: packed int32
-    `[B + B*D + B*N]` (replaced, tokens, walk) and masks `[B, N, W]`."""
+    `[B + B*D + B*N]` (replaced, tokens, walk) and masks `[B, N, W]`. replace: also put the forced
+    runs in place of the drafts (False: a pipelined step's forward part did)."""
     b, d = c.drafts.shape
     c.x["vocab_mask"] = masks
     c.scratch["walk"] = grammar[b + b * d:].reshape(b, d + 1)
-    replace_drafts(c, grammar)  # a no-op when the forward part has replaced them already
+    if replace:
+        replace_drafts(c, grammar)
 
 
 def replace_drafts(c: SpecStep, grammar) -> None:
@@ -302,7 +304,7 @@ def _split(start, phases: list[Phase], rows: SpecRows, split_after: str) -> Spli
 
     def verify_(params, buffers: dict, rest: dict, grammar, masks):
         c = start.resume(params, buffers, rest)
-        apply_grammar(c, grammar, masks)
+        apply_grammar(c, grammar, masks, replace=mid == cut)
         for _, phase in phases[mid:]:
             phase(c)
         return finish(c, rows)
