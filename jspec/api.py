@@ -7,6 +7,7 @@ for it (or streams it). Several threads may call `generate` at once; `abort` wor
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import logging
@@ -29,7 +30,7 @@ from jspec.runtime.adaptive import SpecPolicy
 from jspec.runtime import outputs
 from jspec.runtime.engine_core import EngineCore
 from jspec.runtime.grammar import GrammarBackend
-from jspec.runtime.executable_cache import ExecutableCache
+from jspec.runtime.executable_cache import enable_compilation_cache, open_executable_cache
 from jspec.runtime.model_runner import ModelRunner
 from jspec.runtime.request import RequestLimits, make_request, parallel_samples
 from jspec.runtime.scheduler import Scheduler
@@ -39,32 +40,11 @@ from jspec.speculative.algorithms import make_drafting
 logger = logging.getLogger("jspec")
 
 
-def _enable_compilation_cache(path: str | None) -> str | None:
-    """Turn on XLA's persistent cache in path (default `JSPEC_COMPILATION_CACHE`, else
-    ~/.cache/jspec/xla; "none": off); returns the folder or None."""
-    path = path or os.environ.get("JSPEC_COMPILATION_CACHE", os.path.expanduser("~/.cache/jspec/xla"))
-    if path in ("", "none"):
-        return None
-    os.makedirs(path, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    return path
-
-
-def _executable_cache(cache_dir: str | None, cfg: EngineConfig) -> ExecutableCache | None:
-    """Compiled steps beside XLA's cache, so a warm start skips tracing (`JSPEC_EXECUTABLE_CACHE=0`:
-    off)."""
-    if cache_dir is None or os.environ.get("JSPEC_EXECUTABLE_CACHE", "1") == "0":
-        return None
-    return ExecutableCache(os.path.join(cache_dir, "executables"), cfg.cache_context())
-
-
 class Engine:
     def __init__(self, model_path, *, compilation_cache_dir: str | None = None, **kwargs):
         """`model_path`: an HF or orbax checkpoint directory (or a loaded `Model`); keywords: SGLang's
         engine settings (`jspec.engine_config.EngineConfig.create` lists them)."""
-        cache_dir = _enable_compilation_cache(compilation_cache_dir)
+        cache_dir = enable_compilation_cache(compilation_cache_dir)
         cfg = self.engine_config = EngineConfig.create(model_path, **kwargs)
         self.spec = cfg.spec
         self.context_length = cfg.context_length
@@ -113,7 +93,7 @@ class Engine:
                                   prefix_pages=cfg.prefix_pages_per_step, grammar=cfg.grammar_backend is not None,
                                   grammar_pipeline=not cfg.disable_overlap_schedule,
                                   input_logprobs=cfg.enable_input_logprobs,
-                                  executables=_executable_cache(cache_dir, cfg))
+                                  executables=open_executable_cache(cache_dir, cfg.cache_context()))
         tokenizer_json = None if tokenizer_dir is None else os.path.join(tokenizer_dir, "tokenizer.json")
         self.grammars = GrammarBackend.create(
             cfg.grammar_backend, vocab_size=self.config.vocab_size, eos_token_ids=self.eos_token_ids,
@@ -230,6 +210,28 @@ class Engine:
 
         With stream=True (single prompt, n = 1) returns an iterator of incremental dicts.
         """
+        reqs, batch = self._submit(prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream,
+                                   rid, logprob_start_len)
+        if stream:
+            return outputs.stream(self.core.detok, reqs[0], speculative=self.spec is not None)
+        for r in reqs:
+            r.done.wait()
+        outs = [outputs.result(self.core.detok, r, speculative=self.spec is not None) for r in reqs]
+        return outs if batch else outs[0]
+
+    def generate_stream_async(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
+                              top_logprobs_num=0, rid=None, logprob_start_len=-1):
+        """`generate(stream=True)` for asyncio: validates and queues the request now (a bad one
+        raises here), and returns an async iterator of the same chunks, read on the running event
+        loop; the engine loop wakes that loop directly, with no reader thread per stream."""
+        signal = outputs.LoopSignal(asyncio.get_running_loop())
+        reqs, _ = self._submit(prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, True, rid,
+                               logprob_start_len, signal)
+        return outputs.astream(self.core.detok, reqs[0], speculative=self.spec is not None)
+
+    def _submit(self, prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream, rid,
+                logprob_start_len, signal=None):
+        """Validate and queue the requests of one call: (requests, whether the call is a batch)."""
         if self._stopped:
             raise EngineShutdownError("generate: this engine was shut down; build a new Engine")
         batch = isinstance(prompt, (list, tuple)) or (
@@ -256,15 +258,12 @@ class Engine:
         if any(r.sampling.n > 1 for r in reqs):  # SGLang's parallel sampling: n results per prompt, prompt-major
             reqs = [s for r in reqs for s in parallel_samples(r, self._next_seed)]
             batch = True
+        if signal is not None:
+            reqs[0].stream_queue = signal
         for r in reqs:
             self.core.submit(r)
         self._notify()
-        if stream:
-            return outputs.stream(self.core.detok, reqs[0], speculative=self.spec is not None)
-        for r in reqs:
-            r.done.wait()
-        outs = [outputs.result(self.core.detok, r, speculative=self.spec is not None) for r in reqs]
-        return outs if batch else outs[0]
+        return reqs, batch
 
     def flush_cache(self, timeout: float = 30.0) -> bool:
         """Drop every cached prefix (SGLang's flush_cache): True when done; False while requests

@@ -250,3 +250,24 @@ class ExecutableCache:
             log.warning("executable cache: not stored (%s)", e)
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+def enable_compilation_cache(path: str | None) -> str | None:
+    """Turn on XLA's persistent cache in path (default `JSPEC_COMPILATION_CACHE`, else
+    ~/.cache/jspec/xla; "none": off); returns the folder or None."""
+    path = path or os.environ.get("JSPEC_COMPILATION_CACHE", os.path.expanduser("~/.cache/jspec/xla"))
+    if path in ("", "none"):
+        return None
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    return path
+
+
+def open_executable_cache(cache_dir: str | None, context: str) -> ExecutableCache | None:
+    """Compiled steps beside XLA's cache in cache_dir, so a warm start skips tracing
+    (`JSPEC_EXECUTABLE_CACHE=0`: off)."""
+    if cache_dir is None or os.environ.get("JSPEC_EXECUTABLE_CACHE", "1") == "0":
+        return None
+    return ExecutableCache(os.path.join(cache_dir, "executables"), context)

@@ -3,6 +3,7 @@ streamed request, built on the caller's thread from the request the engine loop 
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from jspec.runtime.detokenizer import Detokenizer, find_stop, stop_prefix_len
@@ -73,27 +74,71 @@ def _safe_prefix(now: str, stops: list[str]) -> str:
     return now[:len(now) - stop_prefix_len(now, stops)]
 
 
+class StreamChunks:
+    """A streamed request's incremental dicts, one per signal of the engine loop (`put(final)` on
+    the request's stream_queue), whose texts add up to the final text: a tail that may still grow
+    into a stop string is held back (once the stop completes, the text is cut before it). Shared by
+    the thread reader (`stream`) and the asyncio one (`astream`)."""
+
+    def __init__(self, detok: Detokenizer, req: Request, *, speculative: bool):
+        self.detok, self.req, self.speculative = detok, req, speculative
+        self.sent_ids = 0
+        self.sent_text = ""
+        self.rows = _LogprobRows()
+        stop = req.sampling.stop
+        self.stops = [stop] if isinstance(stop, str) else list(stop or [])
+
+    def next(self, final: bool) -> dict | None:
+        """The chunk for one signal: None when it brings nothing new (signals coalesce: a reader
+        that fell behind finds every token at the first of them)."""
+        req = self.req
+        ids = req.output_ids[self.sent_ids:]
+        state = req.detok_state
+        now = text(self.detok, req) if final else (state.text if state is not None else "")
+        if not final:
+            now = _safe_prefix(now, self.stops)
+        piece = now[len(self.sent_text):]
+        self.sent_ids += len(ids)
+        self.sent_text = now
+        if not (final or ids):
+            return None
+        meta = meta_info(req, speculative=self.speculative, rows=self.rows)
+        if not final:  # the loop may finish it while this chunk is built: only the last one says so
+            meta["finish_reason"] = None
+        return {"text": piece, "output_ids": list(ids), "meta_info": meta}
+
+
 def stream(detok: Detokenizer, req: Request, *, speculative: bool):
-    """Incremental dicts whose texts add up to the final text: a tail that may still grow into a
-    stop string is held back (once the stop completes, the text is cut before it)."""
-    sent_ids = 0
-    sent_text = ""
-    rows = _LogprobRows()
-    stops = [req.sampling.stop] if isinstance(req.sampling.stop, str) else list(req.sampling.stop or [])
+    """The chunks of a streamed request, read on the caller's thread (blocks between chunks)."""
+    chunks = StreamChunks(detok, req, speculative=speculative)
     while True:
         final = req.stream_queue.get()
-        ids = req.output_ids[sent_ids:]
-        state = req.detok_state
-        now = text(detok, req) if final else (state.text if state is not None else "")
-        if not final:
-            now = _safe_prefix(now, stops)
-        piece = now[len(sent_text):]
-        sent_ids += len(ids)
-        sent_text = now
-        if final or ids:
-            meta = meta_info(req, speculative=speculative, rows=rows)
-            if not final:  # the loop may finish it while this chunk is built: only the last one says so
-                meta["finish_reason"] = None
-            yield {"text": piece, "output_ids": list(ids), "meta_info": meta}
+        chunk = chunks.next(final)
+        if chunk is not None:
+            yield chunk
+        if final:
+            return
+
+
+class LoopSignal:
+    """A stream_queue whose signals land in an asyncio queue of `loop`: the engine loop's thread
+    hands each one straight to the event loop, with no reader thread between them."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue[bool] = asyncio.Queue()
+
+    def put(self, final: bool) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, final)
+
+
+async def astream(detok: Detokenizer, req: Request, *, speculative: bool):
+    """The chunks of a streamed request whose stream_queue is a `LoopSignal`, read on its loop."""
+    chunks = StreamChunks(detok, req, speculative=speculative)
+    while True:
+        final = await req.stream_queue.queue.get()
+        chunk = chunks.next(final)
+        if chunk is not None:
+            yield chunk
         if final:
             return

@@ -7,10 +7,11 @@ is the scheduler's decision, not the server's), and the event loop only awaits f
 queues. A request whose client goes away (or whose task is cancelled at shutdown) is aborted, so
 the engine frees its pages and slot at its next step.
 
-A streamed request is submitted from the event loop itself (`Engine.generate(stream=True)` only
-validates and queues), so a bad request is refused before any response header is sent; a thread
-per stream then reads its chunks, turns them into text with `StreamText`, and posts them to the
-request's queue.
+A streamed request is submitted from the event loop itself (`Engine.generate_stream_async` only
+validates and queues), so a bad request is refused before any response header is sent; the
+engine loop then wakes the event loop at each chunk, where a task per sub-request turns it into
+text with `StreamText` and posts it to the request's queue (no thread between the engine loop and
+the response, so a chunk waits for the GIL once, not twice).
 """
 
 from __future__ import annotations
@@ -115,13 +116,14 @@ class EngineBridge:
 
     # ------------------------------------------------------------------------- streams
     def open_streams(self, subs: list[dict]) -> Streams:
-        """Submit each sub-request (`Engine.generate` keywords, streamed); an invalid one raises
-        `InvalidRequestError` here, after aborting those already submitted."""
+        """Submit each sub-request (`Engine.generate_stream_async` keywords); an invalid one
+        raises `InvalidRequestError` here, after aborting those already submitted. Called on the
+        event loop."""
         streams = Streams(asyncio.get_running_loop())
         try:
             for kw in subs:
                 rid = kw.get("rid") or new_rid()
-                chunks = self.engine.generate(**{**kw, "rid": rid, "stream": True})
+                chunks = self.engine.generate_stream_async(**{**kw, "rid": rid})
                 streams.rids.append(rid)
                 sp = kw.get("sampling_params") or {}
                 text = StreamText(self.tokenizer, stop=sp.get("stop"),
@@ -130,9 +132,8 @@ class EngineBridge:
         except BaseException:
             self.abort(streams.rids)
             raise
-        for index, (chunks, text) in enumerate(streams.sources):
-            threading.Thread(target=streams.pump, args=(index, chunks, text), name="jspec-http-stream",
-                             daemon=True).start()
+        streams.tasks = [asyncio.ensure_future(streams.pump(index, chunks, text))
+                         for index, (chunks, text) in enumerate(streams.sources)]
         return streams
 
     async def events(self, streams: Streams):
@@ -151,6 +152,8 @@ class EngineBridge:
         finally:
             self.inflight -= 1
             self.abort([rid for i, rid in enumerate(streams.rids) if i not in done])
+            for task in streams.tasks:
+                task.cancel()
 
 
 class Streams:
@@ -161,26 +164,25 @@ class Streams:
         self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
         self.rids: list[str] = []
         self.sources: list[tuple] = []
+        self.tasks: list[asyncio.Future] = []
 
-    def _post(self, ev: StreamEvent) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
-
-    def pump(self, index: int, chunks, text: StreamText) -> None:
-        """Thread body: read one engine stream to its end, posting an event per chunk.
+    async def pump(self, index: int, chunks, text: StreamText) -> None:
+        """Task body: read one engine stream to its end, posting an event per chunk.
 
         The final event is the chunk whose meta_info has a finish_reason and counts every token
         received: a chunk read while the engine finishes may show the finish_reason before the
         last token is in its ids, and then one more chunk follows."""
         meta: dict = {}
+        post = self.queue.put_nowait
         try:
-            for chunk in chunks:
+            async for chunk in chunks:
                 meta = chunk["meta_info"]
                 text.add(chunk["output_ids"])
                 final = meta.get("finish_reason") is not None and meta.get("completion_tokens") == len(text.ids)
                 piece = text.delta() + (text.finish(meta.get("finish_reason")) if final else "")
-                self._post(StreamEvent(index, list(chunk["output_ids"]), piece, meta, final=final))
+                post(StreamEvent(index, list(chunk["output_ids"]), piece, meta, final=final))
                 if final:
                     return
-            self._post(StreamEvent(index, [], text.finish(meta.get("finish_reason")), meta, final=True))
+            post(StreamEvent(index, [], text.finish(meta.get("finish_reason")), meta, final=True))
         except Exception as e:  # noqa: BLE001 - this request fails; the server and the others go on
-            self._post(StreamEvent(index, [], "", meta, error=f"{type(e).__name__}: {e}"))
+            post(StreamEvent(index, [], "", meta, error=f"{type(e).__name__}: {e}"))

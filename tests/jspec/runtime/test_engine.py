@@ -130,6 +130,35 @@ def test_text_prompt_and_streaming(engine):
     assert pieces[-1]["meta_info"]["finish_reason"]["type"] == "length"
 
 
+def test_asyncio_stream_gives_the_threaded_streams_chunks(engine):
+    """generate_stream_async: the engine loop wakes the event loop itself (no reader thread); the
+    chunks carry the same tokens and text as the blocking stream, a bad request raises at the call,
+    and a stream left early is aborted like any other (its pages come back)."""
+    import asyncio
+
+    sp = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    full = engine.generate(prompt="w1 w2 w3 w4", sampling_params=sp)
+
+    async def run():
+        pieces = [c async for c in engine.generate_stream_async(prompt="w1 w2 w3 w4", sampling_params=sp)]
+        with pytest.raises(InvalidRequestError, match="max_new_tokens"):
+            engine.generate_stream_async(input_ids=[1, 2], sampling_params={"max_new_tokens": -1})
+        long = engine.generate_stream_async(input_ids=[1, 2, 3], rid="left-early",
+                                            sampling_params={"max_new_tokens": 100, "ignore_eos": True})
+        first = await anext(long)
+        engine.abort("left-early")
+        rest = [c async for c in long]
+        return pieces, first, rest
+
+    pieces, first, rest = asyncio.run(asyncio.wait_for(run(), 60))
+    assert [t for p in pieces for t in p["output_ids"]] == full["output_ids"]
+    assert "".join(p["text"] for p in pieces) == full["text"]
+    assert pieces[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert first["output_ids"] and rest[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert engine.wait_idle(timeout=30)
+    check_no_leaks(engine)
+
+
 def test_streamed_text_holds_back_a_stop_string_in_the_making(engine):
     """A stop string spanning two tokens ("7 w3" over "w17", "w3"): its first character is the end of
     the first token's text, held back until the stop is decided, so the streamed pieces add up to

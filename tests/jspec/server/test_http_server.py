@@ -341,22 +341,26 @@ def test_structured_output_through_openai_and_native_endpoints(served):
 
 
 def test_an_internal_failure_is_a_500_for_that_request_only(served, monkeypatch):
-    real = served.engine.generate
+    real = served.engine.generate_stream_async
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(served.engine, "generate", broken)
+    monkeypatch.setattr(served.engine, "generate", broken)  # whole answers
+    monkeypatch.setattr(served.engine, "generate_stream_async", broken)  # streams
     for stream in (False, True):
         r = served.http.post("/v1/completions", json={**COMPLETION, "stream": stream})
         assert r.status_code == 500 and "boom" in r.json()["error"]["message"], r.text
 
     def breaks_mid_stream(*args, **kwargs):
         chunks = real(*args, **kwargs)
-        yield next(chunks)
-        raise RuntimeError("lost mid-stream")
 
-    monkeypatch.setattr(served.engine, "generate", breaks_mid_stream)
+        async def gen():
+            yield await anext(chunks)
+            raise RuntimeError("lost mid-stream")
+        return gen()
+
+    monkeypatch.setattr(served.engine, "generate_stream_async", breaks_mid_stream)
     with pytest.raises(openai.APIError, match="lost mid-stream"):
         _stream_text(served.client.completions.create(model="m", prompt="Hello", max_tokens=30, stream=True,
                                                       extra_body={"ignore_eos": True}, **GREEDY), False)
