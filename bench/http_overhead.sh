@@ -5,6 +5,7 @@
 # 32 (64 prompts) and 128 (256 prompts). Writes JSONL and logs under OUT. WHEELS: a folder of wheels to install the
 # serve extra from (a machine without a network). SERVER_ONLY=1: the HTTP runs only (no in-process
 # runs); JSPEC_SWITCH_INTERVAL reaches the server (`jspec serve`'s GIL switch interval, default 0.0005 s).
+# C1_PROMPTS: prompts at concurrency 1 (default 8; more for a TTFT mean to within a millisecond).
 set -euo pipefail
 out=$1
 if [[ -n "${WHEELS:-}" ]]; then
@@ -24,7 +25,7 @@ for _ in $(seq 300); do
   sleep 1
 done
 for c in 1 32 128; do
-  n=$(( c == 1 ? 8 : 2 * c ))
+  n=$(( c == 1 ? ${C1_PROMPTS:-8} : 2 * c ))
   python3 -m jspec.cli bench serve --backend http --base-url http://127.0.0.1:30000 --model-path random:qwen3-8b \
       "${work[@]}" \
       --num-prompts $n --max-concurrency $c --output-file "$out/serve_http_overhead.jsonl" 2>&1 \
@@ -33,7 +34,7 @@ done
 kill -TERM $server; wait $server || true
 [[ -n "${SERVER_ONLY:-}" ]] && exit 0
 for c in 1 32 128; do
-  n=$(( c == 1 ? 8 : 2 * c ))
+  n=$(( c == 1 ? ${C1_PROMPTS:-8} : 2 * c ))
   python3 -m jspec.cli bench serve "${engine[@]}" "${work[@]}" --num-prompts $n --max-concurrency $c \
       --output-file "$out/serve_http_overhead.jsonl" 2>&1 | tee -a "$out/engine_bench.log" \
       | grep -E "Output token throughput|Mean TTFT"

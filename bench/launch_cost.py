@@ -15,11 +15,18 @@ This probe times, for the engine's plain decode step on a model shape (random we
 Run it under different XLA_FLAGS (command buffers on / off) to see what capture costs the host.
 
     PYTHONPATH=. python3 bench/launch_cost.py --preset qwen3-8b --batch-sizes 1,32 --out OUT.json
+
+`--prompt-tokens 256,2048` probes prompt steps instead: a bucket of that many tokens carrying
+`--prompt-requests` requests (each a chunk that samples), compiled in its three sampler variants:
+sort None (top-k / top-p decided on the device by a conditional, what an engine that allows them
+compiles), True (always sorted) and False (never; an engine with disable_top_k_top_p). A
+conditional whose predicate XLA reads on the host shows as a launch that lasts the whole step.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -37,6 +44,10 @@ from jspec.config import parse_hf_config  # noqa: E402
 from jspec.models.loader import random_model  # noqa: E402
 from jspec.models.presets import preset_config  # noqa: E402
 from jspec.runtime.model_runner import ModelRunner  # noqa: E402
+from jspec.runtime.scheduler import ScheduledReq, StepPlan  # noqa: E402
+from jspec.runtime.request import Request  # noqa: E402
+from jspec.runtime.sampling_params import SamplingParams  # noqa: E402
+from jspec.runtime.step_inputs import ForwardMode  # noqa: E402
 from jspec.runtime.step_inputs import pack  # noqa: E402
 
 
@@ -74,16 +85,58 @@ def probe(runner: ModelRunner, bucket, host_packed: np.ndarray, reps: int) -> di
     return rows
 
 
+def prompt_plan(tokens: int, requests: int) -> StepPlan:
+    """`requests` prompt chunks that fill `tokens`, slots 1..requests, each sampling its first token
+    (temperature 1 with top-p 0.9: the rows the sort serves)."""
+    sp = SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.9)
+    per = tokens // requests
+    reqs = []
+    for i in range(requests):
+        r = Request(rid=str(i), input_ids=[1 + i] * per, sampling=sp, seed=i)
+        r.slot = i + 1
+        reqs.append(ScheduledReq(r, 0, [1 + i] * per, True, True, 0))
+    return StepPlan(ForwardMode.EXTEND, reqs, [])
+
+
+def prompt_main(args, model) -> list[dict]:
+    tokens = [int(t) for t in args.prompt_tokens.split(",")]
+    page = 16
+    per = -(-max(tokens) // page)
+    layout = PoolLayout(page_size=page, num_pages=args.prompt_requests * per + 1, num_slots=args.prompt_requests + 1,
+                        pages_per_seq=per)
+    runner = ModelRunner(model, layout=layout, decode_batch_sizes=[1], extend_token_sizes=tokens,
+                         max_extend_requests=args.prompt_requests, progress=False, compile=False)
+    base = [b for b in runner.buckets if b.mode is ForwardMode.EXTEND]
+    runner.buckets = [dataclasses.replace(b, sort=s) for b in base for s in (None, True, False)]
+    runner.capture(layout)
+    runner.state.req_to_page = jax.device_put(page_table(args.prompt_requests, max(tokens), page, per,
+                                                         args.prompt_requests + 1), runner.state.req_to_page.sharding)
+    records = []
+    for bucket in runner.buckets:
+        plan = prompt_plan(bucket.num_tokens, min(args.prompt_requests, bucket.batch_size))
+        rec = {"preset": args.preset, "prompt_tokens": bucket.num_tokens, "requests": len(plan.reqs),
+               "sort": bucket.sort, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+               **probe(runner, bucket, pack(plan, bucket), args.reps)}
+        print(json.dumps(rec))
+        records.append(rec)
+    return records
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="qwen3-8b")
     ap.add_argument("--batch-sizes", default="1,32")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--prompt-tokens", help="probe prompt steps of these token counts instead of decode")
+    ap.add_argument("--prompt-requests", type=int, default=8)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     model = random_model(parse_hf_config(preset_config(args.preset)), dtype="bfloat16", seed=0)
+    if args.prompt_tokens:
+        _write(args.out, prompt_main(args, model))
+        return
     page = 16
     per = -(-args.context // page)
     layout = PoolLayout(page_size=page, num_pages=max(batches) * per + 1, num_slots=max(batches) + 1,
@@ -101,8 +154,12 @@ def main(argv=None) -> None:
                                                                                          bucket), args.reps)}
         print(json.dumps(rec))
         records.append(rec)
-    if args.out:
-        with open(args.out, "a") as f:
+    _write(args.out, records)
+
+
+def _write(path: str | None, records: list[dict]) -> None:
+    if path:
+        with open(path, "a") as f:
             for r in records:
                 f.write(json.dumps({**r, "env": environment()}) + "\n")
 
