@@ -1,12 +1,13 @@
 """Send a workload to an in-process Engine and time every request from the caller's side.
 
-One thread per in-flight request, each streaming its request: the time a chunk of tokens reaches
-the caller is what a user sees, so TTFT, ITL and E2E latency are taken here, as SGLang's
+Each in-flight request streams (a task on one event loop for an in-process Engine, a thread per
+request for the HTTP client): the time a chunk of tokens reaches the caller is what a user sees, so TTFT, ITL and E2E latency are taken here, as SGLang's
 `bench_serving` takes them at its HTTP client (ITL is one gap per streamed chunk, as there).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import threading
@@ -35,32 +36,31 @@ class RequestResult:
 GENERATE_KEYS = ("return_logprob", "top_logprobs_num")  # Engine.generate keywords, not sampling params
 
 
-def _run_one(engine, req: BenchRequest, sampling: dict, results: list, idx: int, sem) -> list[int]:
-    """Stream one request into results[idx]; returns the token ids it generated."""
-    res = RequestResult(prompt_len=len(req.input_ids))
-    output_ids: list[int] = []
-    try:
-        st = time.perf_counter()
-        last = st
-        meta = {}
-        # The generate keywords ride in the sampling dict (`serve.sampling_params`).
-        extra = {k: sampling[k] for k in GENERATE_KEYS if k in sampling}
-        params = {k: v for k, v in sampling.items() if k not in GENERATE_KEYS}
-        chunks = engine.generate(input_ids=req.input_ids, stream=True, **extra,
-                                 sampling_params={**params, "max_new_tokens": req.output_len})
-        for chunk in chunks:
-            now = time.perf_counter()
-            k = len(chunk["output_ids"])
-            output_ids.extend(chunk["output_ids"])
-            if k:
-                if not res.token_times:
-                    res.ttft = now - st
-                else:
-                    res.itl.append(now - last)
-                last = now
-                res.token_times.extend([now] * k)
-            meta = chunk["meta_info"]
-        res.latency = time.perf_counter() - st
+class _Recorder:
+    """One request's result, filled chunk by chunk as the caller receives them."""
+
+    def __init__(self, req: BenchRequest):
+        self.res = RequestResult(prompt_len=len(req.input_ids))
+        self.output_ids: list[int] = []
+        self.meta: dict = {}
+        self.start = self.last = time.perf_counter()
+
+    def chunk(self, chunk: dict) -> None:
+        now = time.perf_counter()
+        res, k = self.res, len(chunk["output_ids"])
+        self.output_ids.extend(chunk["output_ids"])
+        if k:
+            if not res.token_times:
+                res.ttft = now - self.start
+            else:
+                res.itl.append(now - self.last)
+            self.last = now
+            res.token_times.extend([now] * k)
+        self.meta = chunk["meta_info"]
+
+    def end(self) -> None:
+        res, meta = self.res, self.meta
+        res.latency = time.perf_counter() - self.start
         res.output_len = int(meta.get("completion_tokens", len(res.token_times)))
         res.finish_reason = meta.get("finish_reason")
         res.cached_tokens = int(meta.get("cached_tokens", 0))
@@ -74,13 +74,42 @@ def _run_one(engine, req: BenchRequest, sampling: dict, results: list, idx: int,
             res.error = f"streamed {len(res.token_times)} tokens but the engine reports {res.output_len}"
         else:
             res.success = True
+
+
+def _request_args(req: BenchRequest, sampling: dict) -> dict:
+    # The generate keywords ride in the sampling dict (`serve.sampling_params`).
+    extra = {k: sampling[k] for k in GENERATE_KEYS if k in sampling}
+    params = {k: v for k, v in sampling.items() if k not in GENERATE_KEYS}
+    return dict(input_ids=req.input_ids, sampling_params={**params, "max_new_tokens": req.output_len}, **extra)
+
+
+def _run_one(engine, req: BenchRequest, sampling: dict, results: list, idx: int, sem) -> list[int]:
+    """Stream one request into results[idx] (on this thread); returns the token ids it generated."""
+    rec = _Recorder(req)
+    try:
+        for chunk in engine.generate(stream=True, **_request_args(req, sampling)):
+            rec.chunk(chunk)
+        rec.end()
     except Exception as e:  # noqa: BLE001 - a failed request is a result, not the end of the run
-        res.error = f"{type(e).__name__}: {e}"
+        rec.res.error = f"{type(e).__name__}: {e}"
     finally:
-        results[idx] = res
+        results[idx] = rec.res
         if sem is not None:
             sem.release()
-    return output_ids
+    return rec.output_ids
+
+
+async def _run_one_async(engine, req: BenchRequest, sampling: dict, results: list, idx: int) -> None:
+    """`_run_one` on the event loop, through `Engine.generate_stream_async`."""
+    rec = _Recorder(req)
+    try:
+        async for chunk in engine.generate_stream_async(**_request_args(req, sampling)):
+            rec.chunk(chunk)
+        rec.end()
+    except Exception as e:  # noqa: BLE001 - a failed request is a result, not the end of the run
+        rec.res.error = f"{type(e).__name__}: {e}"
+    finally:
+        results[idx] = rec.res
 
 
 def arrival_offsets(n: int, request_rate: float, seed: int) -> np.ndarray:
@@ -95,9 +124,15 @@ def arrival_offsets(n: int, request_rate: float, seed: int) -> np.ndarray:
 def run_requests(engine, requests: list[BenchRequest], sampling: dict, request_rate: float = math.inf,
                  max_concurrency: int | None = None, seed: int = 0) -> tuple[list[RequestResult], float]:
     """Send every request (arrivals per `request_rate`, at most `max_concurrency` in flight) and
-    wait for all; returns the per-request results (in request order) and the duration in seconds."""
+    wait for all; returns the per-request results (in request order) and the duration in seconds.
+
+    An in-process Engine is driven from an event loop (`generate_stream_async`: the engine loop
+    hands each chunk to it directly, as `jspec serve` does); a client without it (the HTTP one)
+    gets a thread per request."""
     results: list = [None] * len(requests)
     offsets = arrival_offsets(len(requests), request_rate, seed)
+    if hasattr(engine, "generate_stream_async"):
+        return asyncio.run(_run_requests_async(engine, requests, sampling, offsets, max_concurrency, results))
     # The semaphore is taken before a request's thread starts, so a capped run holds at most
     # `max_concurrency` threads and a late request starts as soon as a slot frees, as in SGLang.
     sem = threading.Semaphore(max_concurrency) if max_concurrency else None
@@ -115,6 +150,27 @@ def run_requests(engine, requests: list[BenchRequest], sampling: dict, request_r
         threads.append(t)
     for t in threads:
         t.join()
+    return results, time.perf_counter() - start
+
+
+async def _run_requests_async(engine, requests, sampling, offsets, max_concurrency, results):
+    sem = asyncio.Semaphore(max_concurrency or len(requests) or 1)
+
+    async def one(i: int) -> None:
+        try:
+            await _run_one_async(engine, requests[i], sampling, results, i)
+        finally:
+            sem.release()
+
+    tasks = []
+    start = time.perf_counter()
+    for i in range(len(requests)):
+        delay = start + offsets[i] - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await sem.acquire()  # taken before the request starts, as the threaded path does
+        tasks.append(asyncio.ensure_future(one(i)))
+    await asyncio.gather(*tasks)
     return results, time.perf_counter() - start
 
 
