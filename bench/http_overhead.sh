@@ -6,6 +6,8 @@
 # serve extra from (a machine without a network). SERVER_ONLY=1: the HTTP runs only (no in-process
 # runs); JSPEC_SWITCH_INTERVAL reaches the server (`jspec serve`'s GIL switch interval, default 0.0005 s).
 # C1_PROMPTS: prompts at concurrency 1 (default 8; more for a TTFT mean to within a millisecond).
+# CONCURRENCY: the concurrencies to run (default "1 32 128"). The server's /metrics (GC pauses among them)
+# are saved as OUT/http_metrics.txt; JSPEC_GC_FREEZE=0 reaches the server (no gc.freeze after start-up).
 set -euo pipefail
 out=$1
 if [[ -n "${WHEELS:-}" ]]; then
@@ -24,16 +26,18 @@ for _ in $(seq 300); do
   python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:30000/health', timeout=2)" 2> /dev/null && break
   sleep 1
 done
-for c in 1 32 128; do
+for c in ${CONCURRENCY:-1 32 128}; do
   n=$(( c == 1 ? ${C1_PROMPTS:-8} : 2 * c ))
   python3 -m jspec.cli bench serve --backend http --base-url http://127.0.0.1:30000 --model-path random:qwen3-8b \
       "${work[@]}" \
       --num-prompts $n --max-concurrency $c --output-file "$out/serve_http_overhead.jsonl" 2>&1 \
       | tee -a "$out/http_bench.log" | grep -E "Output token throughput|Mean TTFT"
 done
+python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/metrics').read().decode())" \
+    >> "$out/http_metrics.txt"
 kill -TERM $server; wait $server || true
 [[ -n "${SERVER_ONLY:-}" ]] && exit 0
-for c in 1 32 128; do
+for c in ${CONCURRENCY:-1 32 128}; do
   n=$(( c == 1 ? ${C1_PROMPTS:-8} : 2 * c ))
   python3 -m jspec.cli bench serve "${engine[@]}" "${work[@]}" --num-prompts $n --max-concurrency $c \
       --output-file "$out/serve_http_overhead.jsonl" 2>&1 | tee -a "$out/engine_bench.log" \

@@ -6,9 +6,15 @@ tokens, TTFT, TPOT and end-to-end latency histograms. Read from `Engine.get_serv
 scrape time, so they are never stale: running and waiting requests, pages in use, the prefix
 cache hit rate, retractions, and the speculative accept-length histogram (tokens per verify step,
 as the engine counts them). Each server owns its registry, so two in one process do not collide.
+Also the process's garbage-collector pauses by generation (a full collection stops the engine
+loop and the event loop alike; `jspec serve` freezes what start-up allocated to keep them short).
 """
 
 from __future__ import annotations
+
+import gc
+import threading
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -58,6 +64,50 @@ class EngineCollector:
                                      buckets=buckets, sum_value=float(sum(k * v for k, v in hist.items())))
 
 
+class GcPauses:
+    """Collector of the process's garbage-collection pauses (`gc.callbacks`, installed once per
+    process): count, total and longest seconds per generation."""
+
+    _lock = threading.Lock()
+    _stats: dict[int, list[float]] = {}  # generation -> [count, seconds, longest]
+    _started: dict[int, float] = {}  # thread id -> start of the collection it runs
+    _installed = False
+
+    @classmethod
+    def install(cls) -> "GcPauses":
+        with cls._lock:
+            if not cls._installed:
+                gc.callbacks.append(cls._callback)
+                cls._installed = True
+        return cls()
+
+    @classmethod
+    def _callback(cls, phase: str, info: dict) -> None:
+        now, me = time.perf_counter(), threading.get_ident()
+        if phase == "start":
+            cls._started[me] = now
+            return
+        began = cls._started.pop(me, None)
+        if began is not None:
+            row = cls._stats.setdefault(info["generation"], [0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += now - began
+            row[2] = max(row[2], now - began)
+
+    def collect(self):
+        stats = {g: list(v) for g, v in sorted(self._stats.items())}
+        count = CounterMetricFamily(PREFIX + "gc_pauses", "garbage collections", labels=["generation"])
+        total = CounterMetricFamily(PREFIX + "gc_pause_seconds", "seconds spent in garbage collections",
+                                    labels=["generation"])
+        longest = GaugeMetricFamily(PREFIX + "gc_pause_max_seconds", "the longest garbage collection",
+                                    labels=["generation"])
+        for g, (n, seconds, most) in stats.items():
+            count.add_metric([str(g)], n)
+            total.add_metric([str(g)], seconds)
+            longest.add_metric([str(g)], most)
+        yield from (count, total, longest)
+
+
 class ServerMetrics:
     def __init__(self, engine):
         r = self.registry = CollectorRegistry()
@@ -74,6 +124,7 @@ class ServerMetrics:
         self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "arrival to last token", registry=r,
                              buckets=E2E_BUCKETS)
         r.register(EngineCollector(engine))
+        r.register(GcPauses.install())
 
     def observe(self, meta: dict) -> None:
         """One finished engine request (its meta_info)."""

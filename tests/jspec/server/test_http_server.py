@@ -473,6 +473,10 @@ def test_metrics_count_requests_tokens_and_latencies(served):
     info = served.info()
     assert after[("jspec:num_total_pages", ())] == info["num_total_pages"]
     assert after[("jspec:num_running_reqs", ())] == 0 and after[("jspec:num_queue_reqs", ())] == 0
+    # The server process's garbage collections, timed (serving allocates: young ones happened).
+    young = (("generation", "0"),)
+    assert after[("jspec:gc_pauses_total", young)] > 0
+    assert 0 < after[("jspec:gc_pause_max_seconds", young)] <= after[("jspec:gc_pause_seconds_total", young)]
 
 
 def test_bench_serve_through_http(served, tmp_path):
