@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 
 from jspec.bench.client import run_conversations, run_requests
 from jspec.bench.datasets import BenchRequest, Conversation, build_workload
 from jspec.bench.metrics import accept_length, summarize
 from jspec.bench.record import append_jsonl, environment, make_record, serve_table
+from jspec.server.launch import switch_interval
 
 # Engine keywords that `jspec bench` flags map to one to one (flag --page-size -> page_size).
 ENGINE_FLAGS = ("dtype", "page_size", "max_running_requests", "max_total_tokens", "chunked_prefill_size",
@@ -94,14 +96,23 @@ def measure(engine, args, engine_args: dict, env: dict, command: str, kind: str 
     before = engine.get_server_info()
     run = run_conversations if chats else run_requests
     trace_dir = _trace_dir(args, engine_args)
-    with _profiled(trace_dir):
-        results, duration = run(engine, requests, sampling_params(args), args.request_rate, args.max_concurrency,
-                                args.seed)
+    # In process the engine loop and the client's event loop share one GIL: hand it over as often
+    # as `jspec serve` does (its switch interval), so both backends run under the same rule.
+    previous = sys.getswitchinterval()
+    if hasattr(engine, "generate_stream_async"):
+        sys.setswitchinterval(switch_interval())
+    try:
+        with _profiled(trace_dir):
+            results, duration = run(engine, requests, sampling_params(args), args.request_rate, args.max_concurrency,
+                                    args.seed)
+    finally:
+        sys.setswitchinterval(previous)
     engine.wait_idle(timeout=120.0)
     info = engine.get_server_info()
     s = settings(args)
     s["num_requests"] = len(results)
     s["tokenizer"] = tokenizer
+    s["switch_interval"] = switch_interval() if hasattr(engine, "generate_stream_async") else None
     errors = sorted({r.error for r in results if not r.success})
     return make_record(
         kind, command, s, {"model_path": args.model_path, **engine_args}, env,
