@@ -16,6 +16,7 @@ Run it under different XLA_FLAGS (command buffers on / off) to see what capture 
 
     PYTHONPATH=. python3 bench/launch_cost.py --preset qwen3-8b --batch-sizes 1,32 --out OUT.json
 
+`--profile DIR` traces each bucket's back-to-back loop (`bench/trace_summary.py DIR/<bucket>`).
 `--prompt-tokens 256,2048` probes prompt steps instead: a bucket of that many tokens carrying
 `--prompt-requests` requests (each a chunk that samples), compiled in its three sampler variants:
 sort None (top-k / top-p decided on the device by a conditional, what an engine that allows them
@@ -51,7 +52,7 @@ from jspec.runtime.step_inputs import ForwardMode  # noqa: E402
 from jspec.runtime.step_inputs import pack  # noqa: E402
 
 
-def probe(runner: ModelRunner, bucket, host_packed: np.ndarray, reps: int) -> dict:
+def probe(runner: ModelRunner, bucket, host_packed: np.ndarray, reps: int, profile: str | None = None) -> dict:
     fn, sharding = runner.compiled[bucket], runner.state.req_to_page.sharding
     same = jax.device_put(host_packed, sharding)
     for _ in range(3):
@@ -73,6 +74,11 @@ def probe(runner: ModelRunner, bucket, host_packed: np.ndarray, reps: int) -> di
         rows[name] = {"launch_ms": 1e3 * float(np.median(launch)), "launch_p90_ms": 1e3 * float(np.percentile(launch, 90)),
                       "until_ready_ms": 1e3 * float(np.median(total))}
     calls = []
+    # profile: a perfetto trace of this back-to-back loop in profile/<bucket> (bench/trace_summary.py),
+    # to see where a call that blocks the host waits.
+    tracing = jax.profiler.trace(os.path.join(profile, f"{bucket.label}_sort{bucket.sort}".replace(" ", "_"))) if profile else None
+    if tracing is not None:
+        tracing.__enter__()
     t_all = time.perf_counter()
     for _ in range(reps):
         packed = jax.device_put(host_packed, sharding)
@@ -80,6 +86,8 @@ def probe(runner: ModelRunner, bucket, host_packed: np.ndarray, reps: int) -> di
         runner.state, out = fn(runner.params, runner.state, packed)
         calls.append(time.perf_counter() - t0)
     out.block_until_ready()
+    if tracing is not None:
+        tracing.__exit__(None, None, None)
     rows["pipelined"] = {"call_ms": 1e3 * float(np.median(calls)),
                          "step_ms": 1e3 * (time.perf_counter() - t_all) / reps}
     return rows
@@ -116,7 +124,7 @@ def prompt_main(args, model) -> list[dict]:
         plan = prompt_plan(bucket.num_tokens, min(args.prompt_requests, bucket.batch_size))
         rec = {"preset": args.preset, "prompt_tokens": bucket.num_tokens, "requests": len(plan.reqs),
                "sort": bucket.sort, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-               **probe(runner, bucket, pack(plan, bucket), args.reps)}
+               **probe(runner, bucket, pack(plan, bucket), args.reps, args.profile)}
         print(json.dumps(rec))
         records.append(rec)
     return records
@@ -130,6 +138,7 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--prompt-tokens", help="probe prompt steps of these token counts instead of decode")
     ap.add_argument("--prompt-requests", type=int, default=8)
+    ap.add_argument("--profile", help="trace each bucket's back-to-back loop into this folder")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batch_sizes.split(",")]
@@ -149,9 +158,9 @@ def main(argv=None) -> None:
         bucket = next(x for x in runner.buckets if x.batch_size == b and not x.sort)
         runner.state.req_to_page = jax.device_put(page_table(b, args.context, page, per, max(batches) + 1),
                                                   runner.state.req_to_page.sharding)
+        packed = pack(decode_plan(b, args.context), bucket)
         rec = {"preset": args.preset, "batch": b, "context": args.context,
-               "xla_flags": os.environ.get("XLA_FLAGS", ""), **probe(runner, bucket, pack(decode_plan(b, args.context),
-                                                                                         bucket), args.reps)}
+               "xla_flags": os.environ.get("XLA_FLAGS", ""), **probe(runner, bucket, packed, args.reps, args.profile)}
         print(json.dumps(rec))
         records.append(rec)
     _write(args.out, records)
