@@ -115,7 +115,8 @@ def prompt_main(args, model) -> list[dict]:
     runner = ModelRunner(model, layout=layout, decode_batch_sizes=[1], extend_token_sizes=tokens,
                          max_extend_requests=args.prompt_requests, progress=False, compile=False)
     base = [b for b in runner.buckets if b.mode is ForwardMode.EXTEND]
-    runner.buckets = [dataclasses.replace(b, sort=s) for b in base for s in (None, True, False)]
+    sorts = [{"None": None, "True": True, "False": False}[x] for x in args.sorts.split(",")]
+    runner.buckets = [dataclasses.replace(b, sort=s) for b in base for s in sorts]
     runner.capture(layout)
     runner.state.req_to_page = jax.device_put(page_table(args.prompt_requests, max(tokens), page, per,
                                                          args.prompt_requests + 1), runner.state.req_to_page.sharding)
@@ -138,6 +139,7 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--prompt-tokens", help="probe prompt steps of these token counts instead of decode")
     ap.add_argument("--prompt-requests", type=int, default=8)
+    ap.add_argument("--sorts", default="None,True,False", help="the prompt buckets' sampler variants to probe")
     ap.add_argument("--profile", help="trace each bucket's back-to-back loop into this folder")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
