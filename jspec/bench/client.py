@@ -136,21 +136,28 @@ def run_requests(engine, requests: list[BenchRequest], sampling: dict, request_r
     # The semaphore is taken before a request's thread starts, so a capped run holds at most
     # `max_concurrency` threads and a late request starts as soon as a slot frees, as in SGLang.
     sem = threading.Semaphore(max_concurrency) if max_concurrency else None
+    start = time.perf_counter()
+    _threads_at(offsets, sem, "bench-req", lambda i: (_run_one, (engine, requests[i], sampling, results, i, sem)))
+    return results, time.perf_counter() - start
+
+
+def _threads_at(offsets, sem, name: str, work) -> None:
+    """Start thread i (its target and arguments: work(i)) offsets[i] seconds from now, once it has
+    taken sem (None: no cap), and wait for all of them."""
     threads = []
     start = time.perf_counter()
-    for i, req in enumerate(requests):
+    for i in range(len(offsets)):
         delay = start + offsets[i] - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
         if sem is not None:
             sem.acquire()
-        t = threading.Thread(target=_run_one, args=(engine, req, sampling, results, i, sem),
-                             name=f"bench-req-{i}", daemon=True)
+        target, args = work(i)
+        t = threading.Thread(target=target, args=args, name=f"{name}-{i}", daemon=True)
         t.start()
         threads.append(t)
     for t in threads:
         t.join()
-    return results, time.perf_counter() - start
 
 
 async def _run_requests_async(engine, requests, sampling, offsets, max_concurrency, results):
@@ -202,17 +209,6 @@ def run_conversations(engine, conversations: list[Conversation], sampling: dict,
             if sem is not None:
                 sem.release()
 
-    threads = []
     start = time.perf_counter()
-    for i in range(len(conversations)):
-        delay = start + offsets[i] - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        if sem is not None:
-            sem.acquire()
-        t = threading.Thread(target=chat, args=(i,), name=f"bench-chat-{i}", daemon=True)
-        t.start()
-        threads.append(t)
-    for t in threads:
-        t.join()
+    _threads_at(offsets, sem, "bench-chat", lambda i: (chat, (i,)))
     return results, time.perf_counter() - start

@@ -15,7 +15,7 @@ from jspec.bench.client import run_conversations, run_requests
 from jspec.bench.datasets import BenchRequest, Conversation, build_workload
 from jspec.bench.metrics import accept_length, summarize
 from jspec.bench.record import append_jsonl, environment, make_record, serve_table
-from jspec.server.launch import switch_interval
+from jspec.runtime.gil import switch_interval
 
 # Engine keywords that `jspec bench` flags map to one to one (flag --page-size -> page_size).
 ENGINE_FLAGS = ("dtype", "page_size", "max_running_requests", "max_total_tokens", "chunked_prefill_size",

@@ -15,7 +15,7 @@ engine calls and back. Modules, one responsibility each:
 - `errors`: OpenAI-style error bodies naming the field at fault
 - `metrics`: Prometheus counters, histograms and gauges
 
-Nothing here is imported by the rest of jspec except `launch` (by `jspec.cli`, and by `jspec.bench` for
-its GIL switch interval), which imports FastAPI and uvicorn only when the server starts, so the
-engine runs without the `serve` extra installed.
+Nothing here is imported by the rest of jspec except `launch`, by `jspec.cli` (and `launch` imports
+FastAPI and uvicorn only when the server starts), so the engine runs without the `serve` extra
+installed.
 """

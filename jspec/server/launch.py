@@ -18,9 +18,9 @@ import signal
 import sys
 
 from jspec.errors import ConfigError
+from jspec.runtime.gil import switch_interval
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-SWITCH_INTERVAL = 0.0005  # seconds: the GIL switch interval of `jspec serve` (see run)
 
 
 def add_serve_parser(sub) -> None:
@@ -62,21 +62,6 @@ def validate(args) -> None:
         raise ConfigError(f"--{given[0].replace('_', '-')} needs --speculative-algorithm")
 
 
-def switch_interval() -> float:
-    """The GIL switch interval `jspec serve` runs with: $JSPEC_SWITCH_INTERVAL seconds, else
-    SWITCH_INTERVAL."""
-    raw = os.environ.get("JSPEC_SWITCH_INTERVAL")
-    if raw is None:
-        return SWITCH_INTERVAL
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise ConfigError(f"JSPEC_SWITCH_INTERVAL={raw!r}: must be a number of seconds > 0")
-    return value
-
-
 def _server_class():
     import uvicorn
 
@@ -106,11 +91,8 @@ def run(args) -> int:
     from jspec.server.app import build_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # The engine loop, uvicorn's event loop and one thread per stream share the GIL; a thread that
-    # wants it waits for the holder to block or for the switch interval to pass. At Python's default
-    # 5 ms every hand-over (engine -> stream thread -> event loop) could wait that long while the
-    # engine loop plans the next step; a shorter interval (JSPEC_SWITCH_INTERVAL seconds) hands
-    # over sooner (measured: bench/README.md, "HTTP server").
+    # The engine loop and uvicorn's event loop share the GIL: hand it over sooner than Python's
+    # default 5 ms (jspec.runtime.gil; measured: bench/README.md, "HTTP server").
     sys.setswitchinterval(switch_interval())
     kw = {**engine_kwargs(args), **spec_kwargs(args)}
     model = open_model(args)

@@ -191,7 +191,7 @@ def test_a_bad_switch_interval_names_the_variable(value, monkeypatch, capsys):
 
 
 def test_the_switch_interval_defaults_and_can_be_set(monkeypatch):
-    from jspec.server.launch import SWITCH_INTERVAL, switch_interval
+    from jspec.runtime.gil import SWITCH_INTERVAL, switch_interval
 
     monkeypatch.delenv("JSPEC_SWITCH_INTERVAL", raising=False)
     assert switch_interval() == SWITCH_INTERVAL
