@@ -18,7 +18,10 @@ start's time. This cache is keyed by what a step's program is made from instead:
   sharding (`abstract_signature`).
 
 A hit deserializes the executables (`jax.experimental.serialize_executable`); an entry that fails
-to load is compiled again and rewritten; writes are atomic (a temporary file renamed), so engines
+to load is compiled again and rewritten. A step that XLA's own persistent cache served is not
+stored: re-serializing an executable JAX loaded from that cache can give a payload that loads but
+fails when run (CPU, jax 0.10: "Function ... not found"), so such a step goes through XLA's cache
+again at the next start; writes are atomic (a temporary file renamed), so engines
 starting side by side share the folder. Loading a serialized executable can run code: the folder
 must be as trusted as the code itself (it is the user's own cache directory).
 """
@@ -34,9 +37,11 @@ import pickle
 import pkgutil
 import sys
 import tempfile
+import threading
 import types
 
 import jax
+import jax.monitoring
 import jaxlib
 from jax.experimental import serialize_executable
 
@@ -175,6 +180,29 @@ def models_signature(params, mesh, models, *extra) -> str:
                      [f"{m.config!r}\n{m.graphdef}" for m in models])
 
 
+_XLA_CACHE_HIT = "/jax/compilation_cache/cache_hits"  # jax.monitoring's event for a persistent-cache hit
+_thread_hits = threading.local()
+_listener_lock = threading.Lock()
+# An Event, not a bool: module-level scalars feed the code digest, and a flag that flips at the
+# first compile would change every key after it.
+_listener_on = threading.Event()
+
+
+def _on_event(event: str, **_) -> None:
+    if event == _XLA_CACHE_HIT:
+        _thread_hits.count = getattr(_thread_hits, "count", 0) + 1
+
+
+def xla_cache_hits() -> int:
+    """How many compiles on this thread XLA's persistent cache has served (counted from the first
+    call in the process): compare before and after a compile to learn where it came from."""
+    with _listener_lock:
+        if not _listener_on.is_set():
+            jax.monitoring.register_event_listener(_on_event)
+            _listener_on.set()
+    return getattr(_thread_hits, "count", 0)
+
+
 class ExecutableCache:
     """Serialized executables in `directory`, one file per key."""
 
@@ -233,6 +261,13 @@ class ExecutableCache:
             os.replace(tmp, os.path.join(self.directory, key + ".int"))
         except OSError as e:
             log.warning("executable cache: %s not remembered (%s)", key, e)
+
+    def discard(self, key: str) -> None:
+        """Drop what is stored under key (a damaged entry that will not be rewritten)."""
+        try:
+            os.unlink(self._path(key))
+        except OSError:
+            pass
 
     def store(self, key: str, executables: list) -> None:
         """Write the executables under key; one that cannot be serialized leaves no entry."""
