@@ -223,11 +223,12 @@ class Engine:
                               top_logprobs_num=0, rid=None, logprob_start_len=-1):
         """`generate(stream=True)` for asyncio: validates and queues the request now (a bad one
         raises here), and returns an async iterator of the same chunks, read on the running event
-        loop; the engine loop wakes that loop directly, with no reader thread per stream."""
+        loop; the engine loop wakes that loop directly, with no reader thread per stream. An
+        iterator closed before the end aborts its request."""
         signal = outputs.LoopSignal(asyncio.get_running_loop())
         reqs, _ = self._submit(prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, True, rid,
                                logprob_start_len, signal)
-        return outputs.astream(self.core.detok, reqs[0], speculative=self.spec is not None)
+        return outputs.astream(self.core.detok, reqs[0], speculative=self.spec is not None, abort=self.abort)
 
     def _submit(self, prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream, rid,
                 logprob_start_len, signal=None):

@@ -129,16 +129,24 @@ class LoopSignal:
         self.queue: asyncio.Queue[bool] = asyncio.Queue()
 
     def put(self, final: bool) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, final)
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, final)
+        except RuntimeError:  # the loop is closed: nobody reads this stream, and the engine loop goes on
+            pass
 
 
-async def astream(detok: Detokenizer, req: Request, *, speculative: bool):
-    """The chunks of a streamed request whose stream_queue is a `LoopSignal`, read on its loop."""
+async def astream(detok: Detokenizer, req: Request, *, speculative: bool, abort=None):
+    """The chunks of a streamed request whose stream_queue is a `LoopSignal`, read on its loop.
+    Left before its final chunk (closed, or its task cancelled), it calls abort(rid), so the
+    request's pages and slot come back at the engine's next step."""
     chunks = StreamChunks(detok, req, speculative=speculative)
-    while True:
-        final = await req.stream_queue.queue.get()
-        chunk = chunks.next(final)
-        if chunk is not None:
-            yield chunk
-        if final:
-            return
+    final = False
+    try:
+        while not final:
+            final = await req.stream_queue.queue.get()
+            chunk = chunks.next(final)
+            if chunk is not None:
+                yield chunk
+    finally:
+        if not final and abort is not None:
+            abort(req.rid)

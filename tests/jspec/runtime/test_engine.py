@@ -130,7 +130,7 @@ def test_text_prompt_and_streaming(engine):
     assert pieces[-1]["meta_info"]["finish_reason"]["type"] == "length"
 
 
-def test_asyncio_stream_gives_the_threaded_streams_chunks(engine):
+def test_asyncio_stream_gives_the_threaded_streams_chunks(engine, monkeypatch):
     """generate_stream_async: the engine loop wakes the event loop itself (no reader thread); the
     chunks carry the same tokens and text as the blocking stream, a bad request raises at the call,
     and a stream left early is aborted like any other (its pages come back)."""
@@ -138,6 +138,8 @@ def test_asyncio_stream_gives_the_threaded_streams_chunks(engine):
 
     sp = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
     full = engine.generate(prompt="w1 w2 w3 w4", sampling_params=sp)
+    aborted, real_abort = [], engine.abort
+    monkeypatch.setattr(engine, "abort", lambda rid: aborted.append(rid) or real_abort(rid))
 
     async def run():
         pieces = [c async for c in engine.generate_stream_async(prompt="w1 w2 w3 w4", sampling_params=sp)]
@@ -148,6 +150,12 @@ def test_asyncio_stream_gives_the_threaded_streams_chunks(engine):
         first = await anext(long)
         engine.abort("left-early")
         rest = [c async for c in long]
+        closed = engine.generate_stream_async(input_ids=[4, 5, 6], rid="closed", sampling_params={
+            "max_new_tokens": 100, "ignore_eos": True})
+        await anext(closed)
+        await closed.aclose()  # a reader that leaves: its request is aborted, not run to the end
+        # Submitted and never read: the loop below ends first, and the engine keeps serving.
+        engine.generate_stream_async(input_ids=[7, 8], sampling_params={"max_new_tokens": 12, "ignore_eos": True})
         return pieces, first, rest
 
     pieces, first, rest = asyncio.run(asyncio.wait_for(run(), 60))
@@ -156,6 +164,8 @@ def test_asyncio_stream_gives_the_threaded_streams_chunks(engine):
     assert pieces[-1]["meta_info"]["finish_reason"]["type"] == "length"
     assert first["output_ids"] and rest[-1]["meta_info"]["finish_reason"]["type"] == "abort"
     assert engine.wait_idle(timeout=30)
+    assert aborted == ["left-early", "closed"]
+    assert engine.generate(prompt="w1 w2 w3 w4", sampling_params=sp)["output_ids"] == full["output_ids"]
     check_no_leaks(engine)
 
 
