@@ -220,15 +220,17 @@ class Engine:
         return outs if batch else outs[0]
 
     def generate_stream_async(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
-                              top_logprobs_num=0, rid=None, logprob_start_len=-1):
+                              top_logprobs_num=0, rid=None, logprob_start_len=-1, *, detokenize=True):
         """`generate(stream=True)` for asyncio: validates and queues the request now (a bad one
         raises here), and returns an async iterator of the same chunks, read on the running event
         loop; the engine loop wakes that loop directly, with no reader thread per stream. An
-        iterator closed before the end aborts its request."""
+        iterator closed before the end aborts its request. detokenize=False: every chunk's text
+        is "" (for a caller that decodes the ids itself)."""
         signal = outputs.LoopSignal(asyncio.get_running_loop())
         reqs, _ = self._submit(prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, True, rid,
                                logprob_start_len, signal)
-        return outputs.astream(self.core.detok, reqs[0], speculative=self.spec is not None, abort=self.abort)
+        return outputs.astream(self.core.detok, reqs[0], speculative=self.spec is not None, abort=self.abort,
+                               detokenize=detokenize)
 
     def _submit(self, prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream, rid,
                 logprob_start_len, signal=None):

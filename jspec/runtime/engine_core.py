@@ -250,13 +250,13 @@ class EngineCore:
             return {"type": "stop", "matched": tok}
         if not early and sp.stop_token_ids and tok in sp.stop_token_ids:
             return {"type": "stop", "matched": tok}
-        if sp.stop or req.stream_queue is not None:
+        if sp.stop:  # a stream without stop strings is decoded by its reader (outputs.StreamChunks)
             if req.detok_state is None:
                 req.detok_state = DetokState()
             state = req.detok_state
             before = len(state.text)
             self.detok.step(state, req.output_ids, sp.skip_special_tokens)
-            if sp.stop and not early:
+            if not early:
                 stops = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop)
                 hit = find_stop(state.text, stops, before)
                 if hit is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from jspec.runtime.detokenizer import Detokenizer, find_stop, stop_prefix_len
+from jspec.runtime.detokenizer import DetokState, Detokenizer, find_stop, stop_prefix_len
 from jspec.runtime.request import Request
 
 
@@ -78,25 +78,38 @@ class StreamChunks:
     """A streamed request's incremental dicts, one per signal of the engine loop (`put(final)` on
     the request's stream_queue), whose texts add up to the final text: a tail that may still grow
     into a stop string is held back (once the stop completes, the text is cut before it). Shared by
-    the thread reader (`stream`) and the asyncio one (`astream`)."""
+    the thread reader (`stream`) and the asyncio one (`astream`).
 
-    def __init__(self, detok: Detokenizer, req: Request, *, speculative: bool):
-        self.detok, self.req, self.speculative = detok, req, speculative
+    The engine loop decodes a request's text only when it has stop strings to search; otherwise
+    the reader decodes incrementally here, off the loop's critical path. detokenize=False: no text
+    at all (every piece ""), for a caller that decodes the ids itself."""
+
+    def __init__(self, detok: Detokenizer, req: Request, *, speculative: bool, detokenize: bool = True):
+        self.detok, self.req, self.speculative, self.detokenize = detok, req, speculative, detokenize
         self.sent_ids = 0
         self.sent_text = ""
         self.rows = _LogprobRows()
+        self.state = DetokState()  # the reader's own decoding, when the engine loop keeps none
         stop = req.sampling.stop
         self.stops = [stop] if isinstance(stop, str) else list(stop or [])
+
+    def _text_now(self, upto: int) -> str:
+        """The text that may be sent with the first `upto` output tokens in (not final)."""
+        state = self.req.detok_state  # kept by the engine loop when it searches stop strings
+        if state is None:
+            state = self.state
+            self.detok.step(state, self.req.output_ids[:upto], self.req.sampling.skip_special_tokens)
+        return _safe_prefix(state.text, self.stops)
 
     def next(self, final: bool) -> dict | None:
         """The chunk for one signal: None when it brings nothing new (signals coalesce: a reader
         that fell behind finds every token at the first of them)."""
         req = self.req
         ids = req.output_ids[self.sent_ids:]
-        state = req.detok_state
-        now = text(self.detok, req) if final else (state.text if state is not None else "")
-        if not final:
-            now = _safe_prefix(now, self.stops)
+        if not self.detokenize:
+            now = ""
+        else:
+            now = text(self.detok, req) if final else self._text_now(self.sent_ids + len(ids))
         piece = now[len(self.sent_text):]
         self.sent_ids += len(ids)
         self.sent_text = now
@@ -135,11 +148,11 @@ class LoopSignal:
             pass
 
 
-async def astream(detok: Detokenizer, req: Request, *, speculative: bool, abort=None):
+async def astream(detok: Detokenizer, req: Request, *, speculative: bool, abort=None, detokenize: bool = True):
     """The chunks of a streamed request whose stream_queue is a `LoopSignal`, read on its loop.
     Left before its final chunk (closed, or its task cancelled), it calls abort(rid), so the
     request's pages and slot come back at the engine's next step."""
-    chunks = StreamChunks(detok, req, speculative=speculative)
+    chunks = StreamChunks(detok, req, speculative=speculative, detokenize=detokenize)
     final = False
     try:
         while not final:

@@ -123,7 +123,8 @@ class EngineBridge:
         try:
             for kw in subs:
                 rid = kw.get("rid") or new_rid()
-                chunks = self.engine.generate_stream_async(**{**kw, "rid": rid})
+                # The server decodes the ids itself (StreamText), so the engine's chunks carry none.
+                chunks = self.engine.generate_stream_async(**{**kw, "rid": rid}, detokenize=False)
                 streams.rids.append(rid)
                 sp = kw.get("sampling_params") or {}
                 text = StreamText(self.tokenizer, stop=sp.get("stop"),

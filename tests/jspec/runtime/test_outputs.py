@@ -48,3 +48,32 @@ def test_a_tail_that_may_become_a_stop_string_waits_and_is_sent_when_it_does_not
     req.detok_state.text = "w96 w5"
     req.stream_queue.put(False)
     assert next(gen)["text"] == "6 w5"
+
+
+def test_without_stop_strings_the_reader_decodes_and_the_pieces_add_up():
+    """No stop strings: the engine loop keeps no text for the request (its detok_state stays None)
+    and the stream decodes the new ids itself, chunk by chunk, to the same final text; with
+    detokenize=False the chunks carry ids and no text."""
+    from tokenizers import decoders
+
+    from tests.support.models import word_tokenizer
+
+    tok = word_tokenizer({f"w{i}": i for i in range(50)}, unk="w0")
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    detok = Detokenizer(tok)
+    for detokenize in (True, False):
+        req = Request(rid="r", input_ids=[1, 2], sampling=SamplingParams(), seed=0, stream=True)
+        req.stream_queue = queue.Queue()
+        chunks = outputs.StreamChunks(detok, req, speculative=False, detokenize=detokenize)
+        pieces = []
+        for new in ([3, 4], [5], [6, 7, 8]):
+            req.output_ids += new
+            pieces.append(chunks.next(False))
+        req.finish_reason = {"type": "length", "length": 6}
+        pieces.append(chunks.next(True))
+        assert req.detok_state is None
+        assert [t for p in pieces for t in p["output_ids"]] == [3, 4, 5, 6, 7, 8]
+        whole = "".join(p["text"] for p in pieces)
+        assert whole == ("w3 w4 w5 w6 w7 w8" if detokenize else "")
+        if detokenize:
+            assert pieces[0]["text"].startswith("w3") and pieces[-1]["meta_info"]["finish_reason"]["type"] == "length"
