@@ -28,8 +28,10 @@ class Detokenizer:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def step(self, state: DetokState, ids: list[int], skip_special_tokens: bool = True) -> str:
-        """Append the text of tokens `ids[state.read_offset:]`; returns the new piece."""
-        if self.tokenizer is None:
+        """Append the text of tokens `ids[state.read_offset:]`; returns the new piece. A call with
+        no new token changes nothing (moving the window on would drop the context, such as the
+        separator, that the next token's text depends on)."""
+        if self.tokenizer is None or len(ids) <= state.read_offset:
             return ""
         prefix_text = self.decode(ids[state.prefix_offset:state.read_offset], skip_special_tokens)
         full = self.decode(ids[state.prefix_offset:], skip_special_tokens)

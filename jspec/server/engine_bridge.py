@@ -119,7 +119,7 @@ class EngineBridge:
         """Submit each sub-request (`Engine.generate_stream_async` keywords); an invalid one
         raises `InvalidRequestError` here, after aborting those already submitted. Called on the
         event loop."""
-        streams = Streams(asyncio.get_running_loop())
+        streams = Streams()
         try:
             for kw in subs:
                 rid = kw.get("rid") or new_rid()
@@ -160,8 +160,7 @@ class EngineBridge:
 class Streams:
     """The engine streams of one HTTP request, merged into one asyncio queue."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
+    def __init__(self):
         self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
         self.rids: list[str] = []
         self.sources: list[tuple] = []

@@ -66,9 +66,11 @@ def test_without_stop_strings_the_reader_decodes_and_the_pieces_add_up():
         req.stream_queue = queue.Queue()
         chunks = outputs.StreamChunks(detok, req, speculative=False, detokenize=detokenize)
         pieces = []
-        for new in ([3, 4], [5], [6, 7, 8]):
+        for new in ([3, 4], [], [5], [], [6, 7, 8]):  # signals coalesce: some find no new token
             req.output_ids += new
-            pieces.append(chunks.next(False))
+            chunk = chunks.next(False)
+            assert (chunk is None) == (not new)
+            pieces += [chunk] if chunk is not None else []
         req.finish_reason = {"type": "length", "length": 6}
         pieces.append(chunks.next(True))
         assert req.detok_state is None
