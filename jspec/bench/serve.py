@@ -99,8 +99,9 @@ def measure(engine, args, engine_args: dict, env: dict, command: str, kind: str 
     # In process the engine loop and the client's event loop share one GIL: hand it over as often
     # as `jspec serve` does (its switch interval), so both backends run under the same rule.
     previous = sys.getswitchinterval()
-    if hasattr(engine, "generate_stream_async"):
-        sys.setswitchinterval(switch_interval())
+    interval = switch_interval() if hasattr(engine, "generate_stream_async") else None  # None: another process's
+    if interval is not None:
+        sys.setswitchinterval(interval)
     try:
         with _profiled(trace_dir):
             results, duration = run(engine, requests, sampling_params(args), args.request_rate, args.max_concurrency,
@@ -112,7 +113,7 @@ def measure(engine, args, engine_args: dict, env: dict, command: str, kind: str 
     s = settings(args)
     s["num_requests"] = len(results)
     s["tokenizer"] = tokenizer
-    s["switch_interval"] = switch_interval() if hasattr(engine, "generate_stream_async") else None
+    s["switch_interval"] = interval
     errors = sorted({r.error for r in results if not r.success})
     return make_record(
         kind, command, s, {"model_path": args.model_path, **engine_args}, env,

@@ -98,8 +98,8 @@ class ModelRunner:
             # prefix_pages: cached pages a prompt step may map into page-table rows (prefix cache).
             updates = t // page_size + b * (1 + ahead_pages) + 1 + prefix_pages
             for lp in (False, True) if input_logprobs else (False,):
-                # Without top-k / top-p no row needs the sort: no device-side choice (a conditional
-                # whose predicate XLA on GPU reads on the host, stalling it for the whole step).
+                # Without top-k / top-p no row needs the sort: compile none (neither the sort nor
+                # the device-side conditional that would choose whether to run it).
                 self.buckets.append(Bucket(ForwardMode.EXTEND, t, b, updates, sort=None if top_k_top_p else False,
                                            next_ids=drafting is not None and drafting.extend_next_ids,
                                            snapshots=layout.num_snapshots > 0, input_logprobs=lp,

@@ -119,9 +119,9 @@ def _filter(logprobs: jax.Array, logits: jax.Array, batch: SamplingBatch, sort: 
             tp: int = 1) -> jax.Array:
     """Filtered, renormalised probabilities from the processed logprobs; greedy rows one-hot.
 
-    sort: None decides on the device (a lax.cond, whose predicate XLA on GPU reads on the host
-    mid-step, stalling dispatch of the next step); True / False is the caller's static promise that
-    some / no row needs top-k or top-p, so no conditional is compiled at all."""
+    sort: None decides on the device (a lax.cond, whose predicate XLA on GPU copies to the host
+    during the launch); True / False is the caller's static promise that some / no row needs top-k
+    or top-p, so no conditional is compiled at all."""
     probs = jnp.exp(logprobs)
     vocab = probs.shape[-1]
     greedy = _greedy_rows(batch)

@@ -50,8 +50,8 @@ def test_a_prompt_step_maps_a_full_cached_row_for_every_request_it_carries():
 
 def test_prompt_steps_without_top_k_top_p_compile_no_conditional():
     """A prompt step's sampler decides on the device whether any row needs the top-k / top-p sort
-    (a conditional, whose predicate XLA on GPU reads on the host, stalling it for the step). An
-    engine that refuses top-k / top-p needs no such choice: its prompt buckets sort never."""
+    (a conditional, whose predicate XLA on GPU copies to the host during the launch). An engine
+    that refuses top-k / top-p needs no such choice: its prompt buckets sort never."""
     import dataclasses
 
     from jspec.models.batch import ForwardMode
