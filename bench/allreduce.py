@@ -16,6 +16,10 @@ comma-separated, are timed in one run, the kernel checked against `psum`'s resul
 
 Run it under different XLA / NCCL settings (e.g. NCCL_PROTO=LL, NCCL_ALGO=Ring|Tree,
 --xla_gpu_enable_nccl_user_buffers) to compare; each run records its environment.
+
+`--processes N` runs the same chain multi-controller: N processes on this host, one GPU each, joined
+by `jax.distributed` over localhost (the layout a multi-host deployment has, and the one NVSHMEM
+needs: one device per process, `--xla_gpu_experimental_enable_nvshmem=true`). Process 0 reports.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
 
 import jax
@@ -57,6 +63,34 @@ def chain_fn(mesh, chain: int, impl: str = "psum"):
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(TP), out_specs=P(TP), check_vma=False))
 
 
+def spawn(processes: int, argv: list[str]) -> int:
+    """Run this program as `processes` ranks of one jax.distributed job on localhost; rank 0 reports."""
+    port = 20000 + os.getpid() % 20000
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv],
+                              env={**os.environ, "JSPEC_AR_RANK": str(r), "JSPEC_AR_WORLD": str(processes),
+                                   "JSPEC_AR_COORD": f"127.0.0.1:{port}"})
+             for r in range(processes)]
+    return max(p.wait() for p in procs)
+
+
+def join_job() -> int:
+    """Join the jax.distributed job this rank was spawned into (one local GPU); returns the rank."""
+    rank = int(os.environ["JSPEC_AR_RANK"])
+    jax.distributed.initialize(os.environ["JSPEC_AR_COORD"], int(os.environ["JSPEC_AR_WORLD"]), rank,
+                               local_device_ids=[rank])
+    return rank
+
+
+def global_rows(mesh, host: np.ndarray):
+    """`host` [n, cols] as one array sharded by rows over the mesh (every process holds its own rows)."""
+    sharding = NamedSharding(mesh, P(TP))
+    return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+
+def local_rows(x) -> np.ndarray:
+    return np.concatenate([np.asarray(s.data, np.float32) for s in x.addressable_shards])
+
+
 def time_chain(fn, x, reps: int = 20) -> float:
     fn(x).block_until_ready()
     times = []
@@ -69,7 +103,9 @@ def time_chain(fn, x, reps: int = 20) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tp-size", type=int, default=len(jax.devices()))
+    p.add_argument("--tp-size", type=int, help="devices in the all-reduce (default: all)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="run multi-controller: this many processes, one GPU each (jax.distributed)")
     p.add_argument("--sizes", default="8192,65536,262144,2097152,16777216", help="bytes per all-reduce")
     p.add_argument("--chain", type=int, default=72, help="dependent all-reduces per program (Qwen3-8B: 72)")
     p.add_argument("--dtype", default="bfloat16")
@@ -77,19 +113,22 @@ def main() -> None:
     p.add_argument("--profile", help="write a trace of each point under this folder")
     p.add_argument("--out")
     args = p.parse_args()
+    if args.processes > 1 and "JSPEC_AR_RANK" not in os.environ:
+        raise SystemExit(spawn(args.processes, sys.argv[1:]))
+    rank = join_job() if "JSPEC_AR_RANK" in os.environ else 0
+    args.tp_size = args.tp_size or len(jax.devices())
     mesh = make_mesh(args.tp_size)
     dtype = jnp.dtype(args.dtype)
     records = []
     for size in (int(s) for s in args.sizes.split(",")):
         cols = max(1, size // dtype.itemsize)
-        x = jax.random.normal(jax.random.key(0), (args.tp_size, cols), dtype)
-        x = jax.device_put(x, NamedSharding(mesh, P(TP)))
+        x = global_rows(mesh, np.asarray(jax.random.normal(jax.random.key(0), (args.tp_size, cols), dtype)))
         want = None
         for impl in args.impl.split(","):
             rec = {"impl": impl, "bytes": cols * dtype.itemsize}
             try:
                 fn = chain_fn(mesh, args.chain, impl)
-                got = np.asarray(fn(x), np.float32)
+                got = local_rows(fn(x))
                 if impl == "psum":
                     want = got
                 elif want is not None:
@@ -109,13 +148,14 @@ def main() -> None:
             rec.update(us_per_allreduce=sec * 1e6,
                        bus_bandwidth_gb_s=2 * (n - 1) / n * cols * dtype.itemsize / sec / 1e9)
             records.append(rec)
-            print(f"{impl:>9} {rec['bytes']:>10} B  {rec['us_per_allreduce']:8.1f} us  "
-                  f"{rec['bus_bandwidth_gb_s']:8.1f} GB/s bus  {rec.get('max_abs_diff_vs_psum', '')}")
+            if rank == 0:
+                print(f"{impl:>9} {rec['bytes']:>10} B  {rec['us_per_allreduce']:8.1f} us  "
+                      f"{rec['bus_bandwidth_gb_s']:8.1f} GB/s bus  {rec.get('max_abs_diff_vs_psum', '')}")
     out = {"command": "python3 bench/allreduce.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
                                                               vars(args).items() if k != "out" and v is not None),
-           **environment(), "tp_size": args.tp_size, "chain": args.chain,
+           **environment(), "tp_size": args.tp_size, "chain": args.chain, "processes": args.processes,
            "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "XLA_"))}, "records": records}
-    if args.out:
+    if args.out and rank == 0:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
 
