@@ -18,10 +18,11 @@ start's time. This cache is keyed by what a step's program is made from instead:
   sharding (`abstract_signature`).
 
 A hit deserializes the executables (`jax.experimental.serialize_executable`); an entry that fails
-to load is compiled again and rewritten. A step that XLA's own persistent cache served is not
-stored: re-serializing an executable JAX loaded from that cache can give a payload that loads but
-fails when run (CPU, jax 0.10: "Function ... not found"), so such a step goes through XLA's cache
-again at the next start; writes are atomic (a temporary file renamed), so engines
+to load is compiled again and rewritten. On CPU a step that XLA's own persistent cache served is
+not stored: re-serializing an executable JAX loaded from that cache can give a payload that loads
+but fails when run (jax 0.10: "Function ... not found"), so such a step goes through XLA's cache
+again at the next start. GPU executables survive that round trip (`bench/executable_cache_roundtrip.py`,
+jax 0.11 on an H200) and are stored whichever cache served them (`stores_served`). Writes are atomic (a temporary file renamed), so engines
 starting side by side share the folder. Loading a serialized executable can run code: the folder
 must be as trusted as the code itself (it is the user's own cache directory).
 """
@@ -201,6 +202,12 @@ def xla_cache_hits() -> int:
             jax.monitoring.register_event_listener(_on_event)
             _listener_on.set()
     return getattr(_thread_hits, "count", 0)
+
+
+def stores_served(platform: str) -> bool:
+    """Whether a step that XLA's persistent cache served may be stored (serialized again) on
+    `platform`: not on CPU, whose reloaded executables can name functions their payload lacks."""
+    return platform != "cpu"
 
 
 class ExecutableCache:

@@ -30,7 +30,8 @@ from jspec.models import ops
 from jspec.models.batch import ForwardMode
 from jspec.runtime import grammar, sampler, split_step
 from jspec.runtime.compile_options import step_compiler_options
-from jspec.runtime.executable_cache import ExecutableCache, abstract_signature, models_signature, xla_cache_hits
+from jspec.runtime.executable_cache import (ExecutableCache, abstract_signature, models_signature, stores_served,
+                                            xla_cache_hits)
 from jspec.runtime.grammar import mask_words, token_words
 from jspec.runtime.scheduler import StepPlan
 from jspec.runtime.split_step import SplitExecutable
@@ -274,8 +275,8 @@ class ModelRunner:
             served = xla_cache_hits()
             parts = [p.compile(step_compiler_options(self.mesh.devices.flat[0].platform, bucket, self.drafting, i)
                                or None) for i, p in enumerate(lowered if isinstance(lowered, tuple) else (lowered,))]
-            if key is not None:  # fresh compiles only: see executable_cache on what XLA's cache served
-                if xla_cache_hits() == served:
+            if key is not None:  # on CPU fresh compiles only: see executable_cache.stores_served
+                if xla_cache_hits() == served or stores_served(self.mesh.devices.flat[0].platform):
                     self.executables.store(key, parts)
                 else:
                     self.executables.discard(key)

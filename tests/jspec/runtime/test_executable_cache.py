@@ -177,7 +177,9 @@ def test_steps_that_xla_s_own_cache_served_are_not_stored(tmp_path):
     """After a code change the executable cache misses while XLA's persistent cache still holds the
     same programs. Re-serializing an executable JAX loaded from that cache gives, on CPU, a payload
     that loads and then fails at its first run ("Function ... not found"), so such steps are not
-    stored: the next start goes through XLA's cache again and serves the same tokens."""
+    stored: the next start goes through XLA's cache again and serves the same tokens. (GPU payloads
+    survive the round trip and are stored: `stores_served`.)"""
+    assert not executable_cache.stores_served("cpu") and executable_cache.stores_served("gpu")
     plain = {k: None for k in SETTINGS if k.startswith("speculative_") and k != "speculative_adaptive"}
     compilation_cache.reset_cache()  # XLA's cache in tmp_path: the engine names it, the first compile opens it
     try:
