@@ -1,0 +1,31 @@
+"""Greedy output ids of the tiny shipped Qwen3, plain and with its EAGLE3 head, as one JSON line:
+run it under two XLA settings and compare the lines, to check that a setting changes no token.
+
+    PYTHONPATH=. python3 bench/greedy_ids.py > a.json; XLA_FLAGS=... PYTHONPATH=. python3 bench/greedy_ids.py > b.json; cmp a.json b.json
+"""
+
+from __future__ import annotations
+
+import json
+
+from jspec import Engine
+from jspec.tiny import tiny_dir
+
+PROMPTS = [[1 + i, 7, 19, 3 * i + 2, 11] * (i + 1) for i in range(6)]
+EAGLE3 = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_eagle_topk=1,
+              speculative_num_draft_tokens=4, speculative_draft_model_path=tiny_dir("qwen3-eagle3"))
+
+
+def main() -> None:
+    out = {}
+    for name, spec in {"plain": {}, "eagle3": EAGLE3}.items():
+        with Engine(tiny_dir("qwen3"), dtype="bfloat16", cuda_graph_bs=[1, 4], max_running_requests=4,
+                    show_progress=False, compilation_cache_dir="none", speculative_adaptive=False,
+                    chunked_prefill_size=64, context_length=256, **spec) as eng:
+            res = eng.generate(input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 48})
+            out[name] = [r["output_ids"] for r in res]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
