@@ -14,6 +14,12 @@ This probe times, for the engine's plain decode step on a model shape (random we
 
 Run it under different XLA_FLAGS (command buffers on / off) to see what capture costs the host.
 
+`--twins` loads a second copy of each step (serialized and loaded again: its own command buffers)
+and alternates the two call by call. XLA re-records a captured graph whenever a buffer it uses
+moved since that graph's last run; with one step in flight the outputs and temporaries alternate
+between two addresses, so one copy per parity may see the same addresses every time. Count the
+re-recordings with `TF_CPP_VMODULE=command_buffer_thunk=3` (lines "Updated command buffer in").
+
     PYTHONPATH=. python3 bench/launch_cost.py --preset qwen3-8b --batch-sizes 1,32 --out OUT.json
 
 `--profile DIR` traces each bucket's back-to-back loop (`bench/trace_summary.py DIR/<bucket>`).
@@ -52,10 +58,26 @@ from jspec.runtime.step_inputs import ForwardMode  # noqa: E402
 from jspec.runtime.step_inputs import pack  # noqa: E402
 
 
-def probe(runner: ModelRunner, bucket, host_packed: np.ndarray, reps: int, profile: str | None = None) -> dict:
+def twin(fn, devices):
+    """A second loaded copy of a compiled step (its own command-buffer state)."""
+    from jax.experimental import serialize_executable
+
+    return serialize_executable.deserialize_and_load(*serialize_executable.serialize(fn),
+                                                     execution_devices=list(devices))
+
+
+def probe(runner: ModelRunner, bucket, host_packed: np.ndarray, reps: int, profile: str | None = None,
+          twins: bool = False) -> dict:
     fn, sharding = runner.compiled[bucket], runner.state.req_to_page.sharding
+    fns = [fn, twin(fn, runner.mesh.devices.flat)] if twins else [fn]
+    calls_made = [0]
+
+    def fn(*args):  # alternates the copies call by call
+        calls_made[0] += 1
+        return fns[calls_made[0] % len(fns)](*args)
+
     same = jax.device_put(host_packed, sharding)
-    for _ in range(3):
+    for _ in range(4):
         runner.state, out = fn(runner.params, runner.state, same)
     out.block_until_ready()
     rows = {}
@@ -125,7 +147,7 @@ def prompt_main(args, model) -> list[dict]:
         plan = prompt_plan(bucket.num_tokens, min(args.prompt_requests, bucket.batch_size))
         rec = {"preset": args.preset, "prompt_tokens": bucket.num_tokens, "requests": len(plan.reqs),
                "sort": bucket.sort, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-               **probe(runner, bucket, pack(plan, bucket), args.reps, args.profile)}
+               **probe(runner, bucket, pack(plan, bucket), args.reps, args.profile, args.twins)}
         print(json.dumps(rec))
         records.append(rec)
     return records
@@ -141,6 +163,7 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt-requests", type=int, default=8)
     ap.add_argument("--sorts", default="None,True,False", help="the prompt buckets' sampler variants to probe")
     ap.add_argument("--profile", help="trace each bucket's back-to-back loop into this folder")
+    ap.add_argument("--twins", action="store_true", help="alternate two loaded copies of each step")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batch_sizes.split(",")]
@@ -162,7 +185,8 @@ def main(argv=None) -> None:
                                                   runner.state.req_to_page.sharding)
         packed = pack(decode_plan(b, args.context), bucket)
         rec = {"preset": args.preset, "batch": b, "context": args.context,
-               "xla_flags": os.environ.get("XLA_FLAGS", ""), **probe(runner, bucket, packed, args.reps, args.profile)}
+               "xla_flags": os.environ.get("XLA_FLAGS", ""), "twins": args.twins,
+               **probe(runner, bucket, packed, args.reps, args.profile, args.twins)}
         print(json.dumps(rec))
         records.append(rec)
     _write(args.out, records)
