@@ -284,36 +284,36 @@ class ModelRunner:
 
     def _compile_all(self, progress: bool) -> None:
         t0 = time.perf_counter()
-        lowered = {}
-        cached = {b for b in self.buckets if self.executables is not None and self._key(b, self.state) in self.executables}
-        bar = tqdm([b for b in self.buckets if b not in cached], desc="capture (trace buckets)",
-                   disable=not progress, unit="bucket")
-        for bucket in bar:
-            bar.set_postfix_str(bucket.label, refresh=False)
-            lowered[bucket] = self._lower(bucket, self.state)
-        # Tracing holds the GIL; XLA's compilation releases it, so the buckets compile side by side.
-        def compile_one(b: Bucket):
-            t = time.perf_counter()
-            parts = self._compiled_parts(b, self.state, lowered.get(b))
-            exe = parts[0] if not b.grammar_split else SplitExecutable(parts, b, self._replicated,
-                                                                      plain=self.drafting is None)
-            return b, exe, time.perf_counter() - t
-
         if self._seeds:
             words = jax.ShapeDtypeStruct((mask_words(self.model.config.vocab_size),), jnp.int32,
                                          sharding=self._replicated)
             slot = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._replicated)
             self._seed = jax.jit(_seed_slot, donate_argnums=(0,), out_shardings=self.state_shardings(self.state)
                                  ).lower(self.state, slot, words).compile()
-        with ThreadPoolExecutor(max_workers=max(1, min(len(self.buckets), os.cpu_count() or 1))) as pool:
-            bar = tqdm(total=len(self.buckets), desc="compile buckets", disable=not progress, unit="bucket")
-            for done in as_completed([pool.submit(compile_one, b) for b in self.buckets]):
+
+        def compile_one(b: Bucket, lowered):
+            t = time.perf_counter()
+            parts = self._compiled_parts(b, self.state, lowered)
+            exe = parts[0] if not b.grammar_split else SplitExecutable(parts, b, self._replicated,
+                                                                      plain=self.drafting is None)
+            return b, exe, time.perf_counter() - t
+
+        # Tracing holds the GIL and runs here, one bucket after another; XLA's compilation releases
+        # it, so each bucket compiles on the pool as soon as it is lowered, beside the tracing of
+        # the next. Buckets the executable cache holds only load.
+        cached = {b for b in self.buckets if self.executables is not None and self._key(b, self.state) in self.executables}
+        with (tqdm(total=len(self.buckets), desc="compile buckets", disable=not progress, unit="bucket") as bar,
+              ThreadPoolExecutor(max_workers=max(1, min(len(self.buckets), os.cpu_count() or 1))) as pool):
+            futures = [pool.submit(compile_one, b, None) for b in self.buckets if b in cached]
+            for bucket in (b for b in self.buckets if b not in cached):
+                bar.set_postfix_str(f"tracing {bucket.label}", refresh=False)
+                futures.append(pool.submit(compile_one, bucket, self._lower(bucket, self.state)))
+            for done in as_completed(futures):
                 b, exe, sec = done.result()
                 self.compiled[b] = exe
                 self.compile_times[b.label] = sec  # seconds of each bucket (a warm start: cache loads)
                 bar.set_postfix_str(f"{b.label} {sec:.1f} s", refresh=False)
                 bar.update()
-            bar.close()
         self.compile_seconds = time.perf_counter() - t0
 
     def decode_batch_size(self, num_requests: int) -> int:
