@@ -181,13 +181,13 @@ class ModelRunner:
         for b in self.buckets:
             if b.mode not in largest or (b.num_tokens, b.sort) > (largest[b.mode].num_tokens, largest[b.mode].sort):
                 largest[b.mode] = b
-        temp = 0
-        for bucket in largest.values():
+        def temp_bytes(bucket: Bucket) -> int:
             stats = [part.memory_analysis() for part in self._compiled_parts(bucket, state)]
             if None in stats and self.executables is not None:  # a loaded executable that cannot tell
                 stats = [part.memory_analysis() for part in self._compiled_parts(bucket, state, cached=False)]
-            temp = max([temp] + [int(st.temp_size_in_bytes) for st in stats if st is not None])
-        return temp
+            return max([0] + [int(st.temp_size_in_bytes) for st in stats if st is not None])
+        with ThreadPoolExecutor(max_workers=max(1, len(largest))) as pool:  # the compiles run side by side
+            return max([0, *pool.map(temp_bytes, largest.values())])
 
     def release(self) -> None:
         """Free the device state now (not when the last reference goes): the pools, the page table,
