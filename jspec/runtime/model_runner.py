@@ -2,7 +2,8 @@
 
 All buckets are compiled ahead of time at start-up ("capture"); afterwards a step only ever calls
 a compiled executable, so a shape outside the buckets is an error, never a silent recompilation.
-A speculative engine's DECODE buckets run its algorithm's speculative step (`Drafting`).
+Which buckets an engine has is `bucket_set.step_buckets`'. A speculative engine's DECODE buckets
+run its algorithm's speculative step (`Drafting`).
 
 Everything lives on one mesh (`jspec.sharding`; one device unless the target is split): the
 target's parameters as loaded, its pools split with them (`pool_specs`), everything else (drafter,
@@ -29,6 +30,7 @@ from jspec.cache.pool import PoolLayout, allocate_caches, pool_specs
 from jspec.models import ops
 from jspec.models.batch import ForwardMode
 from jspec.runtime import grammar, sampler, split_step
+from jspec.runtime.bucket_set import step_buckets
 from jspec.runtime.compile_options import step_compiler_options
 from jspec.runtime.executable_cache import (ExecutableCache, abstract_signature, models_signature, stores_served,
                                             xla_cache_hits)
@@ -60,51 +62,19 @@ class ModelRunner:
                  plain_decode: bool = False, shorter_chains: bool = False, prefix_pages: int = 0,
                  grammar: bool = False, grammar_pipeline: bool = False, input_logprobs: bool = False,
                  executables: ExecutableCache | None = None):
-        """grammar: every step takes token bitmasks (structured output, `jspec.runtime.grammar`);
-        grammar_pipeline: constrained speculative steps run pipelined (`split_step`, with overlap);
-        input_logprobs: each prompt-chunk bucket also has a variant reporting input token logprobs;
+        """The bucket settings (decode_batch_sizes ... input_logprobs) are `bucket_set.step_buckets`';
         executables: compiled steps are loaded from / stored to this cache (warm starts)."""
         self.model = model
         self.drafting = drafting
-        self.page_size = page_size = layout.page_size
+        self.page_size = layout.page_size
         self.pages_per_seq = layout.pages_per_seq
         self.num_top = num_top_logprobs
         self.spec_rows = None if drafting is None else drafting.rows(num_top_logprobs)  # decode output layout
-        self.buckets: list[Bucket] = []
-        # Two sampler variants per decode bucket: the host knows whether any request needs top-k /
-        # top-p, so the sampler's choice is static and no device-side conditional stalls dispatch.
-        sorts = (False, True) if top_k_top_p else (False,)
-        # A speculative step writes kv_ahead positions past each request's length.
-        updates_per_req = 1 if drafting is None else -(-drafting.kv_ahead // page_size) + 1
-        # plain_decode / shorter_chains: a speculative engine also compiles each decode bucket's plain
-        # step / its drafter's shorter chains, which it runs when they pay better (runtime.adaptive).
-        variants = [(True, 0)]
-        if drafting is not None and plain_decode:
-            variants.append((False, 0))
-        if drafting is not None and shorter_chains:
-            variants += [(True, k) for k in drafting.shorter_chains]
-        words = mask_words(model.config.vocab_size) if grammar else 0
-        masks = functools.partial(split_step.grammar_fields, words, drafting, pipeline=grammar_pipeline)
-
-        for b in sorted(set(decode_batch_sizes)):
-            for sort in sorts:
-                for speculate, steps in variants:
-                    self.buckets.append(Bucket(ForwardMode.DECODE, b, b, b * updates_per_req, sort=sort,
-                                               speculate=speculate, draft_steps=steps,
-                                               snapshots=layout.num_snapshots > 0,
-                                               commit_tracks=drafting is not None, **masks(speculate, steps)))
-        ahead_pages = 0 if drafting is None else -(-drafting.prefill_ahead // page_size)
-        for t in sorted(set(extend_token_sizes)):
-            b = min(t, max_extend_requests)
-            # prefix_pages: cached pages a prompt step may map into page-table rows (prefix cache).
-            updates = t // page_size + b * (1 + ahead_pages) + 1 + prefix_pages
-            for lp in (False, True) if input_logprobs else (False,):
-                # Without top-k / top-p no row needs the sort: compile none (neither the sort nor
-                # the device-side conditional that would choose whether to run it).
-                self.buckets.append(Bucket(ForwardMode.EXTEND, t, b, updates, sort=None if top_k_top_p else False,
-                                           next_ids=drafting is not None and drafting.extend_next_ids,
-                                           snapshots=layout.num_snapshots > 0, input_logprobs=lp,
-                                           **masks(False, 0, decode=False)))
+        self.buckets: list[Bucket] = step_buckets(
+            model.config.vocab_size, layout, drafting, decode_batch_sizes=decode_batch_sizes,
+            extend_token_sizes=extend_token_sizes, max_extend_requests=max_extend_requests, top_k_top_p=top_k_top_p,
+            plain_decode=plain_decode, shorter_chains=shorter_chains, prefix_pages=prefix_pages, grammar=grammar,
+            grammar_pipeline=grammar_pipeline, input_logprobs=input_logprobs)
         self.layout = layout
         self.mesh = model.mesh if model.mesh is not None else make_mesh(1)
         self._replicated = NamedSharding(self.mesh, P())
