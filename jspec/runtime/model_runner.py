@@ -2,8 +2,8 @@
 
 All buckets are compiled ahead of time at start-up ("capture"); afterwards a step only ever calls
 a compiled executable, so a shape outside the buckets is an error, never a silent recompilation.
-Which buckets an engine has is `bucket_set.step_buckets`'. A speculative engine's DECODE buckets
-run its algorithm's speculative step (`Drafting`).
+Which buckets an engine has: `bucket_set.step_buckets`. A speculative engine's DECODE buckets run
+its algorithm's speculative step (`Drafting`).
 
 Everything lives on one mesh (`jspec.sharding`; one device unless the target is split): the
 target's parameters as loaded, its pools split with them (`pool_specs`), everything else (drafter,
@@ -62,7 +62,7 @@ class ModelRunner:
                  plain_decode: bool = False, shorter_chains: bool = False, prefix_pages: int = 0,
                  grammar: bool = False, grammar_pipeline: bool = False, input_logprobs: bool = False,
                  executables: ExecutableCache | None = None):
-        """The bucket settings (decode_batch_sizes ... input_logprobs) are `bucket_set.step_buckets`';
+        """The bucket settings (decode_batch_sizes ... input_logprobs): see `bucket_set.step_buckets`;
         executables: compiled steps are loaded from / stored to this cache (warm starts)."""
         self.model = model
         self.drafting = drafting
