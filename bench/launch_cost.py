@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import sys
@@ -42,6 +43,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
+from jax.experimental import serialize_executable  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jspec.bench.record import environment  # noqa: E402
@@ -60,21 +62,18 @@ from jspec.runtime.step_inputs import pack  # noqa: E402
 
 def twin(fn, devices):
     """A second loaded copy of a compiled step (its own command-buffer state)."""
-    from jax.experimental import serialize_executable
-
     return serialize_executable.deserialize_and_load(*serialize_executable.serialize(fn),
                                                      execution_devices=list(devices))
 
 
 def probe(runner: ModelRunner, bucket, host_packed: np.ndarray, reps: int, profile: str | None = None,
           twins: bool = False) -> dict:
-    fn, sharding = runner.compiled[bucket], runner.state.req_to_page.sharding
-    fns = [fn, twin(fn, runner.mesh.devices.flat)] if twins else [fn]
-    calls_made = [0]
+    compiled, sharding = runner.compiled[bucket], runner.state.req_to_page.sharding
+    copies = [compiled, twin(compiled, runner.mesh.devices.flat)] if twins else [compiled]
+    turn = itertools.count()
 
-    def fn(*args):  # alternates the copies call by call
-        calls_made[0] += 1
-        return fns[calls_made[0] % len(fns)](*args)
+    def fn(*args):  # the copies in turn, call by call
+        return copies[next(turn) % len(copies)](*args)
 
     same = jax.device_put(host_packed, sharding)
     for _ in range(4):

@@ -21,9 +21,9 @@ A hit deserializes the executables (`jax.experimental.serialize_executable`); an
 to load is compiled again and rewritten. On CPU a step that XLA's own persistent cache served is
 not stored: re-serializing an executable JAX loaded from that cache can give a payload that loads
 but fails when run (jax 0.10: "Function ... not found"), so such a step goes through XLA's cache
-again at the next start. GPU executables survive that round trip (`bench/executable_cache_roundtrip.py`,
-jax 0.11 on an H200) and are stored whichever cache served them (`stores_served`). Writes are atomic (a temporary file renamed), so engines
-starting side by side share the folder. Loading a serialized executable can run code: the folder
+again at the next start. GPU executables survive that round trip (`bench/executable_cache_roundtrip.py`)
+and are stored whichever cache served them (`stores_served`). Writes are atomic (a temporary file
+renamed), so engines starting side by side share the folder. Loading a serialized executable can run code: the folder
 must be as trusted as the code itself (it is the user's own cache directory).
 """
 

@@ -242,11 +242,11 @@ class ModelRunner:
         parts = None if key is None or not cached else self.executables.load(key, self.mesh.devices.flat)
         if parts is None:
             lowered = self._lower(bucket, state) if lowered is None else lowered
-            served = xla_cache_hits()
-            parts = [p.compile(step_compiler_options(self.mesh.devices.flat[0].platform, bucket, self.drafting, i)
-                               or None) for i, p in enumerate(lowered if isinstance(lowered, tuple) else (lowered,))]
+            served, platform = xla_cache_hits(), self.mesh.devices.flat[0].platform
+            parts = [p.compile(step_compiler_options(platform, bucket, self.drafting, i) or None)
+                     for i, p in enumerate(lowered if isinstance(lowered, tuple) else (lowered,))]
             if key is not None:  # on CPU fresh compiles only: see executable_cache.stores_served
-                if xla_cache_hits() == served or stores_served(self.mesh.devices.flat[0].platform):
+                if xla_cache_hits() == served or stores_served(platform):
                     self.executables.store(key, parts)
                 else:
                     self.executables.discard(key)
