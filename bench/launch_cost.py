@@ -163,10 +163,12 @@ def main(argv=None) -> None:
     ap.add_argument("--sorts", default="None,True,False", help="the prompt buckets' sampler variants to probe")
     ap.add_argument("--profile", help="trace each bucket's back-to-back loop into this folder")
     ap.add_argument("--twins", action="store_true", help="alternate two loaded copies of each step")
+    ap.add_argument("--tp-size", type=int, default=1, help="devices the model is split over")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batch_sizes.split(",")]
-    model = random_model(parse_hf_config(preset_config(args.preset)), dtype="bfloat16", seed=0)
+    model = random_model(parse_hf_config(preset_config(args.preset)), dtype="bfloat16", seed=0,
+                         tp_size=args.tp_size)
     if args.prompt_tokens:
         _write(args.out, prompt_main(args, model))
         return
@@ -183,7 +185,7 @@ def main(argv=None) -> None:
         runner.state.req_to_page = jax.device_put(page_table(b, args.context, page, per, max(batches) + 1),
                                                   runner.state.req_to_page.sharding)
         packed = pack(decode_plan(b, args.context), bucket)
-        rec = {"preset": args.preset, "batch": b, "context": args.context,
+        rec = {"preset": args.preset, "tp_size": args.tp_size, "batch": b, "context": args.context,
                "xla_flags": os.environ.get("XLA_FLAGS", ""), "twins": args.twins,
                **probe(runner, bucket, packed, args.reps, args.profile, args.twins)}
         print(json.dumps(rec))

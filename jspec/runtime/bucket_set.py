@@ -10,6 +10,7 @@ Prompt-chunk buckets come per token count, optionally twice (with input-token lo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from jspec.cache.pool import PoolLayout
@@ -61,3 +62,16 @@ def step_buckets(vocab_size: int, layout: PoolLayout, drafting: Drafting | None,
                                   snapshots=layout.num_snapshots > 0, input_logprobs=lp,
                                   **masks(False, 0, decode=False)))
     return buckets
+
+
+def sampler_twins(buckets: list[Bucket]) -> dict[Bucket, Bucket]:
+    """{bucket: its twin} for each bucket that differs from another of `buckets` only in what its
+    sampler computes (the top-k / top-p sort, input-token logprobs): the twin is the variant without
+    them. Both run the same model forward, so their matmuls are the same."""
+    present = set(buckets)
+    twins = {}
+    for b in buckets:
+        twin = dataclasses.replace(b, sort=False if b.sort else b.sort, input_logprobs=False)
+        if twin != b and twin in present:
+            twins[b] = twin
+    return twins

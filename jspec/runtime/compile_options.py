@@ -30,6 +30,12 @@ from jspec.runtime.step_inputs import Bucket
 CUBLAS_FROM_ROWS = 24
 
 
+def autotunes_matmuls(platform: str) -> bool:
+    """Whether XLA times candidate kernels for a step's matmuls while compiling it on `platform`
+    (and keeps the results in one cache per process, shared by every compile that follows)."""
+    return platform == "gpu"
+
+
 def target_rows(bucket: Bucket, drafting) -> int:
     """Token rows the target's matmuls see in one step of bucket: a speculative decode step
     verifies every request's drafted nodes, any other step has one row per token."""

@@ -29,9 +29,8 @@ from tqdm import tqdm
 from jspec.cache.pool import PoolLayout, allocate_caches, pool_specs
 from jspec.models import ops
 from jspec.models.batch import ForwardMode
-from jspec.runtime import grammar, sampler, split_step
-from jspec.runtime.bucket_set import step_buckets
-from jspec.runtime.compile_options import step_compiler_options
+from jspec.runtime import compile_options, grammar, sampler, split_step
+from jspec.runtime.bucket_set import sampler_twins, step_buckets
 from jspec.runtime.executable_cache import (ExecutableCache, abstract_signature, models_signature, stores_served,
                                             xla_cache_hits)
 from jspec.runtime.grammar import mask_words, token_words
@@ -243,7 +242,7 @@ class ModelRunner:
         if parts is None:
             lowered = self._lower(bucket, state) if lowered is None else lowered
             served, platform = xla_cache_hits(), self.mesh.devices.flat[0].platform
-            parts = [p.compile(step_compiler_options(platform, bucket, self.drafting, i) or None)
+            parts = [p.compile(compile_options.step_compiler_options(platform, bucket, self.drafting, i) or None)
                      for i, p in enumerate(lowered if isinstance(lowered, tuple) else (lowered,))]
             if key is not None:  # on CPU fresh compiles only: see executable_cache.stores_served
                 if xla_cache_hits() == served or stores_served(platform):
@@ -261,7 +260,9 @@ class ModelRunner:
             self._seed = jax.jit(_seed_slot, donate_argnums=(0,), out_shardings=self.state_shardings(self.state)
                                  ).lower(self.state, slot, words).compile()
 
-        def compile_one(b: Bucket, lowered):
+        def compile_one(b: Bucket, lowered, after=None):
+            if after is not None:  # the sampler twin's compile
+                after.result()
             t = time.perf_counter()
             parts = self._compiled_parts(b, self.state, lowered)
             exe = parts[0] if not b.grammar_split else SplitExecutable(parts, b, self._replicated,
@@ -270,14 +271,23 @@ class ModelRunner:
 
         # Tracing holds the GIL and runs here, one bucket after another; XLA's compilation releases
         # it, so each bucket compiles on the pool as soon as it is lowered, beside the tracing of
-        # the next. Buckets the executable cache holds only load.
+        # the next. Buckets the executable cache holds only load. On a GPU, XLA autotunes each
+        # step's matmuls and keeps the results in one cache per process: a bucket with a sampler
+        # twin (the same forward) is traced after the others and compiles once its twin has, so
+        # it finds its matmuls tuned instead of tuning them again beside the twin. The pool runs
+        # tasks in order, so a twin always runs before the bucket waiting for it.
         cached = {b for b in self.buckets if self.executables is not None and self._key(b, self.state) in self.executables}
+        todo = [b for b in self.buckets if b not in cached]
+        twins = sampler_twins(todo) if compile_options.autotunes_matmuls(self.mesh.devices.flat[0].platform) else {}
         with (tqdm(total=len(self.buckets), desc="compile buckets", disable=not progress, unit="bucket") as bar,
               ThreadPoolExecutor(max_workers=max(1, min(len(self.buckets), os.cpu_count() or 1))) as pool):
             futures = [pool.submit(compile_one, b, None) for b in self.buckets if b in cached]
-            for bucket in (b for b in self.buckets if b not in cached):
+            started = {}
+            for bucket in sorted(todo, key=lambda b: b in twins):  # stable: the twins' order kept
                 bar.set_postfix_str(f"tracing {bucket.label}", refresh=False)
-                futures.append(pool.submit(compile_one, bucket, self._lower(bucket, self.state)))
+                lowered = self._lower(bucket, self.state)
+                started[bucket] = pool.submit(compile_one, bucket, lowered, started.get(twins.get(bucket)))
+            futures += started.values()
             for done in as_completed(futures):
                 b, exe, sec = done.result()
                 self.compiled[b] = exe
