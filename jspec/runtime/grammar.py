@@ -48,13 +48,14 @@ def token_words(ids, vocab_size: int) -> np.ndarray:
 class Grammar:
     """One request's grammar state (an llguidance matcher), advanced by accepted tokens only."""
 
-    def __init__(self, matcher, spec: tuple[str, str]):
+    def __init__(self, matcher, spec: tuple[str, str], executor):
         self.matcher = matcher
         self.spec = spec  # (key, text): what the request asked for, for errors and copies
+        self.executor = executor  # the backend's llguidance.LLExecutor: fills many rows' masks at once
 
     def copy(self) -> Grammar:
         """A fresh matcher in the same state (parallel samples each get one)."""
-        return Grammar(self.matcher.deep_copy(), self.spec)
+        return Grammar(self.matcher.deep_copy(), self.spec, self.executor)
 
     def fill(self, row: np.ndarray) -> None:
         """The allowed next tokens into `row` `[W]` int32 (contiguous)."""
@@ -68,12 +69,20 @@ class Grammar:
         """Masks of the nodes along `tokens` (rows[0]: here, rows[i]: after tokens[:i]), with the
         matcher returned to where it was."""
         self.fill(rows[0])
+        taken = 0
         for i, tok in enumerate(tokens):
-            if not self.matcher.consume_token(tok):
-                raise AssertionError(f"grammar refused its own forced token {tok}: {self.matcher.get_error()}")
+            taken += self._advance(tok)
             self.fill(rows[i + 1])
-        if tokens:
-            self.matcher.rollback(len(tokens))
+        if taken:
+            self.matcher.rollback(taken)
+
+    def _advance(self, token: int) -> int:
+        """Consume a token the grammar allows: how many tokens the matcher can roll back for it (an
+        EOS after the grammar has ended is taken without a step)."""
+        stopped = self.matcher.is_stopped()
+        if not self.matcher.consume_token(token):
+            raise AssertionError(f"grammar refused token {token} that its mask allows: {self.matcher.get_error()}")
+        return 0 if stopped else 1
 
     def accept(self, token: int) -> bool:
         """Advance by an emitted token; False if the grammar refuses it (it never should: every
@@ -110,6 +119,7 @@ class GrammarBackend:
             raise ConfigError(f"grammar_backend: llguidance cannot use this tokenizer with a {self.vocab_size}-token "
                               f"vocabulary: {e}") from None
         self._checked: dict[tuple[str, str], str] = {}  # (key, text) -> llguidance grammar (valid ones)
+        self.executor = llguidance.LLExecutor()  # its own threads (most of the CPUs), outside the GIL
 
     @classmethod
     def create(cls, name: str | None, *, tokenizer_path: str | None, vocab_size: int, eos_token_ids) -> \
@@ -155,7 +165,7 @@ class GrammarBackend:
         matcher = self._llg.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise InvalidRequestError(f"sampling_params.{key}: {matcher.get_error().strip()}")
-        return Grammar(matcher, spec)
+        return Grammar(matcher, spec, self.executor)
 
 
 def constrained(plan):
@@ -172,8 +182,8 @@ def step_inputs(plan, bucket) -> np.ndarray | None:
     if not rows:
         return None
     masks = np.full((bucket.batch_size, 1, bucket.mask_words), -1, np.int32)
-    for i, g in rows:
-        g.fill(masks[i, 0])
+    rows[0][1].executor.unsafe_compute_mask_ptr([(g.matcher, i) for i, g in rows], masks.ctypes.data,
+                                                masks.shape[-1] * 4, masks.shape[0])
     return masks
 
 
@@ -202,9 +212,10 @@ def _walk_tree(g: Grammar, tokens, parents, masks: np.ndarray, walk: np.ndarray,
             if not _allowed(masks[node], tok):  # consuming it would break the matcher
                 walk[child] = FORBIDDEN
                 continue
-            g.accept(tok)
+            taken = g._advance(tok)
             visit(child, depth + 1)
-            g.matcher.rollback(1)
+            if taken:
+                g.matcher.rollback(1)
 
     visit(0, 0)
 
@@ -223,6 +234,8 @@ def draft_inputs(plan, bucket, view: np.ndarray | None, *, replace: bool = True)
     masks, any_forced = None, False
     if rows:
         masks = np.full((b, n, bucket.mask_words), -1, np.int32)
+        paths = []  # (row, grammar, tokens): masks along a chain, filled for all such rows at once
+        chains = (view[:, d + 1:] == np.arange(d)).all(axis=1)  # node j's parent is j - 1
         for i, g in rows:
             walk[i] = 0
             forced = g.forced(min(bucket.grammar_depth, d))
@@ -230,9 +243,50 @@ def draft_inputs(plan, bucket, view: np.ndarray | None, *, replace: bool = True)
             if forced and replace:
                 replaced[i] = 1
                 tokens[i, :len(forced)] = forced
-                walk[i, :len(forced) + 1] = 1
-                g.fill_path(masks[i], forced)
+                paths.append((i, g, forced))
+            elif chains[i]:
+                paths.append((i, g, [int(t) for t in view[i, :min(bucket.grammar_depth, d)]]))
             else:
                 nodes = np.concatenate([[0], view[i, :d]])
                 _walk_tree(g, nodes, view[i, d:], masks[i], walk[i], bucket.grammar_depth)
+        _walk_paths(paths, masks, walk, replaced)
     return np.concatenate([replaced, tokens.reshape(-1), walk.reshape(-1)]), masks, any_forced
+
+
+def _walk_paths(paths, masks: np.ndarray, walk: np.ndarray, replaced: np.ndarray) -> None:
+    """`_walk_tree` and `Grammar.fill_path` for many rows at once: llguidance fills each path's
+    masks (at the row's state, then after each token, for as long as its grammar takes them) on its
+    own threads, and the walk is read from them. Each path's rows start at 0, which a filled mask
+    is not, except a stopped grammar's with no EOS token: a path whose walk reaches a row its
+    grammar did not fill (the grammar ended, or took a token its mask refuses) is walked again
+    token by token, so the result is always theirs."""
+    if not paths:
+        return
+    for i, _, _ in paths:
+        masks[i] = 0
+    flat = masks.reshape(-1, masks.shape[-1])
+    n = masks.shape[1]
+    with_tokens = [(g.matcher, i * n, toks) for i, g, toks in paths if toks]
+    without = [(g.matcher, i * n) for i, g, toks in paths if not toks]
+    executor = paths[0][1].executor
+    if with_tokens:
+        executor.unsafe_compute_mask_ptr_with_draft_token(with_tokens, flat.ctypes.data, flat.shape[1] * 4, flat.shape[0])
+    if without:
+        executor.unsafe_compute_mask_ptr(without, flat.ctypes.data, flat.shape[1] * 4, flat.shape[0])
+    filled = masks[[i for i, _, _ in paths]].any(axis=-1)  # [paths, N]
+    for (i, g, toks), row_filled in zip(paths, filled):
+        reach = 0  # the deepest node the walk reaches
+        while reach < len(toks) and (replaced[i] or _allowed(masks[i, reach], toks[reach])):
+            reach += 1
+        if not row_filled[:reach + 1].all():
+            masks[i], walk[i] = -1, 0
+            if replaced[i]:
+                walk[i, :len(toks) + 1] = 1
+                g.fill_path(masks[i], toks)
+            else:
+                _walk_tree(g, np.array([0] + toks), np.arange(-1, len(toks)), masks[i], walk[i], len(toks))
+            continue
+        masks[i, reach + 1:] = -1
+        walk[i, :reach + 1] = 1
+        if reach < len(toks):
+            walk[i, reach + 1] = FORBIDDEN

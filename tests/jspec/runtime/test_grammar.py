@@ -143,6 +143,82 @@ def test_a_split_step_walks_each_constrained_rows_grammar_along_its_draft_tree(b
     assert not draft_inputs(SimpleNamespace(reqs=[row(free), row(None), row(None)]), bucket, view)[2]
 
 
+def _walk_one_by_one(plan, bucket, view, replace=True):
+    """draft_inputs' decisions computed row by row, token by token (`Grammar.fill_path` along a
+    forced run, `_walk_tree` over the drafts): the oracle for the rows it fills at once."""
+    from jspec.runtime.grammar import _walk_tree, constrained
+
+    b, n, d = bucket.batch_size, bucket.grammar_nodes, bucket.grammar_nodes - 1
+    replaced, tokens, walk = np.zeros((b,), np.int32), np.zeros((b, d), np.int32), np.ones((b, n), np.int32)
+    masks = np.full((b, n, bucket.mask_words), -1, np.int32)
+    for i, g in constrained(plan):
+        walk[i] = 0
+        forced = g.forced(min(bucket.grammar_depth, d))
+        if forced and replace:
+            replaced[i], tokens[i, :len(forced)], walk[i, :len(forced) + 1] = 1, forced, 1
+            g.fill_path(masks[i], forced)
+        else:
+            _walk_tree(g, np.concatenate([[0], view[i, :d]]), view[i, d:], masks[i], walk[i], bucket.grammar_depth)
+    return np.concatenate([replaced, tokens.reshape(-1), walk.reshape(-1)]), masks
+
+
+def test_rows_walked_at_once_equal_the_walk_token_by_token(backend, monkeypatch):
+    """draft_inputs fills every chain row's masks (and every forced run's) in one llguidance call on
+    its threads; the decisions and masks equal each row walked on its own, over random drafts that
+    the grammar takes, refuses part way, or runs past its end (EOS drafted after the grammar stopped:
+    such a row is walked again token by token), beside a tree row and an unconstrained one; every
+    matcher ends where it began."""
+    from types import SimpleNamespace
+
+    from jspec.runtime import grammar as grammar_mod
+
+    chains_walked_again = []
+    walk_tree = grammar_mod._walk_tree
+
+    def counted(g, nodes, parents, masks, walk, max_depth):
+        chains_walked_again.append(list(parents[1:]) == list(range(len(parents) - 1)))
+        walk_tree(g, nodes, parents, masks, walk, max_depth)
+
+    monkeypatch.setattr(grammar_mod, "_walk_tree", counted)
+    rng = np.random.default_rng(3)
+    full = _ids("ab123-fixed-tail-xy") + [0] * 4  # then EOS (token 0), past the grammar's end
+    bucket = SimpleNamespace(batch_size=6, grammar_nodes=5, grammar_depth=4, mask_words=mask_words(tm.VOCAB))
+    chain, tree = [-1, 0, 1, 2, 3], [-1, 0, 0, 1, 2]
+    for trial in range(24):
+        reqs, view = [], []
+        for r in range(bucket.batch_size):
+            k = int(rng.integers(0, len(full) - 3))
+            g = backend.compile("regex", REGEX)
+            for tok in full[:k]:
+                assert g.accept(tok)
+            drafts = full[k:k + 4]
+            if rng.random() < 0.5:  # a draft the grammar refuses, somewhere along the chain
+                drafts[int(rng.integers(0, 4))] = int(rng.integers(0, tm.VOCAB))
+            reqs.append(SimpleNamespace(req=SimpleNamespace(grammar=None if r == 5 else g, finished=False),
+                                        sample=True))
+            view.append(drafts + (tree if r == 4 else chain))
+        view, plan = np.array(view, np.int32), SimpleNamespace(reqs=reqs)
+        states = lambda: [(r.req.grammar.forced(8), _fill(r.req.grammar)) for r in reqs[:5]]  # noqa: E731
+        before = states()
+        for replace in (True, False):
+            packed, masks, _ = grammar_mod.draft_inputs(plan, bucket, view, replace=replace)
+            assert _equal(states(), before)
+            want_packed, want_masks = _walk_one_by_one(plan, bucket, view, replace)
+            np.testing.assert_array_equal(packed, want_packed, err_msg=f"trial {trial}")
+            np.testing.assert_array_equal(masks, want_masks, err_msg=f"trial {trial}")
+    assert any(chains_walked_again)  # the rows that ran past the grammar's end took the slow path
+
+
+def _fill(g) -> np.ndarray:
+    row = np.zeros(mask_words(tm.VOCAB), np.int32)
+    g.fill(row)
+    return row
+
+
+def _equal(a, b) -> bool:
+    return all(fa == fb and np.array_equal(ma, mb) for (fa, ma), (fb, mb) in zip(a, b))
+
+
 @pytest.mark.parametrize("key,text,needle", [
     ("regex", "a(b", "unclosed group"),
     ("json_schema", "{not json", "not valid JSON"),
