@@ -56,6 +56,7 @@ def child(preset: str, cache_dir: str, engine_kw: dict) -> dict:
         eng.shutdown()
     return {"import_s": t_import - t_start, "random_weights_s": t_model - t_import,
             "engine_init_s": t_engine - t_model, "compile_s": info["compile_seconds"],
+            "workspace_compile_s": info.get("workspace_compile_seconds"),
             "num_buckets": len(info["compile_seconds_per_bucket"]),
             "executable_cache": info.get("executable_cache"), "first_request_s": t_first - t_engine,
             "first_request_tokens": out["meta_info"]["completion_tokens"], "num_total_pages": info["num_total_pages"],
@@ -101,7 +102,8 @@ def main(argv=None) -> int:
         with open(args.out, "a") as f:
             f.write(json.dumps(rec) + "\n")
         print(f"{name:9s} process {wall:6.1f} s  engine {rec.get('engine_init_s', float('nan')):6.1f} s  "
-              f"compile {rec.get('compile_s', float('nan')):6.1f} s  buckets {rec.get('num_buckets')}  "
+              f"compile {rec.get('compile_s', float('nan')):6.1f} s  "
+              f"workspace {rec.get('workspace_compile_s', float('nan')):5.1f} s  buckets {rec.get('num_buckets')}  "
               f"exe cache {rec.get('executable_cache')}  first request {rec.get('first_request_s', float('nan')):.2f} s"
               + f"  entries {rec['stored_entries']}" + (f"  WARNINGS {rec['cache_warnings']}" if "cache_warnings" in rec else "")
               + (f"  ERROR {rec['error'][-300:]}" if "error" in rec else ""), flush=True)

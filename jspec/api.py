@@ -306,6 +306,7 @@ class Engine:
             "num_steps": dict(self.core.num_steps),
             "num_generated_tokens": self.core.num_generated,
             "compile_seconds": self.runner.compile_seconds,
+            "workspace_compile_seconds": self.runner.workspace_seconds,
             "compile_seconds_per_bucket": dict(self.runner.compile_times),
             "executable_cache": None if self.runner.executables is None else
             {"hits": self.runner.executables.hits, "misses": self.runner.executables.misses},

@@ -84,6 +84,7 @@ class ModelRunner:
         self._seeds = prefix_pages > 0
         self._open_masks: dict[Bucket, jax.Array] = {}  # grammar buckets: the all-allowed mask, on the device
         self.compile_seconds = 0.0
+        self.workspace_seconds = 0.0  # the memory plan's compiles (`workspace_bytes`)
         self.compile_times: dict[str, float] = {}  # bucket label -> seconds its compile took
         self.executables = executables
         self._lower_lock = threading.Lock()  # tracing sets the module-wide mesh (ops.tensor_parallel)
@@ -155,8 +156,11 @@ class ModelRunner:
             if None in stats and self.executables is not None:  # a loaded executable that cannot tell
                 stats = [part.memory_analysis() for part in self._compiled_parts(bucket, state, cached=False)]
             return max([0] + [int(st.temp_size_in_bytes) for st in stats if st is not None])
+        t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=max(1, len(largest))) as pool:  # the compiles run side by side
-            return max([0, *pool.map(temp_bytes, largest.values())])
+            most = max([0, *pool.map(temp_bytes, largest.values())])
+        self.workspace_seconds = time.perf_counter() - t0
+        return most
 
     def release(self) -> None:
         """Free the device state now (not when the last reference goes): the pools, the page table,

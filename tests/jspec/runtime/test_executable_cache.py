@@ -164,6 +164,7 @@ def test_a_warm_start_sizes_the_pool_as_the_cold_one(monkeypatch, tmp_path):
             info = eng.get_server_info()
             plan = eng.engine_config.memory_plan
             runs.append((info["memory"]["workspace_bytes"], plan.num_pages, info["executable_cache"]))
+            assert info["workspace_compile_seconds"] > 0  # the memory plan's compiles (or loads), timed
         # Free memory for the next start: what fits reaches the next multiple of the rounding step.
         static = int(0.5 * (256 << 20)) - plan.resident_bytes - plan.workspace_bytes - plan.fixed_bytes
         fits, step = static // plan.page_bytes, memory.page_step(plan.num_pages)
