@@ -7,7 +7,8 @@ two ways in the same process:
 
 - at once: `draft_inputs` as the engine calls it (chains and forced runs of all rows filled by one
   llguidance call on its own threads);
-- row by row: each row walked token by token (`_walk_tree`), the walk the engine did before.
+- row by row: each row walked token by token (`draft_inputs(at_once=False)`), the walk the
+  engine did before.
 
     PYTHONPATH=. python3 bench/grammar_walk.py --tokenizer data/tiny/qwen3/tokenizer.json --rows 1,8,32 [--threads N]
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sys
 import time
 from types import SimpleNamespace
@@ -27,7 +29,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jspec.runtime.grammar import GrammarBackend, _walk_tree, constrained, draft_inputs, mask_words  # noqa: E402
+from jspec.bench.record import environment  # noqa: E402
+from jspec.runtime.grammar import GrammarBackend, draft_inputs, mask_words  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
@@ -72,17 +75,6 @@ def batch(backend, key, text, rows: int, depth: int, rng, refuse: float):
     return SimpleNamespace(reqs=reqs), np.array(view, np.int32)
 
 
-def row_by_row(plan, bucket, view):
-    b, n, d = bucket.batch_size, bucket.grammar_nodes, bucket.grammar_nodes - 1
-    walk = np.ones((b, n), np.int32)
-    masks = np.full((b, n, bucket.mask_words), -1, np.int32)
-    for i, g in constrained(plan):
-        walk[i] = 0
-        g.forced(min(bucket.grammar_depth, d))  # as draft_inputs asks (a pipelined step walks the drafts anyway)
-        _walk_tree(g, np.concatenate([[0], view[i, :d]]), view[i, d:], masks[i], walk[i], bucket.grammar_depth)
-    return masks
-
-
 def timed(fn, reps: int) -> float:
     fn()
     samples = []
@@ -121,17 +113,19 @@ def main(argv=None) -> None:
                                      mask_words=mask_words(vocab))
             # replace=False: as a pipelined step, every row walks its drafts (no forced run replaces them)
             at_once = timed(lambda: draft_inputs(plan, bucket, view, replace=False), args.reps)
-            one_by_one = timed(lambda: row_by_row(plan, bucket, view), args.reps)
+            one_by_one = timed(lambda: draft_inputs(plan, bucket, view, replace=False, at_once=False), args.reps)
             rec = {"grammar": key, "rows": rows, "depth": args.depth, "vocab": vocab,
                    "at_once_ms": 1e3 * at_once, "row_by_row_ms": 1e3 * one_by_one, "cpus": os.cpu_count(),
-                   "threads": args.threads, "command": " ".join(["bench/grammar_walk.py", *(argv or sys.argv[1:])]),
-                   "commit": os.environ.get("JSPEC_COMMIT")}
+                   "threads": args.threads, "command": " ".join(["bench/grammar_walk.py", *(argv or sys.argv[1:])])}
             print(json.dumps(rec))
             records.append(rec)
     if args.out:
+        import llguidance
+
+        env = {**environment(), "cpu": platform.processor() or platform.machine(), "llguidance": llguidance.__version__}
         with open(args.out, "a") as f:
             for r in records:
-                f.write(json.dumps(r) + "\n")
+                f.write(json.dumps({**r, "env": env}) + "\n")
 
 
 if __name__ == "__main__":

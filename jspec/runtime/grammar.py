@@ -220,13 +220,15 @@ def _walk_tree(g: Grammar, tokens, parents, masks: np.ndarray, walk: np.ndarray,
     visit(0, 0)
 
 
-def draft_inputs(plan, bucket, view: np.ndarray | None, *, replace: bool = True) -> \
+def draft_inputs(plan, bucket, view: np.ndarray | None, *, replace: bool = True, at_once: bool = True) -> \
         tuple[np.ndarray, np.ndarray | None, bool]:
     """The grammar decisions of a split speculative step (`jspec.speculative.grammar_nodes`): the
     packed int32 `[bucket.grammar_size]` (replaced, tokens, walk), masks `[B, N, W]` (None when no
     row is constrained), and whether the grammar forces a run at any constrained row's root. view
     `[B, D + N]`: the drafts, then every node's parent. replace: a forced run replaces the row's
-    drafts (False when the target's forward over the drafts is already queued)."""
+    drafts (False when the target's forward over the drafts is already queued). at_once: chains and
+    forced runs of all rows in one llguidance call (`_walk_paths`); False walks each row token by
+    token, the reference the tests and bench/grammar_walk.py compare it with."""
     b, n = bucket.batch_size, bucket.grammar_nodes
     d = n - 1
     replaced, tokens, walk = np.zeros((b,), np.int32), np.zeros((b, d), np.int32), np.ones((b, n), np.int32)
@@ -243,8 +245,12 @@ def draft_inputs(plan, bucket, view: np.ndarray | None, *, replace: bool = True)
             if forced and replace:
                 replaced[i] = 1
                 tokens[i, :len(forced)] = forced
-                paths.append((i, g, forced))
-            elif chains[i]:
+                if at_once:
+                    paths.append((i, g, forced))
+                else:
+                    walk[i, :len(forced) + 1] = 1
+                    g.fill_path(masks[i], forced)
+            elif at_once and chains[i]:
                 paths.append((i, g, [int(t) for t in view[i, :min(bucket.grammar_depth, d)]]))
             else:
                 nodes = np.concatenate([[0], view[i, :d]])
