@@ -279,16 +279,40 @@ def vocab_argmax(x, *, tp: int = 1):
     return _per_device(local, tp, (_TOK2,), _R)(_vocab_split(x, tp))
 
 
+# XLA on GPU selects up to 16 values per row of at least 1024 with one selection kernel; a wider
+# top-k it lowers to a full sort of every row (a vocabulary-wide sort per step for 20 logprobs).
+TOP_K_PASS = 16
+
+
+def top_k(x, k: int):
+    """`lax.top_k(x, k)` over the last axis of x `[R, N]`, taken in passes of at most `TOP_K_PASS`
+    values (each pass sets what it took to -inf for the next). Same values, ids and tie order
+    (lower id first): entries that are -inf take part as the lowest finite value, so they still
+    rank above the taken ones; a finite entry equal to that value ties with them by id."""
+    if k <= TOP_K_PASS:
+        return jax.lax.top_k(x, k)
+    key = jnp.where(x == -jnp.inf, jnp.finfo(x.dtype).min, x)
+    rows = jnp.arange(x.shape[0])[:, None]
+    ids = []
+    for start in range(0, k, TOP_K_PASS):
+        _, i = jax.lax.top_k(key, min(TOP_K_PASS, k - start))
+        ids.append(i)
+        key = key.at[rows, i].set(-jnp.inf)
+    ids = jnp.concatenate(ids, axis=-1)
+    return jnp.take_along_axis(x, ids, axis=-1), ids
+
+
 def vocab_top_k(x, k: int, *, tp: int = 1):
-    """`lax.top_k` over the vocabulary of x `[B, V]`. On a vocabulary split tp ways, each device
-    takes the top k of its slice and only the tp x k candidates cross devices (XLA's own top_k
-    over a split axis gathers whole rows first). Same values, ids and tie order (lower id first)."""
+    """`lax.top_k` over the vocabulary of x `[B, V]` (through `top_k`). On a vocabulary split tp
+    ways, each device takes the top k of its slice and only the tp x k candidates cross devices
+    (XLA's own top_k over a split axis gathers whole rows first). Same values, ids and tie order
+    (lower id first)."""
     v = x.shape[-1]
     if tp == 1 or k > v // tp:
-        return jax.lax.top_k(x, k)
+        return top_k(x, k)
 
     def local(x):
-        vals, ids = jax.lax.top_k(x, k)
+        vals, ids = top_k(x, k)
         return _all_rows(vals), _all_rows(ids + jax.lax.axis_index(TP) * x.shape[-1])
 
     vals, ids = _per_device(local, tp, (_TOK2,), (_R, _R))(_vocab_split(x, tp))  # [B, tp * k], device-major
