@@ -281,16 +281,25 @@ def vocab_argmax(x, *, tp: int = 1):
 
 # XLA on GPU selects up to 16 values per row of at least 1024 with one selection kernel; a wider
 # top-k it lowers to a full sort of every row (a vocabulary-wide sort per step for 20 logprobs).
+# The passes pay off from a few dozen rows; below that the sort is the faster (measured at 1, 4,
+# 32 and 128 rows of a 151,936-token vocabulary: bench/README.md, "top-k in passes").
 TOP_K_PASS = 16
+TOP_K_PASS_MIN_ROWS = 32
 
 
 def top_k(x, k: int):
-    """`lax.top_k(x, k)` over the last axis of x `[R, N]`, taken in passes of at most `TOP_K_PASS`
-    values (each pass sets what it took to -inf for the next). Same values, ids and tie order
-    (lower id first): entries that are -inf take part as the lowest finite value, so they still
-    rank above the taken ones; a finite entry equal to that value ties with them by id."""
-    if k <= TOP_K_PASS:
+    """`lax.top_k(x, k)` over the last axis of x `[R, N]`: with k > `TOP_K_PASS` and at least
+    `TOP_K_PASS_MIN_ROWS` rows, `top_k_in_passes`."""
+    if k <= TOP_K_PASS or x.shape[0] < TOP_K_PASS_MIN_ROWS:
         return jax.lax.top_k(x, k)
+    return top_k_in_passes(x, k)
+
+
+def top_k_in_passes(x, k: int):
+    """`lax.top_k(x, k)` of x `[R, N]` in passes of at most `TOP_K_PASS` values, each setting what
+    it took to -inf for the next. Same values, ids and tie order (lower id first): entries that
+    are -inf take part as the lowest finite value, so they still rank above the taken ones; a
+    finite entry equal to that value ties with them by id."""
     key = jnp.where(x == -jnp.inf, jnp.finfo(x.dtype).min, x)
     rows = jnp.arange(x.shape[0])[:, None]
     ids = []

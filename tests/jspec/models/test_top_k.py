@@ -1,5 +1,5 @@
 """`ops.top_k`: lax.top_k's values, ids and tie order, in passes narrow enough for XLA's GPU
-selection kernel (a wider top-k is a full sort of every row there)."""
+selection kernel (a wider top-k is a full sort of every row there) once there are enough rows."""
 
 import re
 
@@ -15,20 +15,24 @@ from jspec.models import ops
 def test_top_k_equals_lax_top_k_with_ties_and_minus_inf(k):
     rng = np.random.default_rng(k)
     fn = jax.jit(lambda x: ops.top_k(x, k))
+    passes = jax.jit(lambda x: ops.top_k_in_passes(x, k))
     for trial in range(12):
-        rows, n = int(rng.integers(1, 6)), int(rng.integers(48, 3000))
+        rows = [1, 3, ops.TOP_K_PASS_MIN_ROWS, ops.TOP_K_PASS_MIN_ROWS + 5][trial % 4]
+        n = int(rng.integers(48, 3000))
         x = rng.integers(-4, 4, size=(rows, n)).astype(np.float32)  # few distinct values: many ties
         x[rng.random((rows, n)) < 0.3] = -np.inf
-        if trial % 4 == 0:  # fewer finite entries than k: the rest is -inf, ranked by id
+        if trial % 3 == 0:  # fewer finite entries than k: the rest is -inf, ranked by id
             x[:] = -np.inf
             x[:, rng.integers(0, n, 3)] = 1.0
         want_vals, want_ids = jax.lax.top_k(jnp.asarray(x), k)
-        vals, ids = fn(jnp.asarray(x))
-        np.testing.assert_array_equal(np.asarray(ids), np.asarray(want_ids))
-        np.testing.assert_array_equal(np.asarray(vals), np.asarray(want_vals))
+        for f in (fn, passes):
+            vals, ids = f(jnp.asarray(x))
+            np.testing.assert_array_equal(np.asarray(ids), np.asarray(want_ids))
+            np.testing.assert_array_equal(np.asarray(vals), np.asarray(want_vals))
 
 
-def test_wide_top_k_lowers_to_passes_of_at_most_sixteen():
-    text = jax.jit(lambda x: ops.vocab_top_k(x, 20)).lower(jnp.zeros((4, 4096), jnp.float32)).as_text()
+@pytest.mark.parametrize("rows", [4, ops.TOP_K_PASS_MIN_ROWS])
+def test_wide_top_k_lowers_to_passes_of_at_most_sixteen_from_enough_rows(rows):
+    text = jax.jit(lambda x: ops.vocab_top_k(x, 20)).lower(jnp.zeros((rows, 4096), jnp.float32)).as_text()
     widths = [int(k) for k in re.findall(r"top_k\(.*?k = (\d+)", text)]
-    assert widths == [16, 4]
+    assert widths == ([16, 4] if rows >= ops.TOP_K_PASS_MIN_ROWS else [20])
