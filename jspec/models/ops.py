@@ -281,10 +281,10 @@ def vocab_argmax(x, *, tp: int = 1):
 
 # XLA on GPU selects up to 16 values per row of at least 1024 with one selection kernel; a wider
 # top-k it lowers to a full sort of every row (a vocabulary-wide sort per step for 20 logprobs).
-# The passes pay off from a few dozen rows; below that the sort is the faster (measured at 1, 4,
-# 32 and 128 rows of a 151,936-token vocabulary: bench/README.md, "top-k in passes").
+# The passes cost about the same at any row count up to a hundred; the sort grows with the rows and
+# is the faster below about 16 of a 151,936-token vocabulary (`bench/top_k.py`; bench/README.md).
 TOP_K_PASS = 16
-TOP_K_PASS_MIN_ROWS = 32
+TOP_K_PASS_MIN_ROWS = 16
 
 
 def top_k(x, k: int):
