@@ -1,6 +1,7 @@
 """Top-k over a vocabulary on the device: `lax.top_k` (XLA on GPU sorts every row when k > 16)
-against `ops.top_k_in_passes` (passes of XLA's selection kernel), per row count, to place
-`ops.TOP_K_PASS_MIN_ROWS` (bench/README.md, "top-k in passes").
+against `ops.top_k_in_passes` (passes of XLA's selection kernel) and `ops.top_k_chunked` (the
+same over chunks of 1024, then over the candidates), per row count, to choose what `ops.top_k`
+runs at each row count (bench/README.md, "top-k in passes").
 
     PYTHONPATH=. python3 bench/top_k.py --rows 1,2,4,8,16,32,64,128 --k 20 --out OUT.jsonl
 """
@@ -41,6 +42,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     impls = {"lax_top_k": lambda x: jax.lax.top_k(x, args.k),
              "passes": lambda x: ops.top_k_in_passes(x, args.k),
+             "chunked": lambda x: ops.top_k_chunked(x, args.k),
              "ops_top_k": lambda x: ops.top_k(x, args.k)}
     records = []
     for r in (int(v) for v in args.rows.split(",")):

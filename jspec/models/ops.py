@@ -311,6 +311,23 @@ def top_k_in_passes(x, k: int):
     return jnp.take_along_axis(x, ids, axis=-1), ids
 
 
+def top_k_chunked(x, k: int, chunk: int = 1024):
+    """`lax.top_k(x, k)` of x `[R, N]` in two stages: the top k of every `chunk` entries (R x
+    N / chunk rows for the selection kernel, which gives a row one thread block: a long row alone
+    keeps the GPU nearly idle), then the top k of those candidates. Same values, ids and tie order:
+    a row's candidates lie chunk by chunk, each chunk's in rank order, so equal values keep id
+    order; the padding is -inf with the highest ids, never above a real entry. A candidate for
+    `ops.top_k` at few rows, to be chosen by `bench/top_k.py`."""
+    r, n = x.shape
+    c = -(-n // chunk)
+    if c * chunk != n:
+        x = jnp.pad(x, ((0, 0), (0, c * chunk - n)), constant_values=-jnp.inf)
+    vals, ids = top_k_in_passes(x.reshape(r * c, chunk), k)
+    ids = ids.reshape(r, c, k) + (jnp.arange(c, dtype=ids.dtype) * chunk)[None, :, None]
+    best, pos = top_k_in_passes(vals.reshape(r, c * k), k)
+    return best, jnp.take_along_axis(ids.reshape(r, c * k), pos, axis=-1)
+
+
 def vocab_top_k(x, k: int, *, tp: int = 1):
     """`lax.top_k` over the vocabulary of x `[B, V]` (through `top_k`). On a vocabulary split tp
     ways, each device takes the top k of its slice and only the tp x k candidates cross devices

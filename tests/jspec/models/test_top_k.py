@@ -16,6 +16,7 @@ def test_top_k_equals_lax_top_k_with_ties_and_minus_inf(k):
     rng = np.random.default_rng(k)
     fn = jax.jit(lambda x: ops.top_k(x, k))
     passes = jax.jit(lambda x: ops.top_k_in_passes(x, k))
+    chunked = jax.jit(lambda x: ops.top_k_chunked(x, k, chunk=max(k, 64)))
     for trial in range(12):
         rows = [1, 3, ops.TOP_K_PASS_MIN_ROWS, ops.TOP_K_PASS_MIN_ROWS + 5][trial % 4]
         n = int(rng.integers(48, 3000))
@@ -25,7 +26,7 @@ def test_top_k_equals_lax_top_k_with_ties_and_minus_inf(k):
             x[:] = -np.inf
             x[:, rng.integers(0, n, 3)] = 1.0
         want_vals, want_ids = jax.lax.top_k(jnp.asarray(x), k)
-        for f in (fn, passes):
+        for f in (fn, passes, chunked):
             vals, ids = f(jnp.asarray(x))
             np.testing.assert_array_equal(np.asarray(ids), np.asarray(want_ids))
             np.testing.assert_array_equal(np.asarray(vals), np.asarray(want_vals))
