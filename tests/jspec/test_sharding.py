@@ -162,7 +162,8 @@ def test_split_forward_with_pallas_kernels_matches_unsplit(tiny_checkpoint, fami
 @pytest.mark.parametrize("tp,vocab", [(2, 64), (4, 64), (4, 62)])
 def test_vocab_reductions_stay_on_each_device(tp, vocab):
     """The sampler's reductions over a vocabulary-split row equal the unsplit ones, ties included
-    (the lowest id wins): top-k (top logprobs), argmax (greedy) and the Gumbel-max draw of
+    (the lowest id wins): top-k (top logprobs; 20 of them over enough rows in passes, -inf entries
+    among them), argmax (greedy) and the Gumbel-max draw of
     `categorical` with the same keys; the compiled program moves only per-device candidates, as
     all-reduces, never an all-gather (NCCL's were the slow collective of a TP decode step); also
     where the padded columns of a vocabulary that does not divide by tp were dropped (62 of 64)."""
@@ -173,17 +174,22 @@ def test_vocab_reductions_stay_on_each_device(tp, vocab):
 
     rng = np.random.default_rng(tp)
     x = rng.integers(0, 6, (3, 64)).astype(np.float32)  # many ties
+    wide = rng.integers(0, 6, (ops.TOP_K_PASS_MIN_ROWS + 1, 160)).astype(np.float32)  # top 20: in passes
+    wide_vocab = 160 - (64 - vocab)
+    wide[rng.random(wide.shape) < 0.5] = -np.inf
     keys = jax.vmap(sampler.row_key)(np.array([1, 2, 3], np.int32), np.array([0, 5, 9], np.int32))
     mesh = make_mesh(tp)
-    xs = jax.device_put(x, NamedSharding(mesh, P(None, TP)))
+    xs, wides = (jax.device_put(a, NamedSharding(mesh, P(None, TP))) for a in (x, wide))
     with ops.tensor_parallel(mesh):
-        fn = jax.jit(lambda v, k: (ops.vocab_top_k(v[:, :vocab], 5, tp=tp), ops.vocab_argmax(v[:, :vocab], tp=tp),
-                                   sampler.categorical(k, v[:, :vocab] / 3.0, tp=tp)))
-        hlo = fn.lower(xs, keys).compile().as_text()
-        (vals, ids), best, drawn = fn(xs, keys)
-    want_vals, want_ids = jax.lax.top_k(x[:, :vocab], 5)
-    np.testing.assert_array_equal(np.asarray(vals), np.asarray(want_vals))
-    np.testing.assert_array_equal(np.asarray(ids), np.asarray(want_ids))
+        fn = jax.jit(lambda v, k, w: (ops.vocab_top_k(v[:, :vocab], 5, tp=tp), ops.vocab_argmax(v[:, :vocab], tp=tp),
+                                      sampler.categorical(k, v[:, :vocab] / 3.0, tp=tp),
+                                      ops.vocab_top_k(w[:, :wide_vocab], 20, tp=tp)))
+        hlo = fn.lower(xs, keys, wides).compile().as_text()
+        (vals, ids), best, drawn, (wide_vals, wide_ids) = fn(xs, keys, wides)
+    for got, want in (((vals, ids), jax.lax.top_k(x[:, :vocab], 5)),
+                      ((wide_vals, wide_ids), jax.lax.top_k(wide[:, :wide_vocab], 20))):
+        np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+        np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
     np.testing.assert_array_equal(np.asarray(best), np.argmax(x[:, :vocab], axis=-1))
     np.testing.assert_array_equal(np.asarray(drawn), jax.vmap(jax.random.categorical)(keys, x[:, :vocab] / 3.0))
     gathers = [line for line in hlo.splitlines() if "all-gather" in line]
