@@ -279,20 +279,23 @@ def vocab_argmax(x, *, tp: int = 1):
     return _per_device(local, tp, (_TOK2,), _R)(_vocab_split(x, tp))
 
 
-# XLA on GPU selects up to 16 values per row of at least 1024 with one selection kernel; a wider
-# top-k it lowers to a full sort of every row (a vocabulary-wide sort per step for 20 logprobs).
-# The passes cost about the same at any row count up to a hundred; the sort grows with the rows and
-# is the faster below about 16 of a 151,936-token vocabulary (`bench/top_k.py`; bench/README.md).
+# XLA on GPU selects up to 16 values per row of at least 1024 with one selection kernel (one thread
+# block a row); a wider top-k it lowers to a full sort of every row. Few long rows go in chunks (many
+# short rows keep the GPU busy), more rows in passes (`bench/top_k.py`; bench/README.md).
 TOP_K_PASS = 16
-TOP_K_PASS_MIN_ROWS = 16
+TOP_K_CHUNK = 1024
+TOP_K_CHUNKED_MAX_ROWS = 16
 
 
 def top_k(x, k: int):
-    """`lax.top_k(x, k)` over the last axis of x `[R, N]`: with k > `TOP_K_PASS` and at least
-    `TOP_K_PASS_MIN_ROWS` rows, `top_k_in_passes`."""
-    if k <= TOP_K_PASS or x.shape[0] < TOP_K_PASS_MIN_ROWS:
+    """`lax.top_k(x, k)` over the last axis of x `[R, N]`; with k > `TOP_K_PASS`: `top_k_chunked`
+    up to `TOP_K_CHUNKED_MAX_ROWS` rows of two chunks or more, `top_k_in_passes` from more rows."""
+    r, n = x.shape
+    if k <= TOP_K_PASS:
         return jax.lax.top_k(x, k)
-    return top_k_in_passes(x, k)
+    if r > TOP_K_CHUNKED_MAX_ROWS or k > TOP_K_CHUNK:
+        return top_k_in_passes(x, k)
+    return top_k_chunked(x, k) if n >= 2 * TOP_K_CHUNK else jax.lax.top_k(x, k)
 
 
 def top_k_in_passes(x, k: int):
@@ -311,13 +314,12 @@ def top_k_in_passes(x, k: int):
     return jnp.take_along_axis(x, ids, axis=-1), ids
 
 
-def top_k_chunked(x, k: int, chunk: int = 1024):
+def top_k_chunked(x, k: int, chunk: int = TOP_K_CHUNK):
     """`lax.top_k(x, k)` of x `[R, N]` in two stages: the top k of every `chunk` entries (R x
     N / chunk rows for the selection kernel, which gives a row one thread block: a long row alone
     keeps the GPU nearly idle), then the top k of those candidates. Same values, ids and tie order:
     a row's candidates lie chunk by chunk, each chunk's in rank order, so equal values keep id
-    order; the padding is -inf with the highest ids, never above a real entry. A candidate for
-    `ops.top_k` at few rows, to be chosen by `bench/top_k.py`."""
+    order; the padding is -inf with the highest ids, never above a real entry."""
     r, n = x.shape
     c = -(-n // chunk)
     if c * chunk != n:

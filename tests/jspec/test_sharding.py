@@ -174,7 +174,7 @@ def test_vocab_reductions_stay_on_each_device(tp, vocab):
 
     rng = np.random.default_rng(tp)
     x = rng.integers(0, 6, (3, 64)).astype(np.float32)  # many ties
-    wide = rng.integers(0, 6, (ops.TOP_K_PASS_MIN_ROWS + 1, 160)).astype(np.float32)  # top 20: in passes
+    wide = rng.integers(0, 6, (ops.TOP_K_CHUNKED_MAX_ROWS + 1, 160)).astype(np.float32)  # top 20: in passes
     wide_vocab = 160 - (64 - vocab)
     wide[rng.random(wide.shape) < 0.5] = -np.inf
     keys = jax.vmap(sampler.row_key)(np.array([1, 2, 3], np.int32), np.array([0, 5, 9], np.int32))
