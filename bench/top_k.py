@@ -1,7 +1,8 @@
 """Top-k over a vocabulary on the device: `lax.top_k` (XLA on GPU sorts every row when k > 16)
-against `ops.top_k_in_passes` (passes of XLA's selection kernel) and `ops.top_k_chunked` (the
-same over chunks of 1024, then over the candidates), per row count, to choose what `ops.top_k`
-runs at each row count (bench/README.md, "top-k in passes").
+against `ops.top_k_in_passes` (passes of XLA's selection kernel), `ops.top_k_chunked` (the same
+over chunks of 1024, then over the candidates) and the Pallas kernel `pallas_kernels.top_k` at
+each block size and warp count asked, per row count, to choose what `ops.top_k` runs (bench/README.md,
+"top-k in passes"). Every implementation's ids are checked equal to `lax.top_k`'s first.
 
     PYTHONPATH=. python3 bench/top_k.py --rows 1,2,4,8,16,32,64,128 --k 20 --out OUT.jsonl
 """
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 
 from jspec.bench.record import environment
 from jspec.models import ops
+from pallas_kernels.top_k import top_k as pallas_top_k
 
 
 def time_us(fn, x, reps: int) -> float:
@@ -38,15 +40,26 @@ def main(argv=None) -> None:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--k", type=int, default=20)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--blocks", default="1024,2048,4096,8192", help="the Pallas kernel's block sizes")
+    ap.add_argument("--warps", default="4,8", help="the Pallas kernel's warp counts")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    cpu = jax.default_backend() == "cpu"  # the kernel in interpret mode there (a smoke test, not a timing)
     impls = {"lax_top_k": lambda x: jax.lax.top_k(x, args.k),
              "passes": lambda x: ops.top_k_in_passes(x, args.k),
              "chunked": lambda x: ops.top_k_chunked(x, args.k),
              "ops_top_k": lambda x: ops.top_k(x, args.k)}
+    for b in (int(v) for v in args.blocks.split(",")):
+        for w in (int(v) for v in args.warps.split(",")):
+            impls[f"pallas_b{b}_w{w}"] = lambda x, b=b, w=w: pallas_top_k(x, args.k, block=b, num_warps=w, interpret=cpu)
     records = []
     for r in (int(v) for v in args.rows.split(",")):
         x = jax.nn.log_softmax(jax.random.normal(jax.random.PRNGKey(r), (r, args.vocab), jnp.float32) * 3)
+        want = jax.lax.top_k(x, args.k)
+        for name, f in impls.items():
+            got = jax.jit(f)(x)
+            if not (bool((got[1] == want[1]).all()) and bool((got[0] == want[0]).all())):
+                raise SystemExit(f"{name}: top-k differs from lax.top_k at {r} rows")
         rec = {"rows": r, "vocab": args.vocab, "k": args.k,
                **{f"{name}_us": time_us(jax.jit(f), x, args.reps) for name, f in impls.items()}}
         print(json.dumps(rec))
