@@ -1,8 +1,7 @@
-"""Top-k over a vocabulary on the device: `lax.top_k` (XLA on GPU sorts every row when k > 16)
-against `ops.top_k_in_passes` (passes of XLA's selection kernel), `ops.top_k_chunked` (the same
-over chunks of 1024, then over the candidates) and the Pallas kernel `pallas_kernels.top_k` at
-each block size and warp count asked, per row count, to choose what `ops.top_k` runs (bench/README.md,
-"top-k in passes"). Every implementation's ids are checked equal to `lax.top_k`'s first.
+"""Top-k over a vocabulary on the device: `lax.top_k` (XLA on GPU gives each row one thread block,
+and sorts every row when k > 16) against the Pallas kernel `pallas_kernels.top_k` at each block
+size and warp count asked, and `ops.top_k` (what the engine runs), per row count (bench/README.md,
+"top-k"). Every implementation's values and ids are checked equal to `lax.top_k`'s first.
 
     PYTHONPATH=. python3 bench/top_k.py --rows 1,2,4,8,16,32,64,128 --k 20 --out OUT.jsonl
 """
@@ -46,8 +45,6 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     cpu = jax.default_backend() == "cpu"  # the kernel in interpret mode there (a smoke test, not a timing)
     impls = {"lax_top_k": lambda x: jax.lax.top_k(x, args.k),
-             "passes": lambda x: ops.top_k_in_passes(x, args.k),
-             "chunked": lambda x: ops.top_k_chunked(x, args.k),
              "ops_top_k": lambda x: ops.top_k(x, args.k)}
     for b in (int(v) for v in args.blocks.split(",")):
         for w in (int(v) for v in args.warps.split(",")):

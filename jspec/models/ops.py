@@ -28,6 +28,7 @@ from jspec.sharding import TP
 from pallas_kernels.gdn import reference as gdn_ref
 from pallas_kernels.moe import reference as moe_ref
 from pallas_kernels.paged_attention import reference as attn_ref
+from pallas_kernels.top_k import reference as topk_ref
 
 BACKENDS = ("reference", "pallas", "interpret")
 _backend: str | None = None
@@ -279,55 +280,11 @@ def vocab_argmax(x, *, tp: int = 1):
     return _per_device(local, tp, (_TOK2,), _R)(_vocab_split(x, tp))
 
 
-# XLA on GPU selects up to 16 values per row of at least 1024 with one selection kernel (one thread
-# block a row); a wider top-k it lowers to a full sort of every row. Few long rows go in chunks (many
-# short rows keep the GPU busy), more rows in passes (`bench/top_k.py`; bench/README.md).
-TOP_K_PASS = 16
-TOP_K_CHUNK = 1024
-TOP_K_CHUNKED_MAX_ROWS = 16
-
-
 def top_k(x, k: int):
-    """`lax.top_k(x, k)` over the last axis of x `[R, N]`; with k > `TOP_K_PASS`: `top_k_chunked`
-    up to `TOP_K_CHUNKED_MAX_ROWS` rows of two chunks or more, `top_k_in_passes` from more rows."""
-    r, n = x.shape
-    if k <= TOP_K_PASS:
-        return jax.lax.top_k(x, k)
-    if r > TOP_K_CHUNKED_MAX_ROWS or k > TOP_K_CHUNK:
-        return top_k_in_passes(x, k)
-    return top_k_chunked(x, k) if n >= 2 * TOP_K_CHUNK else jax.lax.top_k(x, k)
-
-
-def top_k_in_passes(x, k: int):
-    """`lax.top_k(x, k)` of x `[R, N]` in passes of at most `TOP_K_PASS` values, each setting what
-    it took to -inf for the next. Same values, ids and tie order (lower id first): entries that
-    are -inf take part as the lowest finite value, so they still rank above the taken ones; a
-    finite entry equal to that value ties with them by id."""
-    key = jnp.where(x == -jnp.inf, jnp.finfo(x.dtype).min, x)
-    rows = jnp.arange(x.shape[0])[:, None]
-    ids = []
-    for start in range(0, k, TOP_K_PASS):
-        _, i = jax.lax.top_k(key, min(TOP_K_PASS, k - start))
-        ids.append(i)
-        key = key.at[rows, i].set(-jnp.inf)
-    ids = jnp.concatenate(ids, axis=-1)
-    return jnp.take_along_axis(x, ids, axis=-1), ids
-
-
-def top_k_chunked(x, k: int, chunk: int = TOP_K_CHUNK):
-    """`lax.top_k(x, k)` of x `[R, N]` in two stages: the top k of every `chunk` entries (R x
-    N / chunk rows for the selection kernel, which gives a row one thread block: a long row alone
-    keeps the GPU nearly idle), then the top k of those candidates. Same values, ids and tie order:
-    a row's candidates lie chunk by chunk, each chunk's in rank order, so equal values keep id
-    order; the padding is -inf with the highest ids, never above a real entry."""
-    r, n = x.shape
-    c = -(-n // chunk)
-    if c * chunk != n:
-        x = jnp.pad(x, ((0, 0), (0, c * chunk - n)), constant_values=-jnp.inf)
-    vals, ids = top_k_in_passes(x.reshape(r * c, chunk), k)
-    ids = ids.reshape(r, c, k) + (jnp.arange(c, dtype=ids.dtype) * chunk)[None, :, None]
-    best, pos = top_k_in_passes(vals.reshape(r, c * k), k)
-    return best, jnp.take_along_axis(ids.reshape(r, c * k), pos, axis=-1)
+    """`lax.top_k(x, k)` over the last axis of x `[R, N]`; on GPU the Pallas kernel: XLA's gives each
+    row one thread block and sorts whole rows when k > 16 (bench/README.md, "top-k")."""
+    fn, kw = _pick("top_k", "top_k", topk_ref.top_k)
+    return fn(x, k=k, **kw)
 
 
 def vocab_top_k(x, k: int, *, tp: int = 1):

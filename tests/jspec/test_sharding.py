@@ -159,11 +159,12 @@ def test_split_forward_with_pallas_kernels_matches_unsplit(tiny_checkpoint, fami
     np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4)
 
 
-@pytest.mark.parametrize("tp,vocab", [(2, 64), (4, 64), (4, 62)])
-def test_vocab_reductions_stay_on_each_device(tp, vocab):
+@pytest.mark.parametrize("tp,vocab,backend", [(2, 64, "reference"), (4, 64, "reference"), (4, 62, "reference"),
+                                              (2, 64, "interpret")])
+def test_vocab_reductions_stay_on_each_device(tp, vocab, backend):
     """The sampler's reductions over a vocabulary-split row equal the unsplit ones, ties included
-    (the lowest id wins): top-k (top logprobs; 20 of them over enough rows in passes, -inf entries
-    among them), argmax (greedy) and the Gumbel-max draw of
+    (the lowest id wins): top-k (top logprobs; 20 of them over 17 rows, -inf entries among them,
+    also through the Pallas kernel in interpret mode), argmax (greedy) and the Gumbel-max draw of
     `categorical` with the same keys; the compiled program moves only per-device candidates, as
     all-reduces, never an all-gather (NCCL's were the slow collective of a TP decode step); also
     where the padded columns of a vocabulary that does not divide by tp were dropped (62 of 64)."""
@@ -174,13 +175,13 @@ def test_vocab_reductions_stay_on_each_device(tp, vocab):
 
     rng = np.random.default_rng(tp)
     x = rng.integers(0, 6, (3, 64)).astype(np.float32)  # many ties
-    wide = rng.integers(0, 6, (ops.TOP_K_CHUNKED_MAX_ROWS + 1, 160)).astype(np.float32)  # top 20: in passes
+    wide = rng.integers(0, 6, (17, 160)).astype(np.float32)
     wide_vocab = 160 - (64 - vocab)
     wide[rng.random(wide.shape) < 0.5] = -np.inf
     keys = jax.vmap(sampler.row_key)(np.array([1, 2, 3], np.int32), np.array([0, 5, 9], np.int32))
     mesh = make_mesh(tp)
     xs, wides = (jax.device_put(a, NamedSharding(mesh, P(None, TP))) for a in (x, wide))
-    with ops.tensor_parallel(mesh):
+    with ops.tensor_parallel(mesh), ops.use_backend(backend):
         fn = jax.jit(lambda v, k, w: (ops.vocab_top_k(v[:, :vocab], 5, tp=tp), ops.vocab_argmax(v[:, :vocab], tp=tp),
                                       sampler.categorical(k, v[:, :vocab] / 3.0, tp=tp),
                                       ops.vocab_top_k(w[:, :wide_vocab], 20, tp=tp)))

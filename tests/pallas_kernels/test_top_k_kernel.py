@@ -1,0 +1,58 @@
+"""The Pallas top-k kernel (pallas_kernels/top_k) in interpret mode against lax.top_k: values, ids
+and tie order, with ties, -inf and NaN entries, signed zeros, rows shorter than a block, blocks
+that hold fewer than k entries and one to three rounds."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.top_k import top_k
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(k, block):
+    return jax.jit(lambda x: top_k(x, k, block=block, interpret=True))
+
+
+def check(x, k, block):
+    got_vals, got_ids = kernel(k, block)(jnp.asarray(x))
+    want_vals, want_ids = jax.lax.top_k(jnp.asarray(x), k)
+    np.testing.assert_array_equal(np.asarray(got_ids), np.asarray(want_ids))
+    np.testing.assert_array_equal(np.asarray(got_vals), np.asarray(want_vals))  # NaN == NaN here
+
+
+@pytest.mark.parametrize("rows,n,k,block", [
+    (3, 5000, 20, 1024),  # 5 blocks of 32 candidates: two rounds
+    (2, 9000, 20, 256),  # 36 blocks: three rounds
+    (4, 2049, 33, 512),  # the last block holds one entry: fewer than k
+    (1, 40, 20, 4096),  # a row shorter than a block
+    (5, 3000, 1, 256),
+    (2, 300, 300, 64),  # k = N
+])
+def test_top_k_equals_lax_with_ties_and_minus_inf(rows, n, k, block):
+    rng = np.random.default_rng(n + k)
+    x = rng.integers(-4, 4, size=(rows, n)).astype(np.float32)  # few distinct values: many ties
+    x[rng.random((rows, n)) < 0.3] = -np.inf
+    x[0] = -np.inf  # fewer finite entries than k: the rest is -inf, ranked by id
+    x[0, rng.integers(0, n, 3)] = 1.0
+    check(x, k, block)
+
+
+def test_top_k_orders_nan_and_signed_zeros_as_lax():
+    x = np.array([[1.0, np.nan, 3.0, np.inf, -np.inf, np.nan, -0.0, 0.0, -np.nan, -np.inf, -0.0, 0.0]], np.float32)
+    check(np.tile(x, (2, 40)), 30, 64)
+
+
+def test_top_k_of_bfloat16_rows():
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 3000), jnp.bfloat16)  # bf16: many equal values
+    check(x, 20, 512)
+
+
+def test_top_k_rejects_k_outside_the_row():
+    with pytest.raises(ValueError, match=r"k=9 must be in \[1, 8\]"):
+        top_k(jnp.zeros((2, 8)), 9, interpret=True)
