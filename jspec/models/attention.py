@@ -67,9 +67,17 @@ class Attention(nnx.Module):
 
     def __call__(self, x, cos_sin, kv, batch: ForwardBatch):
         """x `[T, E]` (or `[T, in_features]`); kv = (k_pages, v_pages). Returns (out `[T, E]`, new kv)."""
-        q, k, v, gate = self.project(x, cos_sin)
         tp = self.tp_size
-        k_pages, v_pages = ops.write_kv(kv[0], kv[1], k, v, batch.slot_mapping, tp=tp)
+        if self.output_gate:  # q and its gate interleave per head: the unfused steps
+            q, k, v, gate = self.project(x, cos_sin)
+            k_pages, v_pages = ops.write_kv(kv[0], kv[1], k, v, batch.slot_mapping, tp=tp)
+        else:  # norm, rotary and KV write in one kernel (ops.norm_rope_write)
+            norms = (None, None) if self.q_norm is None else (self.q_norm.weight[...], self.k_norm.weight[...])
+            eps, zero_centred = (0.0, False) if self.q_norm is None else (self.q_norm.eps, self.q_norm.zero_centred)
+            q, k_pages, v_pages = ops.norm_rope_write(self.qkv_proj(x), *cos_sin, *norms, kv[0], kv[1],
+                                                      batch.slot_mapping, num_heads=self.num_heads, eps=eps,
+                                                      zero_centred=zero_centred, tp=tp)
+            gate = None
         scale = self.head_dim ** -0.5
         if batch.mode is ForwardMode.DECODE:
             o = ops.paged_decode(q, k_pages, v_pages, batch.page_table, batch.seq_lens, sm_scale=scale, tp=tp)

@@ -140,6 +140,28 @@ def write_kv(k_pages, v_pages, k_new, v_new, slot_mapping, *, tp: int = 1):
     return run(k_pages, v_pages, k_new, v_new, slot_mapping)
 
 
+def norm_rope_write(qkv, cos, sin, q_norm, k_norm, k_pages, v_pages, slot_mapping, *, num_heads: int, eps: float,
+                    zero_centred: bool, tp: int = 1):
+    """Attention's inputs from the fused projection `[T, (H + 2G) * D]` (shard-major over tp): q
+    `[T, H, D]` RMS-normed per head (q_norm / k_norm None: no norm) and rotated, k and v written
+    into the pages. One kernel where the shapes allow (full rotary), else the reference's steps."""
+    fn, kw = _pick("paged_attention", "norm_rope_write", attn_ref.norm_rope_write)
+    fits = _kernel("paged_attention", "norm_rope_supported")
+    if backend() != "reference" and (fits is None or not fits(k_pages.shape[-1], cos.shape[-1])):
+        fn, kw = attn_ref.norm_rope_write, {}
+    weights = () if q_norm is None else (q_norm, k_norm)
+
+    def local(qkv, cos, sin, *rest):
+        *w, k_pages, v_pages, slots = rest
+        q_w, k_w = w if w else (None, None)
+        return fn(qkv, cos, sin, q_w, k_w, k_pages, v_pages, slots, num_heads=num_heads // tp, eps=eps,
+                  zero_centred=zero_centred, **kw)
+
+    in_specs = (_TOK2, _R, _R) + (_R,) * len(weights) + (_PAGES, _PAGES, _R)
+    run = _per_device(local, tp, in_specs, (_TOK3, _PAGES, _PAGES))
+    return run(qkv, cos, sin, *weights, k_pages, v_pages, slot_mapping)
+
+
 def paged_attention(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, *, sm_scale, mask_mode="causal",
                     custom_mask=None, tp: int = 1):
     fn, kw = _pick("paged_attention", "paged_attention", attn_ref.paged_attention)

@@ -20,6 +20,7 @@ NaN included: every read here is masked before it can reach the output.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 MASK_MODES = ("causal", "tree", "full")
@@ -136,3 +137,43 @@ def paged_decode(q, k_pages, v_pages, page_table, seq_lens, *, sm_scale: float):
 
 
 __all__ = ["write_kv", "paged_attention", "paged_decode", "token_request_index", "MASK_MODES"]
+
+
+def rms_norm(x, weight, *, eps: float, zero_centred: bool):
+    """RMSNorm over the last axis in float32, as jspec's `RMSNorm` rounds it: Llama / Qwen3 round the
+    normalised input to x's dtype and then scale; zero-centred weights (Qwen3-Next) scale by 1 + w
+    and round once."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    if zero_centred:
+        return (xf * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
+    return weight * xf.astype(x.dtype)
+
+
+def rope(x, cos, sin):
+    """Rotate-half rotary embedding of x `[T, heads, D]` over its first rotary_dim channels."""
+    rd = cos.shape[-1]
+    x_rot, x_pass = x[..., :rd], x[..., rd:]
+    half = rd // 2
+    xf = x_rot.astype(jnp.float32)
+    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    out = (xf * cos[:, None, :] + rotated * sin[:, None, :]).astype(x.dtype)
+    return out if x_pass.shape[-1] == 0 else jnp.concatenate([out, x_pass], axis=-1)
+
+
+def norm_rope_write(qkv, cos, sin, q_norm, k_norm, k_pages, v_pages, slot_mapping, *, num_heads: int, eps: float,
+                    zero_centred: bool):
+    """qkv `[T, (H + 2G) * D]` (q heads, k heads, v heads) -> q `[T, H, D]`, k and v written into
+    pages `[P, L, G, D]` at their slots (negative: skipped). q and k are RMS-normed per head by
+    q_norm / k_norm `[D]` (both None: no norm), then rotated by cos / sin `[T, rotary_dim]`.
+    Returns (q, k_pages, v_pages)."""
+    g, d = k_pages.shape[2], k_pages.shape[3]
+    t = qkv.shape[0]
+    q = qkv[:, :num_heads * d].reshape(t, num_heads, d)
+    k = qkv[:, num_heads * d:(num_heads + g) * d].reshape(t, g, d)
+    v = qkv[:, (num_heads + g) * d:].reshape(t, g, d)
+    if q_norm is not None:
+        q = rms_norm(q, q_norm, eps=eps, zero_centred=zero_centred)
+        k = rms_norm(k, k_norm, eps=eps, zero_centred=zero_centred)
+    k_pages, v_pages = write_kv(k_pages, v_pages, rope(k, cos, sin), v, slot_mapping)
+    return rope(q, cos, sin), k_pages, v_pages
