@@ -3,8 +3,9 @@
 The fused qkv projection's output `[T, (H + 2G) * D]` (q heads, then k heads, then v heads, one
 device's share) goes in; q `[T, H, D]` normed and rotated comes out, and k (normed, rotated) and v
 are written into their page slots in place (pages aliased to the outputs, as in `write_kv.py`).
-In XLA these are about nine small kernels per layer (norm reductions and products, the rotary
-slices and concatenations, the scatter), each a launch and a gap in the decode step; here one.
+In XLA these are several small kernels per layer (norm reductions and products, the rotary
+slices and concatenations, the scatter), each a launch and a gap in the decode step; here one
+(what it saved: NOTES.md).
 
 One program per (token, head): q head j for j < H, else KV head j - H, whose k and v it writes (a
 padding token's, slot < 0, are skipped). A head's D channels are loaded as the two rotary halves,
