@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.models import ops
+from pallas_kernels.paged_attention import reference as attn_ref
 
 
 def _param(shape, dtype, fill=0.0):
@@ -56,13 +57,7 @@ class RMSNorm(nnx.Module):
         self.zero_centred = zero_centred
 
     def __call__(self, x):
-        dtype = x.dtype
-        xf = x.astype(jnp.float32)
-        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-        w = self.weight[...]
-        if self.zero_centred:
-            return (xf * (1.0 + w.astype(jnp.float32))).astype(dtype)
-        return w * xf.astype(dtype)
+        return attn_ref.rms_norm(x, self.weight[...], eps=self.eps, zero_centred=self.zero_centred)
 
 
 class GatedRMSNorm(nnx.Module):

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.config import RopeConfig
+from pallas_kernels.paged_attention import reference as attn_ref
 
 
 def rope_cos_sin(rope: RopeConfig, positions):
@@ -17,14 +18,6 @@ def rope_cos_sin(rope: RopeConfig, positions):
 
 
 def apply_rope(x, cos, sin):
-    """x `[T, heads, D]`: rotate the leading rotary_dim channels, pass the rest through."""
-    rd = cos.shape[-1]
-    x_rot, x_pass = x[..., :rd], x[..., rd:]
-    half = rd // 2
-    xf = x_rot.astype(jnp.float32)
-    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
-    out = xf * cos[:, None, :] + rotated * sin[:, None, :]
-    out = out.astype(x.dtype)
-    if x_pass.shape[-1] == 0:
-        return out
-    return jnp.concatenate([out, x_pass], axis=-1)
+    """x `[T, heads, D]`: rotate the leading rotary_dim channels, pass the rest through (the same
+    rounding as the fused attention-input kernel's reference, which owns the formula)."""
+    return attn_ref.rope(x, cos, sin)
