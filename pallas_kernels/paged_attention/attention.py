@@ -9,6 +9,7 @@ back in token order.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from pallas_kernels.paged_attention import query_blocks
@@ -130,12 +131,14 @@ def paged_decode_tuned(
         page_size=page_size, pages_per_seq=page_table.shape[1], block_kv=block_kv, splits=splits,
         num_warps=num_warps, num_stages=num_stages,
     )
-    # One query block per request: no planning, and rows come back without a gather.
-    blk_req = jnp.arange(batch, dtype=jnp.int32)
-    cu = jnp.arange(batch + 1, dtype=jnp.int32)
+    # One query block per request: no planning, and rows come back without a gather. The block
+    # tables are numpy, so they enter the step as constants, not as iotas that XLA may compute in
+    # a kernel of their own at every layer.
+    blk_req = np.arange(batch, dtype=np.int32)
+    cu = np.arange(batch + 1, dtype=np.int32)
     acc, m, l = attention_blocks(
-        q, k_pages, v_pages, page_table, seq_lens, cu, blk_req, jnp.zeros_like(blk_req),
-        jnp.zeros((1, 1, 1), jnp.int32), mode="causal", cfg=cfg, sm_scale=sm_scale, interpret=interpret,
+        q, k_pages, v_pages, page_table, seq_lens, cu, blk_req, np.zeros_like(blk_req),
+        np.zeros((1, 1, 1), np.int32), mode="causal", cfg=cfg, sm_scale=sm_scale, interpret=interpret,
     )
     rows = _finish(acc, m, l, q.dtype)  # [B, G, M, D]
     return rows[:, :, :group].reshape(batch, num_heads, head_dim)
