@@ -21,6 +21,7 @@ from jspec.config import FULL_ATTENTION, ModelConfig
 from jspec.models.attention import Attention
 from jspec.cache.pool import Caches
 from jspec.models.batch import ForwardBatch, ForwardMode
+from jspec.models import ops
 from jspec.models.gdn import GatedDeltaNet
 from jspec.models.layers import Embedding, Linear, RMSNorm
 from jspec.models.mlp import MLP, SparseMoE
@@ -83,6 +84,11 @@ class CausalLM(nnx.Module):
         vocab = padded_vocab(cfg.vocab_size, tp_size)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, vocab, bias=False, dtype=dtype)
 
+    def _add_norm(self, x, delta, norm: RMSNorm):
+        """(x + delta, norm(x + delta)) in one kernel where there is one."""
+        return ops.add_rms_norm(x, delta, norm.weight[...], eps=norm.eps, zero_centred=norm.zero_centred,
+                                tp=self.tp_size)
+
     def compute_logits(self, hidden):
         """`[..., E]` -> float32 logits `[..., V]` (the columns of a padded vocabulary dropped)."""
         if self.lm_head is None:
@@ -118,10 +124,11 @@ class CausalLM(nnx.Module):
         captured = {}
         scratch = [] if batch.mode is ForwardMode.VERIFY else None
         attn_i = gdn_i = 0
+        delta = None  # the last MLP's output, added to x together with the next norm (ops.add_rms_norm)
         for i, layer in enumerate(self.model.layers):
+            x, h = self._add_norm(x, delta, layer.input_layernorm)
             if i in capture_layers:
                 captured[i] = x
-            h = layer.input_layernorm(x)
             if layer.is_attention:
                 h, kv[attn_i] = layer.self_attn(h, cos_sin, kv[attn_i], batch)
                 attn_i += 1
@@ -132,8 +139,9 @@ class CausalLM(nnx.Module):
                 else:
                     conv[gdn_i], ssm[gdn_i] = c, st
                 gdn_i += 1
-            x = x + h
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x, h = self._add_norm(x, h, layer.post_attention_layernorm)
+            delta = layer.mlp(h)
+        x = x + delta
         if cfg.num_hidden_layers in capture_layers:
             captured[cfg.num_hidden_layers] = x
 

@@ -28,6 +28,7 @@ from jspec.sharding import TP
 from pallas_kernels.gdn import reference as gdn_ref
 from pallas_kernels.moe import reference as moe_ref
 from pallas_kernels.paged_attention import reference as attn_ref
+from pallas_kernels.rms_norm import reference as norm_ref
 from pallas_kernels.top_k import reference as topk_ref
 
 BACKENDS = ("reference", "pallas", "interpret")
@@ -129,6 +130,20 @@ def _shared(fn):
 @functools.lru_cache(maxsize=None)
 def _jit(fn, static: tuple[str, ...]):
     return jax.jit(fn, static_argnames=static)
+
+
+# ----------------------------------------------------------------------------- norms
+
+
+def add_rms_norm(x, delta, weight, *, eps: float, zero_centred: bool, tp: int = 1):
+    """(x + delta, its RMSNorm by weight) for rows `[T, E]` of the residual stream, which is whole
+    on every device of a split target; delta None: (x, its RMSNorm)."""
+    fn, kw = _pick("rms_norm", "add_rms_norm", norm_ref.add_rms_norm)
+    if delta is None:
+        run = _per_device(lambda x, w: fn(x, None, w, eps=eps, zero_centred=zero_centred, **kw), tp, (_R, _R), (_R, _R))
+        return run(x, weight)
+    run = _per_device(lambda *a: fn(*a, eps=eps, zero_centred=zero_centred, **kw), tp, (_R, _R, _R), (_R, _R))
+    return run(x, delta, weight)
 
 
 # ----------------------------------------------------------------------------- paged attention
