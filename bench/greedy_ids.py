@@ -2,10 +2,14 @@
 run it under two XLA settings and compare the lines, to check that a setting changes no token.
 
     PYTHONPATH=. python3 bench/greedy_ids.py > a.json; XLA_FLAGS=... PYTHONPATH=. python3 bench/greedy_ids.py > b.json; cmp a.json b.json
+
+`--dtype float32` runs both engines in float32, where plain and EAGLE3 greedy ids must be equal (in
+bfloat16 a near-tie may round differently in the decode and verify kernels).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from jspec import Engine
@@ -16,10 +20,13 @@ EAGLE3 = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculati
               speculative_num_draft_tokens=4, speculative_draft_model_path=tiny_dir("qwen3-eagle3"))
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="bfloat16")
+    args = ap.parse_args(argv)
     out = {}
     for name, spec in {"plain": {}, "eagle3": EAGLE3}.items():
-        with Engine(tiny_dir("qwen3"), dtype="bfloat16", cuda_graph_bs=[1, 4], max_running_requests=4,
+        with Engine(tiny_dir("qwen3"), dtype=args.dtype, cuda_graph_bs=[1, 4], max_running_requests=4,
                     show_progress=False, compilation_cache_dir="none", speculative_adaptive=False,
                     chunked_prefill_size=64, context_length=256, **spec) as eng:
             res = eng.generate(input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 48})
