@@ -96,7 +96,8 @@ def top_k(x, k: int, *, block: int = 1024, interpret: bool = False, num_warps: i
     rows, width = x.shape
     if not 0 < k <= width:
         raise ValueError(f"top_k: k={k} must be in [1, {width}] (the row length of x {x.shape})")
-    block = max(_pow2(min(block, width)), _pow2(k))
+    # At least two candidate slots per kept one, so every round shrinks the rows (no endless loop).
+    block = max(_pow2(min(block, width)), 2 * _pow2(k))
     keys, ids = _round(x, None, k, block, interpret=interpret, num_warps=num_warps)
     while keys.shape[1] > _pow2(k):  # more than one block's candidates left: another round
         keys, ids = _round(keys, ids, k, min(block, _pow2(keys.shape[1])), interpret=interpret,

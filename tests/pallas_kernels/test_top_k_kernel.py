@@ -33,6 +33,7 @@ def check(x, k, block):
     (1, 40, 20, 4096),  # a row shorter than a block
     (5, 3000, 1, 256),
     (2, 300, 300, 64),  # k = N
+    (2, 1500, 20, 32),  # a block no wider than k's slots: widened, so the rounds shrink
 ])
 def test_top_k_equals_lax_with_ties_and_minus_inf(rows, n, k, block):
     rng = np.random.default_rng(n + k)
