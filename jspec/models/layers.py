@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.models import ops
-from pallas_kernels.paged_attention import reference as attn_ref
+from pallas_kernels.rms_norm import reference as norm_ref
 
 
 def _param(shape, dtype, fill=0.0):
@@ -57,7 +57,7 @@ class RMSNorm(nnx.Module):
         self.zero_centred = zero_centred
 
     def __call__(self, x):
-        return attn_ref.rms_norm(x, self.weight[...], eps=self.eps, zero_centred=self.zero_centred)
+        return norm_ref.rms_norm(x, self.weight[...], eps=self.eps, zero_centred=self.zero_centred)
 
 
 class GatedRMSNorm(nnx.Module):

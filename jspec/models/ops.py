@@ -139,11 +139,13 @@ def add_rms_norm(x, delta, weight, *, eps: float, zero_centred: bool, tp: int = 
     """(x + delta, its RMSNorm by weight) for rows `[T, E]` of the residual stream, which is whole
     on every device of a split target; delta None: (x, its RMSNorm)."""
     fn, kw = _pick("rms_norm", "add_rms_norm", norm_ref.add_rms_norm)
-    if delta is None:
-        run = _per_device(lambda x, w: fn(x, None, w, eps=eps, zero_centred=zero_centred, **kw), tp, (_R, _R), (_R, _R))
-        return run(x, weight)
-    run = _per_device(lambda *a: fn(*a, eps=eps, zero_centred=zero_centred, **kw), tp, (_R, _R, _R), (_R, _R))
-    return run(x, delta, weight)
+    args = (x, weight) if delta is None else (x, delta, weight)
+
+    def local(x, *rest):
+        *d, w = rest
+        return fn(x, d[0] if d else None, w, eps=eps, zero_centred=zero_centred, **kw)
+
+    return _per_device(local, tp, (_R,) * len(args), (_R, _R))(*args)
 
 
 # ----------------------------------------------------------------------------- paged attention

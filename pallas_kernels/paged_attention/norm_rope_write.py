@@ -26,6 +26,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
+from pallas_kernels.rms_norm.kernel import scale
+
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 
 
@@ -40,11 +42,8 @@ def _norm(x1, x2, w_ref, *, eps, zero_centred, dtype, head_dim):
     w1 = w_ref[pl.ds(0, half)].astype(jnp.float32)
     w2 = w_ref[pl.ds(half, half)].astype(jnp.float32)
     r = jax.lax.rsqrt((jnp.sum(x1 * x1) + jnp.sum(x2 * x2)) / head_dim + eps)
-    if zero_centred:
-        y1, y2 = (x1 * r * (1.0 + w1)).astype(dtype), (x2 * r * (1.0 + w2)).astype(dtype)
-    else:
-        y1 = (w1 * (x1 * r).astype(dtype).astype(jnp.float32)).astype(dtype)
-        y2 = (w2 * (x2 * r).astype(dtype).astype(jnp.float32)).astype(dtype)
+    y1 = scale(x1 * r, w1, dtype=dtype, zero_centred=zero_centred)
+    y2 = scale(x2 * r, w2, dtype=dtype, zero_centred=zero_centred)
     return y1.astype(jnp.float32), y2.astype(jnp.float32)
 
 

@@ -20,8 +20,9 @@ NaN included: every read here is masked before it can reach the output.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
+
+from pallas_kernels.rms_norm.reference import rms_norm
 
 MASK_MODES = ("causal", "tree", "full")
 
@@ -136,18 +137,8 @@ def paged_decode(q, k_pages, v_pages, page_table, seq_lens, *, sm_scale: float):
     return paged_attention(q, k_pages, v_pages, page_table, seq_lens, cu, sm_scale=sm_scale)
 
 
-__all__ = ["write_kv", "paged_attention", "paged_decode", "token_request_index", "MASK_MODES"]
-
-
-def rms_norm(x, weight, *, eps: float, zero_centred: bool):
-    """RMSNorm over the last axis in float32, as jspec's `RMSNorm` rounds it: Llama / Qwen3 round the
-    normalised input to x's dtype and then scale; zero-centred weights (Qwen3-Next) scale by 1 + w
-    and round once."""
-    xf = x.astype(jnp.float32)
-    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-    if zero_centred:
-        return (xf * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
-    return weight * xf.astype(x.dtype)
+__all__ = ["write_kv", "paged_attention", "paged_decode", "token_request_index", "rope", "norm_rope_write",
+           "MASK_MODES"]
 
 
 def rope(x, cos, sin):

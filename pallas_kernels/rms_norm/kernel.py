@@ -33,6 +33,14 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def scale(normed, w, *, dtype, zero_centred: bool):
+    """The weight step of an RMSNorm inside a kernel, as `reference.rms_norm` rounds it: float32
+    normed values and weights in, dtype out (rounded before the weight, or once after 1 + w)."""
+    if zero_centred:
+        return (normed * (1.0 + w)).astype(dtype)
+    return (w * normed.astype(dtype).astype(jnp.float32)).astype(dtype)
+
+
 def _kernel(x_ref, *refs, width, block, eps, zero_centred, has_delta):
     delta_ref, w_ref, res_ref, out_ref = refs if has_delta else (None, *refs)
     t = pl.program_id(0)
@@ -47,11 +55,7 @@ def _kernel(x_ref, *refs, width, block, eps, zero_centred, has_delta):
     sf = s.astype(jnp.float32)
     r = jax.lax.rsqrt(jnp.sum(sf * sf) / width + eps)
     w = plt.load(w_ref.at[cols], mask=live, other=0.0).astype(jnp.float32)
-    if zero_centred:
-        y = (sf * r * (1.0 + w)).astype(dtype)
-    else:
-        y = (w * (sf * r).astype(dtype).astype(jnp.float32)).astype(dtype)
-    plt.store(out_ref.at[t, cols], y, mask=live)
+    plt.store(out_ref.at[t, cols], scale(sf * r, w, dtype=dtype, zero_centred=zero_centred), mask=live)
 
 
 def add_rms_norm(x, delta, weight, *, eps: float, zero_centred: bool, interpret: bool = False, num_warps: int = 4):
