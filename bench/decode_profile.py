@@ -27,7 +27,7 @@ from jspec.bench.step import (bytes_per_step, copy_bandwidth, decode_plan, fill_
                               time_step)
 from jspec.cache.pool import PoolLayout  # noqa: E402
 from jspec.config import parse_hf_config  # noqa: E402
-from jspec.models import ops  # noqa: E402
+from jspec.models import dispatch  # noqa: E402
 from jspec.models.loader import random_model  # noqa: E402
 from jspec.models.presets import preset_config  # noqa: E402
 from jspec.runtime.model_runner import ModelRunner  # noqa: E402
@@ -75,7 +75,7 @@ def run_case(preset, batch, backend, context, copy_bps, models):
         models.clear()
         models[preset] = random_model(cfg, dtype="bfloat16", seed=0, scale=0.02)
     model = models[preset]
-    ops.set_backend(backend)
+    dispatch.set_backend(backend)
     page_size = 16
     pages_per_seq = -(-context // page_size)
     layout = PoolLayout(page_size=page_size, num_pages=batch * pages_per_seq + 1, num_slots=batch + 1,

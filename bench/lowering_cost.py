@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jspec.api import Engine
 from jspec.bench.record import environment
 from jspec.config import parse_hf_config
-from jspec.models import ops
+from jspec.models import dispatch
 from jspec.models.loader import random_model
 from jspec.models.presets import preset_config
 
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     kw = {"chunked_prefill_size": 64, "context_length": 256, "max_total_tokens": 2048, **json.loads(args.engine_json)}
     eng = Engine(model, dtype="bfloat16", show_progress=False, compilation_cache_dir="none", **kw)
     runner, rows = eng.runner, []
-    with ops.use_backend("pallas"):
+    with dispatch.use_backend("pallas"):
         for b in runner.buckets:
             if b.grammar_split:
                 continue

@@ -24,7 +24,7 @@ import numpy as np
 
 from jspec.bench.record import environment
 from jspec.config import parse_hf_config
-from jspec.models import ops
+from jspec.models import dispatch, ops
 from jspec.models.loader import random_model
 from jspec.models.presets import preset_config
 from jspec.sharding import make_mesh, to_tp_layout
@@ -33,14 +33,14 @@ from jspec.sharding import make_mesh, to_tp_layout
 @contextlib.contextmanager
 def mapped(mesh):
     """Every kernel call maps over `mesh`, whatever the layer's tp (one device: tp 1 layers too)."""
-    original = ops._per_device
-    ops._per_device = lambda fn, tp, in_specs, out_specs: jax.shard_map(
+    original = dispatch.per_device
+    dispatch.per_device = lambda fn, tp, in_specs, out_specs: jax.shard_map(
         fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
     try:
-        with ops.tensor_parallel(mesh):
+        with dispatch.tensor_parallel(mesh):
             yield
     finally:
-        ops._per_device = original
+        dispatch.per_device = original
 
 
 def forward_under_shard_map(model, ids, mesh) -> np.ndarray:
@@ -68,11 +68,11 @@ def moe_split_forms(mesh) -> dict:
     weights = jnp.asarray(rng.random((t, k)), jnp.bfloat16)
     gate_up = rng.standard_normal((x_experts, e, 2 * inter)).astype(np.float32) * 0.05
     down = jnp.asarray(rng.standard_normal((x_experts, inter, e)) * 0.05, jnp.bfloat16)
-    with ops.use_backend("reference"):
+    with dispatch.use_backend("reference"):
         ref = np.asarray(ops.moe_gather(x, experts, weights, jnp.asarray(gate_up, jnp.bfloat16), down), np.float32)
     gu_split = jnp.asarray(gate_up if one else to_tp_layout("model.layers.0.mlp.experts.gate_up_proj", gate_up,
                                                               None, tp), jnp.bfloat16)
-    ctx = mapped(mesh) if one else ops.tensor_parallel(mesh)
+    ctx = mapped(mesh) if one else dispatch.tensor_parallel(mesh)
     tp_arg = 2 if one else tp
     with ctx:
         ep = jax.jit(lambda *a: ops.moe_gather(*a, tp=tp_arg, expert_parallel=True))(
@@ -92,11 +92,11 @@ def main() -> None:
     cfg = parse_hf_config({**preset_config("qwen3-next-12l"), "num_hidden_layers": 4, "num_experts": 64})
     model = random_model(cfg, dtype="bfloat16", seed=1)
     ids = list(np.random.default_rng(3).integers(0, cfg.vocab_size, 200))
-    with ops.use_backend("reference"):
+    with dispatch.use_backend("reference"):
         ref = model.score(ids)
     got = forward_under_shard_map(model, ids, make_mesh(1))
     plain = model.score(ids)
-    rec = {**environment(), "backend": ops.backend(),
+    rec = {**environment(), "backend": dispatch.backend(),
            "forward": {"max_abs_err_vs_reference": float(np.abs(got - ref).max()),
                        "unmapped_max_abs_err_vs_reference": float(np.abs(plain - ref).max()),
                        "argmax_agreement": float((got.argmax(-1) == ref.argmax(-1)).mean()),

@@ -84,7 +84,10 @@ class Attention(nnx.Module):
         elif batch.mode is ForwardMode.VERIFY and batch.tree_mask is not None:
             o = ops.paged_attention(q, k_pages, v_pages, batch.page_table, batch.seq_lens, batch.cu_q_lens,
                                     sm_scale=scale, mask_mode="tree", custom_mask=batch.tree_mask, tp=tp)
-        else:  # extend, and chain verify (a chain is the causal case)
+        elif batch.mode is ForwardMode.EXTEND:  # prompt chunks
+            o = ops.extend_attention(q, k_pages, v_pages, batch.page_table, batch.seq_lens, batch.cu_q_lens,
+                                     batch.slot_mapping, sm_scale=scale, tp=tp)
+        else:  # chain verify (a chain is the causal case)
             o = ops.paged_attention(
                 q, k_pages, v_pages, batch.page_table, batch.seq_lens, batch.cu_q_lens, sm_scale=scale, tp=tp
             )

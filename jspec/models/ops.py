@@ -1,135 +1,23 @@
-"""The one dispatch layer between models and kernels.
+"""The operations models call, each with its kernel, its jnp reference and its tensor-parallel map.
 
-Models call these functions only. Each picks an implementation by backend:
-- "reference": the pure-jnp oracles in `pallas_kernels/<op>/reference.py` (CPU, tests);
-- "pallas": the Pallas kernels (GPU);
-- "interpret": the Pallas kernels in interpret mode (CPU tests of the kernel path).
-The default is "pallas" on GPU and "reference" elsewhere; `JSPEC_KERNELS` or `set_backend` override
-it. An operation with no Pallas kernel yet falls back to its reference, so every backend is complete.
-
-Tensor parallelism: a layer of a target split over `tp` devices passes `tp=`; the kernel then runs
-under `jax.shard_map` over the mesh set by `tensor_parallel` (the runner sets it while it traces),
-seeing its device's heads (channels, expert slices) only. The rest of a step is partitioned by XLA
-from the parameters' shardings; a custom kernel is opaque to XLA, hence the explicit map.
+Models call these functions only. Each picks its implementation through `dispatch` (the backend:
+reference, pallas or interpret) and, in a layer split over `tp` devices, runs it per device under
+`jax.shard_map` with the specs below.
 """
 
 from __future__ import annotations
-
-import contextlib
-import functools
-import importlib
-import os
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from jspec.models.dispatch import PAGES, SSM, TOK2, TOK3, R, backend, kernel, per_device, pick
 from jspec.sharding import TP
 from pallas_kernels.gdn import reference as gdn_ref
 from pallas_kernels.moe import reference as moe_ref
 from pallas_kernels.paged_attention import reference as attn_ref
 from pallas_kernels.rms_norm import reference as norm_ref
 from pallas_kernels.top_k import reference as topk_ref
-
-BACKENDS = ("reference", "pallas", "interpret")
-_backend: str | None = None
-_mesh = None  # the tensor-parallel mesh of the steps being traced (`tensor_parallel`)
-
-
-def default_backend() -> str:
-    env = os.environ.get("JSPEC_KERNELS")
-    if env:
-        if env not in BACKENDS:
-            raise ValueError(f"JSPEC_KERNELS={env!r}: must be one of {BACKENDS}")
-        return env
-    return "pallas" if jax.default_backend() == "gpu" else "reference"
-
-
-def backend() -> str:
-    return _backend or default_backend()
-
-
-def set_backend(name: str | None) -> None:
-    """Select the kernel backend for functions traced from now on (None: the default)."""
-    global _backend
-    if name is not None and name not in BACKENDS:
-        raise ValueError(f"kernel backend must be one of {BACKENDS}, got {name!r}")
-    _backend = name
-
-
-@contextlib.contextmanager
-def use_backend(name: str):
-    prev = _backend
-    set_backend(name)
-    try:
-        yield
-    finally:
-        set_backend(prev)
-
-
-@contextlib.contextmanager
-def tensor_parallel(mesh):
-    """Trace under `mesh` (None: no mesh): layers with tp > 1 map their kernels over its `tp` axis."""
-    global _mesh
-    prev, _mesh = _mesh, mesh
-    try:
-        yield
-    finally:
-        _mesh = prev
-
-
-def _per_device(fn, tp: int, in_specs, out_specs):
-    """fn itself at tp == 1; else fn mapped over the mesh's tp axis with the given specs."""
-    if tp == 1:
-        return fn
-    if _mesh is None or _mesh.shape.get(TP) != tp:
-        raise RuntimeError(f"a layer split {tp} ways is traced without a {tp}-device mesh "
-                           "(wrap the trace in jspec.models.ops.tensor_parallel(mesh))")
-    return jax.shard_map(fn, mesh=_mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
-
-
-# Specs by where the split axis sits: heads / channels of tokens `[T, H, ...]`, KV pages
-# `[P, L, G, D]`, state pools `[S, H, ...]`, conv scratch `[B, N, C, K-1]`.
-_R = P()
-_TOK2, _TOK3 = P(None, TP), P(None, TP, None)
-_PAGES = P(None, None, TP, None)
-_SSM = P(None, TP, None, None)
-
-
-def _kernel(module: str, name: str):
-    """The Pallas implementation `pallas_kernels.<module>.<name>`, or None if not there yet."""
-    try:
-        mod = importlib.import_module(f"pallas_kernels.{module}")
-    except ImportError:
-        return None
-    return getattr(mod, name, None)
-
-
-def _pick(module: str, name: str, ref):
-    b = backend()
-    if b == "reference":
-        return ref, {}
-    fn = _kernel(module, name)
-    if fn is None:
-        return ref, {}
-    return _shared(fn), ({"interpret": True} if b == "interpret" else {})
-
-
-def _shared(fn):
-    """A kernel entry point under one `jax.jit` per kernel, with every non-array keyword static:
-    the layers of a step call each kernel with the same shapes and settings, so the kernel is
-    traced and lowered once per step instead of once per layer (a Pallas kernel's lowering is
-    most of a layer's trace-and-lower time). XLA inlines the call: the compiled step is the same."""
-    def call(*args, **kw):
-        static = tuple(sorted(k for k, v in kw.items() if not isinstance(v, jax.Array)))
-        return _jit(fn, static)(*args, **kw)
-
-    return call
-
-
-@functools.lru_cache(maxsize=None)
-def _jit(fn, static: tuple[str, ...]):
-    return jax.jit(fn, static_argnames=static)
 
 
 # ----------------------------------------------------------------------------- norms
@@ -138,22 +26,22 @@ def _jit(fn, static: tuple[str, ...]):
 def add_rms_norm(x, delta, weight, *, eps: float, zero_centred: bool, tp: int = 1):
     """(x + delta, its RMSNorm by weight) for rows `[T, E]` of the residual stream, which is whole
     on every device of a split target; delta None: (x, its RMSNorm)."""
-    fn, kw = _pick("rms_norm", "add_rms_norm", norm_ref.add_rms_norm)
+    fn, kw = pick("rms_norm", "add_rms_norm", norm_ref.add_rms_norm)
     args = (x, weight) if delta is None else (x, delta, weight)
 
     def local(x, *rest):
         *d, w = rest
         return fn(x, d[0] if d else None, w, eps=eps, zero_centred=zero_centred, **kw)
 
-    return _per_device(local, tp, (_R,) * len(args), (_R, _R))(*args)
+    return per_device(local, tp, (R,) * len(args), (R, R))(*args)
 
 
 # ----------------------------------------------------------------------------- paged attention
 
 
 def write_kv(k_pages, v_pages, k_new, v_new, slot_mapping, *, tp: int = 1):
-    fn, kw = _pick("paged_attention", "write_kv", attn_ref.write_kv)
-    run = _per_device(lambda *a: fn(*a, **kw), tp, (_PAGES, _PAGES, _TOK3, _TOK3, _R), (_PAGES, _PAGES))
+    fn, kw = pick("paged_attention", "write_kv", attn_ref.write_kv)
+    run = per_device(lambda *a: fn(*a, **kw), tp, (PAGES, PAGES, TOK3, TOK3, R), (PAGES, PAGES))
     return run(k_pages, v_pages, k_new, v_new, slot_mapping)
 
 
@@ -162,8 +50,8 @@ def norm_rope_write(qkv, cos, sin, q_norm, k_norm, k_pages, v_pages, slot_mappin
     """Attention's inputs from the fused projection `[T, (H + 2G) * D]` (shard-major over tp): q
     `[T, H, D]` RMS-normed per head (q_norm / k_norm None: no norm) and rotated, k and v written
     into the pages. One kernel where the shapes allow (full rotary), else the reference's steps."""
-    fn, kw = _pick("paged_attention", "norm_rope_write", attn_ref.norm_rope_write)
-    fits = _kernel("paged_attention", "norm_rope_supported")
+    fn, kw = pick("paged_attention", "norm_rope_write", attn_ref.norm_rope_write)
+    fits = kernel("paged_attention", "norm_rope_supported")
     if backend() != "reference" and (fits is None or not fits(k_pages.shape[-1], cos.shape[-1])):
         fn, kw = attn_ref.norm_rope_write, {}
     weights = () if q_norm is None else (q_norm, k_norm)
@@ -174,27 +62,53 @@ def norm_rope_write(qkv, cos, sin, q_norm, k_norm, k_pages, v_pages, slot_mappin
         return fn(qkv, cos, sin, q_w, k_w, k_pages, v_pages, slots, num_heads=num_heads // tp, eps=eps,
                   zero_centred=zero_centred, **kw)
 
-    in_specs = (_TOK2, _R, _R) + (_R,) * len(weights) + (_PAGES, _PAGES, _R)
-    run = _per_device(local, tp, in_specs, (_TOK3, _PAGES, _PAGES))
+    in_specs = (TOK2, R, R) + (R,) * len(weights) + (PAGES, PAGES, R)
+    run = per_device(local, tp, in_specs, (TOK3, PAGES, PAGES))
     return run(qkv, cos, sin, *weights, k_pages, v_pages, slot_mapping)
 
 
 def paged_attention(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, *, sm_scale, mask_mode="causal",
                     custom_mask=None, tp: int = 1):
-    fn, kw = _pick("paged_attention", "paged_attention", attn_ref.paged_attention)
+    fn, kw = pick("paged_attention", "paged_attention", attn_ref.paged_attention)
 
     def attend(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, *mask):
         return fn(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, sm_scale=sm_scale, mask_mode=mask_mode,
                   custom_mask=mask[0] if mask else None, **kw)
 
     mask = () if custom_mask is None else (custom_mask,)
-    run = _per_device(attend, tp, (_TOK3, _PAGES, _PAGES, _R, _R, _R) + (_R,) * len(mask), _TOK3)
+    run = per_device(attend, tp, (TOK3, PAGES, PAGES, R, R, R) + (R,) * len(mask), TOK3)
     return run(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, *mask)
 
 
+# Prompt-chunk buckets from this many tokens take cuDNN for a lone request's own tokens
+# (`extend_attention`); below it the kernel alone was as fast (NOTES.md of paged_attention).
+PREFILL_CUDNN_MIN_TOKENS = 2048
+
+
+def extend_attention(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, slot_mapping, *, sm_scale, tp: int = 1):
+    """Causal attention of a prompt chunk whose K/V were just written at `slot_mapping`. On a GPU
+    where cuDNN's part runs and in buckets of `PREFILL_CUDNN_MIN_TOKENS` or more, a chunk of one
+    request goes through cuDNN for its own tokens and the kernel for its cached prefix
+    (`paged_attention/prefill.py`, which sends a chunk of several requests to the kernel alone); in
+    interpret mode the same path runs with the jnp stand-in for cuDNN; otherwise `paged_attention`."""
+    b = backend()
+    own = None
+    if b == "interpret":
+        own = "reference"
+    elif b == "pallas" and q.shape[0] >= PREFILL_CUDNN_MIN_TOKENS:
+        fits = kernel("paged_attention", "cudnn_available")
+        own = "cudnn" if fits is not None and fits(q.dtype) else None
+    fn, kw = pick("paged_attention", "prefill_attention", None)
+    if own is None or fn is None:
+        return paged_attention(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, sm_scale=sm_scale, tp=tp)
+    run = per_device(lambda *a: fn(*a, sm_scale=sm_scale, own=own, **kw), tp,
+                      (TOK3, PAGES, PAGES, R, R, R, R), TOK3)
+    return run(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, slot_mapping)
+
+
 def paged_decode(q, k_pages, v_pages, page_table, seq_lens, *, sm_scale, tp: int = 1):
-    fn, kw = _pick("paged_attention", "paged_decode", attn_ref.paged_decode)
-    run = _per_device(lambda *a: fn(*a, sm_scale=sm_scale, **kw), tp, (_TOK3, _PAGES, _PAGES, _R, _R), _TOK3)
+    fn, kw = pick("paged_attention", "paged_decode", attn_ref.paged_decode)
+    run = per_device(lambda *a: fn(*a, sm_scale=sm_scale, **kw), tp, (TOK3, PAGES, PAGES, R, R), TOK3)
     return run(q, k_pages, v_pages, page_table, seq_lens)
 
 
@@ -203,33 +117,33 @@ def paged_decode(q, k_pages, v_pages, page_table, seq_lens, *, sm_scale, tp: int
 
 # Channels of the conv `[T, C]` / weight `[C, K]` / pool `[S, C, K-1]`, heads of q, k, v `[T, H, d]`,
 # gates `[T, Hv]` and states `[S, Hv, dk, dv]`.
-_CONV_IN = (_TOK2, P(TP, None), _TOK3)
-_QKVGB = (_TOK3, _TOK3, _TOK3, _TOK2, _TOK2)
+_CONV_IN = (TOK2, P(TP, None), TOK3)
+_QKVGB = (TOK3, TOK3, TOK3, TOK2, TOK2)
 
 
 def causal_conv1d(x, weight, conv_pool, cu_seqlens, slots, has_initial, *, tp: int = 1):
-    fn, kw = _pick("gdn", "causal_conv1d", gdn_ref.causal_conv1d)
-    run = _per_device(lambda *a: fn(*a, **kw), tp, _CONV_IN + (_R, _R, _R), (_TOK2, _TOK3))
+    fn, kw = pick("gdn", "causal_conv1d", gdn_ref.causal_conv1d)
+    run = per_device(lambda *a: fn(*a, **kw), tp, _CONV_IN + (R, R, R), (TOK2, TOK3))
     return run(x, weight, conv_pool, cu_seqlens, slots, has_initial)
 
 
 def gated_delta_rule(q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initial, *, decode: bool, tp: int = 1):
     """decode=True promises one token per request (T == B): the recurrent kernel; else chunked."""
     name = "gated_delta_rule_decode" if decode else "gated_delta_rule"
-    fn, kw = _pick("gdn", name, gdn_ref.gated_delta_rule)
-    run = _per_device(lambda *a: fn(*a, **kw), tp, _QKVGB + (_SSM, _R, _R, _R), (_TOK3, _SSM))
+    fn, kw = pick("gdn", name, gdn_ref.gated_delta_rule)
+    run = per_device(lambda *a: fn(*a, **kw), tp, _QKVGB + (SSM, R, R, R), (TOK3, SSM))
     return run(q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initial)
 
 
 def causal_conv1d_verify(x, weight, conv_pool, slots, parents, *, tp: int = 1):
-    fn, kw = _pick("gdn", "causal_conv1d_verify", gdn_ref.causal_conv1d_verify)
-    run = _per_device(lambda *a: fn(*a, **kw), tp, _CONV_IN + (_R, _R), (_TOK2, P(None, None, TP, None)))
+    fn, kw = pick("gdn", "causal_conv1d_verify", gdn_ref.causal_conv1d_verify)
+    run = per_device(lambda *a: fn(*a, **kw), tp, _CONV_IN + (R, R), (TOK2, P(None, None, TP, None)))
     return run(x, weight, conv_pool, slots, parents)
 
 
 def gated_delta_rule_verify(q, k, v, g, beta, state_pool, slots, parents, *, tp: int = 1):
-    fn, kw = _pick("gdn", "gated_delta_rule_verify", gdn_ref.gated_delta_rule_verify)
-    run = _per_device(lambda *a: fn(*a, **kw), tp, _QKVGB + (_SSM, _R, _R), _TOK3)
+    fn, kw = pick("gdn", "gated_delta_rule_verify", gdn_ref.gated_delta_rule_verify)
+    run = per_device(lambda *a: fn(*a, **kw), tp, _QKVGB + (SSM, R, R), TOK3)
     return run(q, k, v, g, beta, state_pool, slots, parents)
 
 
@@ -237,9 +151,9 @@ def gdn_commit(state_pool, conv_pool, conv_scratch, replay, slots, path, accepte
                tp: int = 1):
     """replay: the verified tokens' (k, v, g, beta); path `[B, N]`: `gdn_ref.accepted_path`;
     track_node / track_dst `[B]`: a path node whose state also goes to a snapshot row (-1: none)."""
-    fn, kw = _pick("gdn", "commit", gdn_ref.commit)
-    in_specs = (_SSM, _TOK3, P(None, None, TP, None), _TOK3, _TOK3, _TOK2, _TOK2, _R, _R, _R, _R, _R)
-    run = _per_device(lambda *a: fn(*a, **kw), tp, in_specs, (_SSM, _TOK3))
+    fn, kw = pick("gdn", "commit", gdn_ref.commit)
+    in_specs = (SSM, TOK3, P(None, None, TP, None), TOK3, TOK3, TOK2, TOK2, R, R, R, R, R)
+    run = per_device(lambda *a: fn(*a, **kw), tp, in_specs, (SSM, TOK3))
     return run(state_pool, conv_pool, conv_scratch, *replay, slots, path, accepted, track_node, track_dst)
 
 
@@ -254,7 +168,7 @@ def moe_gather(x, experts, weights, gate_up, down, *, tp: int = 1, expert_parall
     [gate | up] of that slice, the shard-major layout) and the partial outputs are summed. With
     expert_parallel each device holds X / tp whole experts and runs the pairs routed to them (the
     others weigh 0 on an expert it holds), and the partial outputs are summed the same way."""
-    fn, kw = _pick("moe", "moe_gather", moe_ref.moe_gather)
+    fn, kw = pick("moe", "moe_gather", moe_ref.moe_gather)
     if tp == 1:
         return fn(x, experts, weights, gate_up, down, **kw)
 
@@ -265,8 +179,8 @@ def moe_gather(x, experts, weights, gate_up, down, *, tp: int = 1, expert_parall
             experts, weights = jnp.where(mine, local, 0), jnp.where(mine, weights, jnp.zeros_like(weights))
         return jax.lax.psum(fn(x, experts, weights, gate_up, down, **kw), TP)
 
-    w_specs = (P(TP, None, None),) * 2 if expert_parallel else (P(None, None, TP), _TOK3)
-    run = _per_device(partial, tp, (_R, _R, _R) + w_specs, _R)
+    w_specs = (P(TP, None, None),) * 2 if expert_parallel else (P(None, None, TP), TOK3)
+    run = per_device(partial, tp, (R, R, R) + w_specs, R)
     return run(x, experts, weights, gate_up, down)
 
 
@@ -316,13 +230,13 @@ def vocab_argmax(x, *, tp: int = 1):
         top = jax.lax.pmax(m, TP)
         return jax.lax.pmin(jnp.where(m == top, i, jnp.iinfo(jnp.int32).max), TP)
 
-    return _per_device(local, tp, (_TOK2,), _R)(_vocab_split(x, tp))
+    return per_device(local, tp, (TOK2,), R)(_vocab_split(x, tp))
 
 
 def top_k(x, k: int):
     """`lax.top_k(x, k)` over the last axis of x `[R, N]`; on GPU the Pallas kernel: XLA's gives each
     row one thread block and sorts whole rows when k > 16 (bench/README.md, "top-k")."""
-    fn, kw = _pick("top_k", "top_k", topk_ref.top_k)
+    fn, kw = pick("top_k", "top_k", topk_ref.top_k)
     return fn(x, k=k, **kw)
 
 
@@ -339,7 +253,7 @@ def vocab_top_k(x, k: int, *, tp: int = 1):
         vals, ids = top_k(x, k)
         return _all_rows(vals), _all_rows(ids + jax.lax.axis_index(TP) * x.shape[-1])
 
-    vals, ids = _per_device(local, tp, (_TOK2,), (_R, _R))(_vocab_split(x, tp))  # [B, tp * k], device-major
+    vals, ids = per_device(local, tp, (TOK2,), (R, R))(_vocab_split(x, tp))  # [B, tp * k], device-major
     best, pos = jax.lax.top_k(vals, k)
     return best, jnp.take_along_axis(ids, pos, axis=-1)
 
@@ -358,7 +272,7 @@ def vocab_take(x, ids, *, tp: int = 1):
         return jax.lax.psum(jnp.where(mine, got, jnp.zeros((), x.dtype)), TP)
 
     x2 = _vocab_split(x.reshape(-1, x.shape[-1]), tp, 0)
-    out = _per_device(local, tp, (_TOK2, _R), _R)(x2, ids.reshape(x2.shape[0], -1))
+    out = per_device(local, tp, (TOK2, R), R)(x2, ids.reshape(x2.shape[0], -1))
     return out.reshape(x.shape[:-1] + ids.shape[-1:])
 
 
@@ -376,7 +290,7 @@ def vocab_put(x, ids, vals, *, tp: int = 1):
         lid, mine = _local_ids(ids, x.shape[-1])
         return x.at[rows, jnp.where(mine, lid, x.shape[-1])].set(vals, mode="drop")  # not here: dropped
 
-    out = _per_device(local, tp, (_TOK2, _R, _R), _TOK2)(_vocab_split(x2, tp, 0), ids2, vals2)
+    out = per_device(local, tp, (TOK2, R, R), TOK2)(_vocab_split(x2, tp, 0), ids2, vals2)
     return out[:, :v].reshape(x.shape)
 
 
@@ -393,4 +307,4 @@ def vocab_embed(table, ids, *, tp: int = 1):
         rows = jnp.take(table, lid, axis=0)
         return jax.lax.psum(jnp.where(mine[..., None], rows, jnp.zeros((), rows.dtype)), TP)
 
-    return _per_device(local, tp, (P(TP, None), _R), _R)(table, ids)
+    return per_device(local, tp, (P(TP, None), R), R)(table, ids)

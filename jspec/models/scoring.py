@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding
 
 from jspec.errors import InvalidRequestError
 from jspec.cache.pool import Caches, allocate_caches, pool_specs
-from jspec.models import ops
+from jspec.models import dispatch
 from jspec.models.batch import ForwardBatch, ForwardMode
 
 SCORE_PAGE_SIZE = 16
@@ -42,7 +42,7 @@ def jitted_forward(graphdef):
 
 
 def forward(model, caches: Caches, batch: ForwardBatch, logits_indices=None, capture_layers=()):
-    with ops.tensor_parallel(model.mesh):  # a split model's kernels map over its mesh when traced
+    with dispatch.tensor_parallel(model.mesh):  # a split model's kernels map over its mesh when traced
         return jitted_forward(model.graphdef)(model.params, caches, batch, logits_indices, tuple(capture_layers))
 
 

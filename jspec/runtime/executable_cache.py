@@ -46,7 +46,7 @@ import jax.monitoring
 import jaxlib
 from jax.experimental import serialize_executable
 
-from jspec.models import ops
+from jspec.models import dispatch
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def environment() -> str:
     settings = {k: getattr(jax.config, k, None) for k in
                 ("jax_enable_x64", "jax_default_matmul_precision", "jax_default_prng_impl")}
     return repr((jax.__version__, jaxlib.__version__, devices, os.environ.get("XLA_FLAGS", ""),
-                 ops.backend(), sorted(settings.items())))
+                 dispatch.backend(), sorted(settings.items())))
 
 
 def abstract_signature(tree) -> str:

@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
 from jspec.cache.pool import PoolLayout, allocate_caches, pool_specs
-from jspec.models import ops
+from jspec.models import dispatch
 from jspec.models.batch import ForwardMode
 from jspec.runtime import compile_options, grammar, sampler, split_step
 from jspec.runtime.bucket_set import sampler_twins, step_buckets
@@ -87,7 +87,7 @@ class ModelRunner:
         self.workspace_seconds = 0.0  # the memory plan's compiles (`workspace_bytes`)
         self.compile_times: dict[str, float] = {}  # bucket label -> seconds its compile took
         self.executables = executables
-        self._lower_lock = threading.Lock()  # tracing sets the module-wide mesh (ops.tensor_parallel)
+        self._lower_lock = threading.Lock()  # tracing sets the module-wide mesh (dispatch.tensor_parallel)
         self.state: DeviceState | None = None
         self._progress = progress
         if compile:
@@ -195,7 +195,7 @@ class ModelRunner:
         mask = [jax.ShapeDtypeStruct(self._mask_shape(bucket), jnp.int32, sharding=self._replicated)
                 ] if bucket.grammar_nodes and not bucket.grammar_split else []
         out_shardings = (self.state_shardings(state), self._replicated)
-        with self._lower_lock, ops.tensor_parallel(self.mesh):
+        with self._lower_lock, dispatch.tensor_parallel(self.mesh):
             if bucket.grammar_split:  # two parts (split_step.py)
                 return split_step.lower(self.step_fn(bucket), self.step_fn(split_step.without_grammar(bucket)),
                                         bucket, self.params, state, packed, out_shardings=out_shardings,

@@ -14,7 +14,7 @@ from jax import lax
 
 from pallas_kernels.paged_attention import query_blocks
 from pallas_kernels.paged_attention.combine import combine_splits
-from pallas_kernels.paged_attention.kernel import attention_blocks, choose, next_pow2
+from pallas_kernels.paged_attention.kernel import attention_blocks, choose, extend_block_q, widest_block_q
 from pallas_kernels.paged_attention.reference import MASK_MODES
 
 
@@ -63,15 +63,12 @@ def paged_attention_tuned(
     batch, pages_per_seq = page_table.shape
     group = num_heads // num_kv_heads
 
-    # Rows per program = block_q x H/G; past ~128 (64 for D=256) the accumulator no longer fits
-    # in registers, so longer queries (prefill chunks, wide trees) take several blocks.
-    widest = max(1, (128 if head_dim <= 128 else 64) // group)
     if mask_mode == "tree":
         tree_words = pack_tree_mask(custom_mask)
-        block_q = block_q or min(custom_mask.shape[-1], widest)
+        block_q = block_q or min(custom_mask.shape[-1], widest_block_q(head_dim, group))
     else:
         tree_words = jnp.zeros((1, 1, 1), jnp.int32)
-        block_q = block_q or min(next_pow2(-(-num_tokens // batch)), next_pow2(widest))
+        block_q = block_q or extend_block_q(num_tokens, batch, head_dim, group)
     nb = query_blocks.max_blocks(num_tokens, batch, block_q)
     cfg = choose(
         num_blocks=nb, block_q=block_q, group=group, num_kv_heads=num_kv_heads, head_dim=head_dim,

@@ -82,6 +82,17 @@ def num_sms() -> int:
     return int(getattr(dev, "core_count", 132) or 132)
 
 
+def widest_block_q(head_dim: int, group: int) -> int:
+    """New tokens per program such that rows = block_q x H/G stay near 128 (64 for D=256): past
+    that the accumulator no longer fits in registers, so longer queries take several blocks."""
+    return max(1, (128 if head_dim <= 128 else 64) // group)
+
+
+def extend_block_q(num_tokens: int, batch: int, head_dim: int, group: int) -> int:
+    """block_q of a ragged extend of T tokens over B requests: a power of two, at most the widest."""
+    return min(next_pow2(-(-num_tokens // batch)), next_pow2(widest_block_q(head_dim, group)))
+
+
 def choose(
     *,
     num_blocks: int,
@@ -146,15 +157,17 @@ def _kernel(
     q_ref,  # [T, H, D]
     k_ref,  # [P * L, G, D] (pages flattened into slots)
     v_ref,  # [P * L, G, D]
-    o_ref,  # [M, D] block of [NB, G, S, M, D]
-    *stat_refs,  # ([M] max, [M] sum) blocks when splits > 1
+    *refs,  # (o0 [T, H, D], lse0 [T, H]) when has_init; o [M, D] block of [NB, G, S, M, D]; stats
     mode: int,
     cfg: Config,
     group: int,
     page_size: int,
     scale_log2: float,
     exact_f32: bool,
+    has_init: bool,
 ):
+    # stat_refs: ([M] max, [M] sum) blocks when splits > 1
+    (o0_ref, lse0_ref, o_ref, *stat_refs) = refs if has_init else (None, None) + tuple(refs)
     i, g, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     batch, pages_per_seq = page_table_ref.shape
     num_slots = k_ref.shape[0]
@@ -244,11 +257,20 @@ def _kernel(
         v = jnp.where(in_seq[:, None], v, jnp.zeros_like(v))
         return softmax_step(carry, logits, v)
 
-    carry = (
-        jnp.zeros((rows, q.shape[-1]), jnp.float32),
-        jnp.full((rows,), -jnp.inf, jnp.float32),
-        jnp.zeros((rows,), jnp.float32),
-    )
+    if has_init:  # another kernel's softmax over other keys: its normalised rows, at m = lse, l = 1
+        lse0 = lse0_ref[tok, head] * LOG2E  # [M], natural log -> the log2 domain used here
+        seen = lse0 > -jnp.inf  # False for rows that saw nothing there (-inf or NaN)
+        carry = (
+            jnp.where(seen[:, None], o0_ref[tok, head, :].astype(jnp.float32), 0.0),
+            jnp.where(seen, lse0, -jnp.inf),
+            jnp.where(seen, 1.0, 0.0),
+        )
+    else:
+        carry = (
+            jnp.zeros((rows, q.shape[-1]), jnp.float32),
+            jnp.full((rows,), -jnp.inf, jnp.float32),
+            jnp.zeros((rows,), jnp.float32),
+        )
     carry = lax.fori_loop(0, n_free, free_body, carry)
     acc, m, l = lax.fori_loop(n_free, n_steps, masked_body, carry)
 
@@ -276,9 +298,14 @@ def attention_blocks(
     cfg: Config,
     sm_scale: float,
     interpret: bool,
+    init=None,
 ):
     """Run the kernel over query blocks. Returns `o [NB, G, S, M, D]` and, when S > 1, the
-    row max and sum `[NB, G, S, M]` (log2 domain); with S == 1, `o` is final and in q's dtype."""
+    row max and sum `[NB, G, S, M]` (log2 domain); with S == 1, `o` is final and in q's dtype.
+
+    init: `(o0 [T, H, D], lse0 [T, H] float32)`, each token's attention over keys this call does
+    not see and its natural-log log-sum-exp (-inf: none): the online softmax starts from them, so
+    the result covers both key sets (one split only)."""
     num_tokens, num_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_pages.shape
     group = num_heads // num_kv_heads
@@ -303,7 +330,10 @@ def attention_blocks(
         page_size=page_size,
         scale_log2=float(sm_scale) * LOG2E,
         exact_f32=jnp.dtype(q.dtype) == jnp.float32,
+        has_init=init is not None,
     )
+    if init is not None and cfg.splits > 1:
+        raise ValueError(f"attention_blocks: init needs one KV split, got {cfg.splits}")
     params = {}
     if not interpret and _TritonParams is not None:
         params["compiler_params"] = _TritonParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -326,5 +356,6 @@ def attention_blocks(
         q,
         k_pages.reshape(flat),
         v_pages.reshape(flat),
+        *(() if init is None else (init[0], init[1].astype(jnp.float32))),
     )
     return outs if split else (outs[0], None, None)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 
 
-def _request_of(ends, idx):
+def request_of(ends, idx):
     """Index of the first inclusive end above `idx`: which request (or block range) owns idx.
 
     "scan_unrolled" keeps the binary search free of an XLA while loop, whose trip test would
@@ -35,7 +35,7 @@ def plan(cu_q_lens, num_blocks: int, block_q: int):
     blocks_per_req = (q_lens + block_q - 1) // block_q
     ends = jnp.cumsum(blocks_per_req).astype(jnp.int32)  # inclusive
     i = jnp.arange(num_blocks, dtype=jnp.int32)
-    req = _request_of(ends, i)  # B past the last block
+    req = request_of(ends, i)  # B past the last block
     first = (ends - blocks_per_req)[jnp.minimum(req, batch - 1)]
     q_start = (i - first) * block_q
     return req, jnp.where(req < batch, q_start, 0).astype(jnp.int32)
@@ -50,7 +50,7 @@ def gather_rows(out_blocks, cu_q_lens, num_tokens: int, block_q: int, group: int
     nb, num_kv_heads, _, head_dim = out_blocks.shape
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
     blocks_before = (jnp.cumsum((q_lens + block_q - 1) // block_q) - (q_lens + block_q - 1) // block_q)
-    req = _request_of(cu_q_lens[1:], jnp.arange(num_tokens, dtype=jnp.int32))
+    req = request_of(cu_q_lens[1:], jnp.arange(num_tokens, dtype=jnp.int32))
     valid = req < batch
     req_c = jnp.minimum(req, batch - 1)
     j = jnp.arange(num_tokens, dtype=jnp.int32) - cu_q_lens[req_c]

@@ -19,7 +19,7 @@ from jspec import Engine
 from jspec.config import load_config, parse_hf_config
 from jspec.errors import ConfigError
 from jspec.models import load_model
-from jspec.models import ops
+from jspec.models import dispatch, ops
 from jspec.models.loader import abstract_model, flat_names, shard_model
 from jspec.models.presets import preset_config
 from jspec.sharding import (check_tp, from_tp_layout, kv_heads, padded_vocab, param_spec, split_shard_major,
@@ -155,7 +155,7 @@ def test_split_forward_with_pallas_kernels_matches_unsplit(tiny_checkpoint, fami
     ref = load_model(path, dtype="float32").score(ids)
     split = load_model(path, dtype="float32", tp_size=tp, expert_parallel=ep)
     assert split.expert_parallel == ep
-    with ops.use_backend("interpret"):
+    with dispatch.use_backend("interpret"):
         got = split.score(ids)
     np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4)
 
@@ -182,7 +182,7 @@ def test_vocab_reductions_stay_on_each_device(tp, vocab, backend):
     keys = jax.vmap(sampler.row_key)(np.array([1, 2, 3], np.int32), np.array([0, 5, 9], np.int32))
     mesh = make_mesh(tp)
     xs, wides = (jax.device_put(a, NamedSharding(mesh, P(None, TP))) for a in (x, wide))
-    with ops.tensor_parallel(mesh), ops.use_backend(backend):
+    with dispatch.tensor_parallel(mesh), dispatch.use_backend(backend):
         fn = jax.jit(lambda v, k, w: (ops.vocab_top_k(v[:, :vocab], 5, tp=tp), ops.vocab_argmax(v[:, :vocab], tp=tp),
                                       sampler.categorical(k, v[:, :vocab] / 3.0, tp=tp),
                                       ops.vocab_top_k(w[:, :wide_vocab], 20, tp=tp)))
@@ -215,7 +215,7 @@ def test_vocab_lookups_read_each_id_on_its_device(tp, vocab):
     mesh = make_mesh(tp)
     ts = jax.device_put(table, NamedSharding(mesh, P(TP, None)))
     xs = jax.device_put(x, NamedSharding(mesh, P(None, TP)))
-    with ops.tensor_parallel(mesh):
+    with dispatch.tensor_parallel(mesh):
         for ids in (np.array([vocab - 1]), np.array([0, 31, 33, vocab - 1]), np.array([[5, 40], [61 % vocab, 2]])):
             fn = jax.jit(lambda t, i: ops.vocab_embed(t, i, tp=tp))
             np.testing.assert_array_equal(np.asarray(fn(ts, ids)), table[ids])

@@ -121,11 +121,11 @@ def test_unsupported_shapes_take_the_reference():
 
 def test_ops_dispatch_and_module_path():
     # jspec's SparseMoE gather path goes through ops.moe_gather; the interpret backend runs the kernels.
-    from jspec.models import ops
+    from jspec.models import dispatch, ops
 
     args = make_case(3, 2, 2, jnp.float32)
     expected = ref.moe_gather(*args)
-    with ops.use_backend("interpret"):
+    with dispatch.use_backend("interpret"):
         assert_matches(jax.jit(ops.moe_gather)(*args), expected, jnp.float32)
-    with ops.use_backend("reference"):
+    with dispatch.use_backend("reference"):
         np.testing.assert_array_equal(np.asarray(ops.moe_gather(*args)), np.asarray(expected))

@@ -1,4 +1,4 @@
-"""A step traces each Pallas kernel once, not once per layer (`jspec.models.ops._shared`): every
+"""A step traces each Pallas kernel once, not once per layer (`jspec.models.dispatch.shared`): every
 layer calls the kernel through one jitted function with the same shapes, so the step's jaxpr
 holds one kernel jaxpr shared by all the calls, and JAX lowers that shared jaxpr once per step.
 With 36 layers that is most of a GPU engine's trace-and-lower time at start-up."""
@@ -13,14 +13,14 @@ import jax.numpy as jnp
 
 from jspec.cache.pool import PoolLayout
 from jspec.config import parse_hf_config
-from jspec.models import ops
+from jspec.models import dispatch
 from jspec.models.loader import random_model
 from jspec.models.presets import preset_config
 from jspec.runtime.model_runner import ModelRunner
 from jspec.runtime.step_inputs import ForwardMode
 
 LAYERS = 4
-KERNELS = ("add_rms_norm", "norm_rope_write", "write_kv", "paged_decode", "paged_attention")
+KERNELS = ("add_rms_norm", "norm_rope_write", "write_kv", "paged_decode", "paged_attention", "prefill_attention")
 
 
 def _eqns(jaxpr):
@@ -45,14 +45,15 @@ def test_each_kernel_is_traced_once_per_step():
     state = runner._abstract_state(layout)
     for bucket in runner.buckets:
         packed = jax.ShapeDtypeStruct((bucket.size,), jnp.int32)
-        with ops.use_backend("interpret"):
+        with dispatch.use_backend("interpret"):
             jaxpr = jax.make_jaxpr(runner.step_fn(bucket))(runner.params, state, packed)
         calls = collections.defaultdict(list)
         for eqn in _eqns(jaxpr.jaxpr):
             if eqn.primitive.name in ("pjit", "jit") and eqn.params.get("name") in KERNELS:
                 calls[eqn.params["name"]].append(eqn.params["jaxpr"])
+        # Prompt chunks take the two-part prefill attention (its jnp stand-in for cuDNN in interpret mode).
         want = {"add_rms_norm", "norm_rope_write", "paged_decode" if bucket.mode is ForwardMode.DECODE
-                else "paged_attention"}
+                else "prefill_attention"}
         assert set(calls) == want, (bucket.label, dict(calls))
         for name, jaxprs in calls.items():
             per_layer = 2 if name == "add_rms_norm" else 1  # before the mixer and before the MLP

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from jspec.models import ops, scoring
+from jspec.models import dispatch, scoring
 from jspec.models.batch import ForwardMode
 from jspec.models.loader import load_model
 from tests.support import models as tm
@@ -24,7 +24,7 @@ def run(model, backend, monkeypatch):
     fn = jax.jit(functools.partial(scoring._forward, model.graphdef), static_argnames=("capture_layers",))
 
     def forward(model, caches, batch):
-        with ops.use_backend(backend):
+        with dispatch.use_backend(backend):
             return fn(model.params, caches, batch, None, ())
 
     monkeypatch.setattr(paged, "forward", forward)

@@ -7,7 +7,7 @@ import numpy as np
 from flax import nnx
 
 from jspec.config import parse_hf_config
-from jspec.models import mlp, ops
+from jspec.models import dispatch, mlp
 from jspec.models.mlp import SparseMoE
 from jspec.models.presets import preset_config
 
@@ -53,6 +53,6 @@ def test_kernel_path_in_the_model():
     x = jnp.asarray(rng.normal(size=(24, cfg.hidden_size)), jnp.float32)
     w, e = route(moe, cfg, x)
     expected = moe._routed_grouped(x, e, w)
-    with ops.use_backend("interpret"):
+    with dispatch.use_backend("interpret"):
         out = jax.jit(lambda x, e, w: moe._routed_gather(x, e, w))(x, e, w)
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-5, atol=1e-5)

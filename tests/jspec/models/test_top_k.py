@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jspec.models import ops
+from jspec.models import dispatch, ops
 
 
 @pytest.mark.parametrize("backend", ["reference", "interpret"])
@@ -14,7 +14,7 @@ def test_vocab_top_k_equals_lax_top_k_on_each_backend(backend):
     rng = np.random.default_rng(1)
     x = rng.integers(-4, 4, size=(5, 5000)).astype(np.float32)
     x[rng.random(x.shape) < 0.3] = -np.inf
-    with ops.use_backend(backend):
+    with dispatch.use_backend(backend):
         fn = jax.jit(lambda x: (ops.top_k(x, 20), ops.vocab_top_k(x, 7)))
         text = fn.lower(jnp.asarray(x)).as_text()
         (vals, ids), (vals7, ids7) = fn(jnp.asarray(x))
