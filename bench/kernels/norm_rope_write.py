@@ -51,18 +51,18 @@ def main(argv=None) -> None:
         pages = lambda: (jnp.zeros(shape, jnp.bfloat16), jnp.zeros(shape, jnp.bfloat16))  # noqa: E731
         outs = {name: fn(qkv, cos, sin, q_w, k_w, *pages(), slots) for name, fn in impls.items()}
         row = {"tokens": t}
-        for i, part in enumerate(("q", "k_pages", "v_pages")):
+        for i, part in enumerate(("q", "k", "v", "k_pages", "v_pages")):
             a = np.asarray(outs["kernel"][i].astype(jnp.float32))
             b = np.asarray(outs["xla"][i].astype(jnp.float32))
             row[f"{part}_max_abs_diff"] = float(np.abs(a - b).max())
             row[f"{part}_frac_differing"] = float((a != b).mean())
         for name, fn in impls.items():
             k_pages, v_pages = pages()
-            q, k_pages, v_pages = fn(qkv, cos, sin, q_w, k_w, k_pages, v_pages, slots)
+            q, _, _, k_pages, v_pages = fn(qkv, cos, sin, q_w, k_w, k_pages, v_pages, slots)
             jax.block_until_ready(q)
             t0 = time.perf_counter()
             for _ in range(args.reps):
-                q, k_pages, v_pages = fn(qkv, cos, sin, q_w, k_w, k_pages, v_pages, slots)
+                q, _, _, k_pages, v_pages = fn(qkv, cos, sin, q_w, k_w, k_pages, v_pages, slots)
             jax.block_until_ready((q, k_pages))
             row[f"{name}_us"] = (time.perf_counter() - t0) / args.reps * 1e6
         print(json.dumps(row))

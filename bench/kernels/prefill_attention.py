@@ -59,8 +59,9 @@ def build(rng, heads, tokens, batch, reqs, dtype=jnp.bfloat16):
         pos = p + np.arange(n)
         slots[cu[b]:cu[b] + n] = table[b, pos // PAGE] * PAGE + pos % PAGE
     q = jnp.asarray(rng.standard_normal((tokens, h, d)), dtype)
+    own = tuple(x.reshape(-1, g, d)[jnp.maximum(jnp.asarray(slots), 0)] for x in (k, v))  # the chunk's k / v
     flops = sum(4 * h * d * n * (p + (n + 1) / 2) for n, p in reqs)
-    return (q, k, v, jnp.asarray(table), jnp.asarray(seq), jnp.asarray(cu)), jnp.asarray(slots), flops
+    return (q, k, v, jnp.asarray(table), jnp.asarray(seq), jnp.asarray(cu)), own, flops
 
 
 def timeit(fn, args, reps=10):
@@ -80,12 +81,12 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     for name, tokens, batch, reqs in CHECKS:
         heads = HEADS[name]
-        a, slots, _ = build(rng, heads, tokens, batch, reqs)
+        a, own, _ = build(rng, heads, tokens, batch, reqs)
         scale = 1 / math.sqrt(heads[2])
         want = np.asarray(jax.jit(lambda *x: ref.paged_attention(*x, sm_scale=scale))(
             *(x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x for x in a)))
         row = {"heads": name, "T": tokens, "B": batch, "reqs": reqs}
-        for impl, fn in (("two_part", lambda *x: pa.prefill_attention(*x, slots, sm_scale=scale)),
+        for impl, fn in (("two_part", lambda *x: pa.prefill_attention(x[0], *own, *x[1:], sm_scale=scale)),
                          ("kernel", lambda *x: pa.paged_attention(*x, sm_scale=scale))):
             got = np.asarray(jax.jit(fn)(*a).astype(jnp.float32))
             row[f"{impl}_max_abs_err"] = float(np.abs(got - want).max())
@@ -93,20 +94,18 @@ def main(argv=None):
         print(json.dumps(row))
     for name, tokens, batch, reqs in CASES:
         heads = HEADS[name]
-        a, slots, flops = build(rng, heads, tokens, batch, reqs)
+        a, own, flops = build(rng, heads, tokens, batch, reqs)
         scale = 1 / math.sqrt(heads[2])
         row = {"heads": name, "T": tokens, "B": batch, "reqs": reqs, "gflop": flops / 1e9}
-        impls = {"two_part": jax.jit(lambda *x: pa.prefill_attention(*x, sm_scale=scale)),
-                 "kernel": jax.jit(lambda *x: pa.paged_attention(*x[:-1], sm_scale=scale))}
+        impls = {"two_part": jax.jit(lambda *x: pa.prefill_attention(x[0], x[6], x[7], *x[1:6], sm_scale=scale)),
+                 "kernel": jax.jit(lambda *x: pa.paged_attention(*x[:6], sm_scale=scale))}
         if len(reqs) == 1 and reqs[0][1] == 0 and reqs[0][0] == tokens:  # cuDNN alone, dense causal
-            h, g, d = heads
-            kd = a[1].reshape(-1, g, d)[slots]
-            vd = a[2].reshape(-1, g, d)[slots]
+            kd, vd = own
             impls["cudnn_dense"] = jax.jit(lambda *x: jax.nn.dot_product_attention(
                 x[0][None], kd[None], vd[None], scale=scale, is_causal=True, implementation="cudnn"))
         for impl, fn in impls.items():
             try:
-                s = timeit(fn, a + (slots,))
+                s = timeit(fn, a + own)
                 row[f"{impl}_ms"], row[f"{impl}_tflops"] = s * 1e3, flops / s / 1e12
             except Exception as e:  # noqa: BLE001
                 row[f"{impl}_error"] = repr(e)[:400]

@@ -74,9 +74,9 @@ class Attention(nnx.Module):
         else:  # norm, rotary and KV write in one kernel (ops.norm_rope_write)
             norms = (None, None) if self.q_norm is None else (self.q_norm.weight[...], self.k_norm.weight[...])
             eps, zero_centred = (0.0, False) if self.q_norm is None else (self.q_norm.eps, self.q_norm.zero_centred)
-            q, k_pages, v_pages = ops.norm_rope_write(self.qkv_proj(x), *cos_sin, *norms, kv[0], kv[1],
-                                                      batch.slot_mapping, num_heads=self.num_heads, eps=eps,
-                                                      zero_centred=zero_centred, tp=tp)
+            q, k, v, k_pages, v_pages = ops.norm_rope_write(self.qkv_proj(x), *cos_sin, *norms, kv[0], kv[1],
+                                                            batch.slot_mapping, num_heads=self.num_heads, eps=eps,
+                                                            zero_centred=zero_centred, tp=tp)
             gate = None
         scale = self.head_dim ** -0.5
         if batch.mode is ForwardMode.DECODE:
@@ -85,8 +85,8 @@ class Attention(nnx.Module):
             o = ops.paged_attention(q, k_pages, v_pages, batch.page_table, batch.seq_lens, batch.cu_q_lens,
                                     sm_scale=scale, mask_mode="tree", custom_mask=batch.tree_mask, tp=tp)
         elif batch.mode is ForwardMode.EXTEND:  # prompt chunks
-            o = ops.extend_attention(q, k_pages, v_pages, batch.page_table, batch.seq_lens, batch.cu_q_lens,
-                                     batch.slot_mapping, sm_scale=scale, tp=tp)
+            o = ops.extend_attention(q, k, v, k_pages, v_pages, batch.page_table, batch.seq_lens, batch.cu_q_lens,
+                                     sm_scale=scale, tp=tp)
         else:  # chain verify (a chain is the causal case)
             o = ops.paged_attention(
                 q, k_pages, v_pages, batch.page_table, batch.seq_lens, batch.cu_q_lens, sm_scale=scale, tp=tp

@@ -48,8 +48,9 @@ def write_kv(k_pages, v_pages, k_new, v_new, slot_mapping, *, tp: int = 1):
 def norm_rope_write(qkv, cos, sin, q_norm, k_norm, k_pages, v_pages, slot_mapping, *, num_heads: int, eps: float,
                     zero_centred: bool, tp: int = 1):
     """Attention's inputs from the fused projection `[T, (H + 2G) * D]` (shard-major over tp): q
-    `[T, H, D]` RMS-normed per head (q_norm / k_norm None: no norm) and rotated, k and v written
-    into the pages. One kernel where the shapes allow (full rotary), else the reference's steps."""
+    `[T, H, D]` RMS-normed per head (q_norm / k_norm None: no norm) and rotated, k (normed, rotated)
+    and v `[T, G, D]`, both also written into the pages. Returns (q, k, v, k_pages, v_pages). One
+    kernel where the shapes allow (full rotary), else the reference's steps."""
     fn, kw = pick("paged_attention", "norm_rope_write", attn_ref.norm_rope_write)
     fits = kernel("paged_attention", "norm_rope_supported")
     if backend() != "reference" and (fits is None or not fits(k_pages.shape[-1], cos.shape[-1])):
@@ -63,7 +64,7 @@ def norm_rope_write(qkv, cos, sin, q_norm, k_norm, k_pages, v_pages, slot_mappin
                   zero_centred=zero_centred, **kw)
 
     in_specs = (TOK2, R, R) + (R,) * len(weights) + (PAGES, PAGES, R)
-    run = per_device(local, tp, in_specs, (TOK3, PAGES, PAGES))
+    run = per_device(local, tp, in_specs, (TOK3, TOK3, TOK3, PAGES, PAGES))
     return run(qkv, cos, sin, *weights, k_pages, v_pages, slot_mapping)
 
 
@@ -85,12 +86,12 @@ def paged_attention(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, *, sm_
 PREFILL_CUDNN_MIN_TOKENS = 2048
 
 
-def extend_attention(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, slot_mapping, *, sm_scale, tp: int = 1):
-    """Causal attention of a prompt chunk whose K/V were just written at `slot_mapping`. On a GPU
-    where cuDNN's part runs and in buckets of `PREFILL_CUDNN_MIN_TOKENS` or more, a chunk of one
-    request goes through cuDNN for its own tokens and the kernel for its cached prefix
-    (`paged_attention/prefill.py`, which sends a chunk of several requests to the kernel alone); in
-    interpret mode the same path runs with the jnp stand-in for cuDNN; otherwise `paged_attention`."""
+def extend_attention(q, k, v, k_pages, v_pages, page_table, seq_lens, cu_q_lens, *, sm_scale, tp: int = 1):
+    """Causal attention of a prompt chunk: q `[T, H, D]`, its own k / v `[T, G, D]` (already written
+    into the pages too). On a GPU where cuDNN's part runs and in buckets of
+    `PREFILL_CUDNN_MIN_TOKENS` or more, the chunk's own tokens go through cuDNN and the cached
+    prefix through the kernel (`paged_attention/prefill.py`); in interpret mode the same path runs
+    with the jnp stand-in for cuDNN; otherwise `paged_attention`."""
     b = backend()
     own = None
     if b == "interpret":
@@ -102,8 +103,8 @@ def extend_attention(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, slot_
     if own is None or fn is None:
         return paged_attention(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, sm_scale=sm_scale, tp=tp)
     run = per_device(lambda *a: fn(*a, sm_scale=sm_scale, own=own, **kw), tp,
-                      (TOK3, PAGES, PAGES, R, R, R, R), TOK3)
-    return run(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, slot_mapping)
+                     (TOK3, TOK3, TOK3, PAGES, PAGES, R, R, R), TOK3)
+    return run(q, k, v, k_pages, v_pages, page_table, seq_lens, cu_q_lens)
 
 
 def paged_decode(q, k_pages, v_pages, page_table, seq_lens, *, sm_scale, tp: int = 1):

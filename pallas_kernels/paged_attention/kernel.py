@@ -157,7 +157,7 @@ def _kernel(
     q_ref,  # [T, H, D]
     k_ref,  # [P * L, G, D] (pages flattened into slots)
     v_ref,  # [P * L, G, D]
-    *refs,  # (o0 [T, H, D], lse0 [T, H]) when has_init; o [M, D] block of [NB, G, S, M, D]; stats
+    *refs,  # o [M, D] block of [NB, G, S, M, D], then stats; with has_init: o0, lse0, o (see below)
     mode: int,
     cfg: Config,
     group: int,
@@ -166,7 +166,8 @@ def _kernel(
     exact_f32: bool,
     has_init: bool,
 ):
-    # stat_refs: ([M] max, [M] sum) blocks when splits > 1
+    # stat_refs: ([M] max, [M] sum) blocks when splits > 1. With has_init: o0 [T, H, D] and lse0
+    # [T, H] in, and o the whole [T, H, D] array, which aliases o0 and is written in place.
     (o0_ref, lse0_ref, o_ref, *stat_refs) = refs if has_init else (None, None) + tuple(refs)
     i, g, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     batch, pages_per_seq = page_table_ref.shape
@@ -185,6 +186,9 @@ def _kernel(
 
     r = jnp.arange(rows, dtype=jnp.int32)
     j_row = j0 + r // group  # new-token index of each row
+    if has_init:  # rows past the request's tokens repeat the block's first token (same q, same keys
+        # without a mask), so their in-place writes carry the same values as that row's own
+        j_row = jnp.where(j_row < q_len, j_row, j0)
     head = g * group + r % group
     tok = jnp.clip(q_start + j_row, 0, num_tokens - 1)
     q = q_ref[tok, head, :]  # [M, D]
@@ -257,23 +261,28 @@ def _kernel(
         v = jnp.where(in_seq[:, None], v, jnp.zeros_like(v))
         return softmax_step(carry, logits, v)
 
-    if has_init:  # another kernel's softmax over other keys: its normalised rows, at m = lse, l = 1
-        lse0 = lse0_ref[tok, head] * LOG2E  # [M], natural log -> the log2 domain used here
-        seen = lse0 > -jnp.inf  # False for rows that saw nothing there (-inf or NaN)
-        carry = (
-            jnp.where(seen[:, None], o0_ref[tok, head, :].astype(jnp.float32), 0.0),
-            jnp.where(seen, lse0, -jnp.inf),
-            jnp.where(seen, 1.0, 0.0),
-        )
-    else:
-        carry = (
-            jnp.zeros((rows, q.shape[-1]), jnp.float32),
-            jnp.full((rows,), -jnp.inf, jnp.float32),
-            jnp.zeros((rows,), jnp.float32),
-        )
-    carry = lax.fori_loop(0, n_free, free_body, carry)
-    acc, m, l = lax.fori_loop(n_free, n_steps, masked_body, carry)
+    def walk(carry):
+        carry = lax.fori_loop(0, n_free, free_body, carry)
+        return lax.fori_loop(n_free, n_steps, masked_body, carry)
 
+    if has_init:  # resume another kernel's softmax over other keys: its rows at m = lse, l = 1
+        @pl.when(live & (n_steps > 0))  # a block with no keys here keeps o0's rows: no traffic
+        def _():
+            lse0 = lse0_ref[tok, head] * LOG2E  # [M], natural log -> the log2 domain used here
+            seen = lse0 > -jnp.inf  # False for rows that saw nothing there (-inf or NaN)
+            acc, _, l = walk((
+                jnp.where(seen[:, None], o0_ref[tok, head, :].astype(jnp.float32), 0.0),
+                jnp.where(seen, lse0, -jnp.inf),
+                jnp.where(seen, 1.0, 0.0),
+            ))
+            o_ref[tok, head, :] = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
+        return
+
+    acc, m, l = walk((
+        jnp.zeros((rows, q.shape[-1]), jnp.float32),
+        jnp.full((rows,), -jnp.inf, jnp.float32),
+        jnp.zeros((rows,), jnp.float32),
+    ))
     if stat_refs:
         m_ref, l_ref = stat_refs
         o_ref[...] = acc
@@ -304,8 +313,9 @@ def attention_blocks(
     row max and sum `[NB, G, S, M]` (log2 domain); with S == 1, `o` is final and in q's dtype.
 
     init: `(o0 [T, H, D], lse0 [T, H] float32)`, each token's attention over keys this call does
-    not see and its natural-log log-sum-exp (-inf: none): the online softmax starts from them, so
-    the result covers both key sets (one split only)."""
+    not see and its natural-log log-sum-exp (-inf: none), mode "full", one split: the online
+    softmax starts from them, so the result covers both key sets, and it comes back as `[T, H, D]`
+    written into o0's buffer (rows of blocks with no keys here are o0's, untouched)."""
     num_tokens, num_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_pages.shape
     group = num_heads // num_kv_heads
@@ -332,8 +342,12 @@ def attention_blocks(
         exact_f32=jnp.dtype(q.dtype) == jnp.float32,
         has_init=init is not None,
     )
-    if init is not None and cfg.splits > 1:
-        raise ValueError(f"attention_blocks: init needs one KV split, got {cfg.splits}")
+    extra, aliases = (), {}
+    if init is not None:
+        if cfg.splits > 1 or mode != "full":
+            raise ValueError(f"attention_blocks: init needs mode 'full' and one split, got {mode!r}, {cfg.splits}")
+        extra, aliases = (init[0], init[1].astype(jnp.float32)), {9: 0}  # o0 (input 9) is the output
+        out_shape, out_specs = [jax.ShapeDtypeStruct(init[0].shape, init[0].dtype)], [pl.no_block_spec]
     params = {}
     if not interpret and _TritonParams is not None:
         params["compiler_params"] = _TritonParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -343,6 +357,7 @@ def attention_blocks(
         grid=grid,
         out_shape=out_shape,
         out_specs=out_specs,
+        input_output_aliases=aliases,
         interpret=interpret,
         name=f"paged_attention_{mode}",
         **params,
@@ -356,6 +371,6 @@ def attention_blocks(
         q,
         k_pages.reshape(flat),
         v_pages.reshape(flat),
-        *(() if init is None else (init[0], init[1].astype(jnp.float32))),
+        *extra,
     )
     return outs if split else (outs[0], None, None)

@@ -1,14 +1,15 @@
 """Attention's inputs in one kernel: per-head RMSNorm of q and k, rotary embedding, the KV write.
 
 The fused qkv projection's output `[T, (H + 2G) * D]` (q heads, then k heads, then v heads, one
-device's share) goes in; q `[T, H, D]` normed and rotated comes out, and k (normed, rotated) and v
-are written into their page slots in place (pages aliased to the outputs, as in `write_kv.py`).
+device's share) goes in; q `[T, H, D]` normed and rotated comes out, k (normed, rotated) and v
+`[T, G, D]` come out (a prompt chunk's attention reads its own tokens from them) and are written
+into their page slots in place (pages aliased to the outputs, as in `write_kv.py`).
 In XLA these are several small kernels per layer (norm reductions and products, the rotary
 slices and concatenations, the scatter), each a launch and a gap in the decode step; here one
 (what it saved: NOTES.md).
 
 One program per (token, head): q head j for j < H, else KV head j - H, whose k and v it writes (a
-padding token's, slot < 0, are skipped). A head's D channels are loaded as the two rotary halves,
+padding token's, slot < 0, only to the token outputs). A head's D channels are loaded as the two rotary halves,
 so the rotation needs no shuffle. Rounding follows `reference.norm_rope_write` step by step: the
 normalised row rounded to the activation dtype before the weight (Qwen3 / Llama) or after it
 (zero-centred weights, Qwen3-Next), the rotation in float32 from the rounded normed values.
@@ -50,10 +51,10 @@ def _norm(x1, x2, w_ref, *, eps, zero_centred, dtype, head_dim):
 def _kernel(slot_ref, qkv_ref, cos_ref, sin_ref, *rest, num_heads, num_kv_heads, head_dim, eps, zero_centred,
             norm):
     if norm:
-        qw_ref, kw_ref, _, _, q_out, k_out, v_out = rest
+        qw_ref, kw_ref, _, _, q_out, k_tok, v_tok, k_out, v_out = rest
     else:
         qw_ref = kw_ref = None
-        _, _, q_out, k_out, v_out = rest  # the page inputs are aliased to k_out / v_out
+        _, _, q_out, k_tok, v_tok, k_out, v_out = rest  # the page inputs are aliased to k_out / v_out
     t, j = pl.program_id(0), pl.program_id(1)
     half = head_dim // 2
     lo, hi = pl.ds(0, half), pl.ds(half, half)
@@ -76,14 +77,20 @@ def _kernel(slot_ref, qkv_ref, cos_ref, sin_ref, *rest, num_heads, num_kv_heads,
 
     slot = slot_ref[t]
 
-    @pl.when((j >= num_heads) & (slot >= 0))
+    @pl.when(j >= num_heads)
     def _():
         g = j - num_heads
         o1, o2 = rotated((num_heads + g) * head_dim, kw_ref)
-        k_out[slot, g, lo] = o1.astype(k_out.dtype)
-        k_out[slot, g, hi] = o2.astype(k_out.dtype)
-        v_col = (num_heads + num_kv_heads + g) * head_dim
-        v_out[slot, g, pl.ds(0, head_dim)] = qkv_ref[t, pl.ds(v_col, head_dim)].astype(v_out.dtype)
+        v = qkv_ref[t, pl.ds((num_heads + num_kv_heads + g) * head_dim, head_dim)]
+        k_tok[t, g, lo] = o1
+        k_tok[t, g, hi] = o2
+        v_tok[t, g, pl.ds(0, head_dim)] = v
+
+        @pl.when(slot >= 0)
+        def _():
+            k_out[slot, g, lo] = o1.astype(k_out.dtype)
+            k_out[slot, g, hi] = o2.astype(k_out.dtype)
+            v_out[slot, g, pl.ds(0, head_dim)] = v.astype(v_out.dtype)
 
 
 def norm_rope_write(qkv, cos, sin, q_norm, k_norm, k_pages, v_pages, slot_mapping, *, num_heads: int, eps: float,
@@ -100,17 +107,18 @@ def norm_rope_write(qkv, cos, sin, q_norm, k_norm, k_pages, v_pages, slot_mappin
     kernel = functools.partial(_kernel, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                eps=float(eps), zero_centred=zero_centred, norm=norm)
     first_page = 4 + len(weights)
-    q, k_flat, v_flat = pl.pallas_call(
+    tok = jax.ShapeDtypeStruct((num_tokens, num_kv_heads, head_dim), qkv.dtype)
+    q, k, v, k_flat, v_flat = pl.pallas_call(
         kernel,
         grid=(num_tokens, num_heads + num_kv_heads),
         in_specs=[ANY] * (first_page + 2),
-        out_specs=[ANY] * 3,
-        out_shape=[jax.ShapeDtypeStruct((num_tokens, num_heads, head_dim), qkv.dtype),
+        out_specs=[ANY] * 5,
+        out_shape=[jax.ShapeDtypeStruct((num_tokens, num_heads, head_dim), qkv.dtype), tok, tok,
                    jax.ShapeDtypeStruct(flat, k_pages.dtype), jax.ShapeDtypeStruct(flat, v_pages.dtype)],
-        input_output_aliases={first_page: 1, first_page + 1: 2},
+        input_output_aliases={first_page: 3, first_page + 1: 4},
         compiler_params=plt.CompilerParams(num_warps=1, num_stages=1),
         interpret=interpret,
         name="norm_rope_write_kv",
     )(slot_mapping.astype(jnp.int32), qkv, cos.astype(jnp.float32), sin.astype(jnp.float32), *weights,
       k_pages.reshape(flat), v_pages.reshape(flat))
-    return q, k_flat.reshape(k_pages.shape), v_flat.reshape(v_pages.shape)
+    return q, k, v, k_flat.reshape(k_pages.shape), v_flat.reshape(v_pages.shape)

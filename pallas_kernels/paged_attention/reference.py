@@ -154,10 +154,10 @@ def rope(x, cos, sin):
 
 def norm_rope_write(qkv, cos, sin, q_norm, k_norm, k_pages, v_pages, slot_mapping, *, num_heads: int, eps: float,
                     zero_centred: bool):
-    """qkv `[T, (H + 2G) * D]` (q heads, k heads, v heads) -> q `[T, H, D]`, k and v written into
-    pages `[P, L, G, D]` at their slots (negative: skipped). q and k are RMS-normed per head by
-    q_norm / k_norm `[D]` (both None: no norm), then rotated by cos / sin `[T, rotary_dim]`.
-    Returns (q, k_pages, v_pages)."""
+    """qkv `[T, (H + 2G) * D]` (q heads, k heads, v heads) -> q `[T, H, D]`, k and v `[T, G, D]`,
+    k and v also written into pages `[P, L, G, D]` at their slots (negative: skipped). q and k are
+    RMS-normed per head by q_norm / k_norm `[D]` (both None: no norm), then rotated by cos / sin
+    `[T, rotary_dim]`. Returns (q, k, v, k_pages, v_pages)."""
     g, d = k_pages.shape[2], k_pages.shape[3]
     t = qkv.shape[0]
     q = qkv[:, :num_heads * d].reshape(t, num_heads, d)
@@ -166,5 +166,6 @@ def norm_rope_write(qkv, cos, sin, q_norm, k_norm, k_pages, v_pages, slot_mappin
     if q_norm is not None:
         q = rms_norm(q, q_norm, eps=eps, zero_centred=zero_centred)
         k = rms_norm(k, k_norm, eps=eps, zero_centred=zero_centred)
-    k_pages, v_pages = write_kv(k_pages, v_pages, rope(k, cos, sin), v, slot_mapping)
-    return rope(q, cos, sin), k_pages, v_pages
+    k = rope(k, cos, sin)
+    k_pages, v_pages = write_kv(k_pages, v_pages, k, v, slot_mapping)
+    return rope(q, cos, sin), k, v, k_pages, v_pages

@@ -1,6 +1,7 @@
 """The fused q / k RMSNorm + rotary + KV write kernel (interpret mode) against the reference's
 steps: bit for bit in 16-bit activations, within float32 rounding of the norm's sum in float32;
-padding tokens write nothing, other slots stay as they were (NaN included)."""
+padding tokens write nothing into the pages (their k / v rows still come out), other slots stay as
+they were (NaN included)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def test_norm_rope_write_matches_reference(heads, kv_heads, head_dim, dtype, nor
     want = ref.norm_rope_write(qkv, cos, sin, q_w, k_w, k_pages, v_pages, slots, **kw)
     fn = jax.jit(lambda *a: pa.norm_rope_write(*a, **kw, interpret=True), donate_argnums=(5, 6))
     got = fn(qkv, cos, sin, q_w, k_w, jnp.array(k_pages), jnp.array(v_pages), slots)
-    for name, w, g in zip(("q", "k_pages", "v_pages"), want, got):
+    for name, w, g in zip(("q", "k", "v", "k_pages", "v_pages"), want, got):
         assert g.dtype == w.dtype and g.shape == w.shape, name
         w, g = np.asarray(w.astype(jnp.float32)), np.asarray(g.astype(jnp.float32))
         if dtype == jnp.float32:  # the norm's sum in another order: float32 rounding

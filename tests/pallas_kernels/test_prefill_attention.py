@@ -1,8 +1,8 @@
-"""The two-part prompt-chunk attention (`paged_attention/prefill.py`: a request's own tokens, then
-the kernel over its cached prefix starting from their softmax) against the reference's causal
-ragged attention, in interpret mode with the jnp stand-in for cuDNN: one request with and without a
-prefix, several requests (the kernel alone), requests with no new tokens, padding tokens, and NaN in
-every slot no request owns. The cuDNN part's glue runs against a fake of JAX's cuDNN call."""
+"""The two-part prompt-chunk attention (`paged_attention/prefill.py`: each request's own tokens,
+then the kernel over its cached prefix starting from their softmax, in place) against the
+reference's causal ragged attention, in interpret mode with the jnp stand-in for cuDNN: requests
+with and without a prefix, requests with no new tokens, padding tokens, and NaN in every slot no
+request owns. The cuDNN part's glue runs against a fake of JAX's cuDNN call."""
 
 from __future__ import annotations
 
@@ -35,23 +35,29 @@ def _chunk(rng, q_lens, prefixes, tokens, heads, kv_heads, head_dim, dtype, page
             pos = prefixes[b] + j
             slots[cu[b] + j] = table[b, pos // PAGE] * PAGE + pos % PAGE
     k[~owned], v[~owned] = np.nan, np.nan
+    # the chunk's own k / v as the attention-input kernel hands them over; padding tokens: NaN
+    k_tok = np.where((slots >= 0)[:, None, None], k.reshape(-1, kv_heads, head_dim)[np.maximum(slots, 0)], np.nan)
+    v_tok = np.where((slots >= 0)[:, None, None], v.reshape(-1, kv_heads, head_dim)[np.maximum(slots, 0)], np.nan)
     q = rng.standard_normal((tokens, heads, head_dim))
     seq = np.asarray([p + n for p, n in zip(prefixes, q_lens)], np.int32)
     return (jnp.asarray(q, dtype), jnp.asarray(k, dtype), jnp.asarray(v, dtype), jnp.asarray(table),
-            jnp.asarray(seq), jnp.asarray(cu)), jnp.asarray(slots)
+            jnp.asarray(seq), jnp.asarray(cu)), (jnp.asarray(k_tok, dtype), jnp.asarray(v_tok, dtype))
 
 
 @pytest.mark.parametrize("q_lens,prefixes,tokens,heads,kv_heads,head_dim,dtype", [
-    ([9, 0, 0], [13, 0, 0], 24, 8, 2, 32, jnp.float32),  # one request over a prefix off a page boundary
+    ([7, 3, 9, 0], [0, 5, 13, 0], 24, 8, 2, 32, jnp.float32),  # prefixes off a page boundary, padding
     ([12], [0], 12, 4, 4, 32, jnp.float32),  # one request, nothing cached: the own part alone
-    ([11, 0], [17, 0], 16, 4, 1, 64, jnp.bfloat16),
-    ([7, 3, 9, 0], [0, 5, 13, 0], 24, 8, 2, 32, jnp.float32),  # several requests: the kernel alone
+    ([9, 0, 0], [13, 0, 0], 24, 8, 2, 32, jnp.float32),  # one request over a prefix
+    ([5, 6], [8, 17], 16, 4, 1, 64, jnp.bfloat16),
+    ([0, 4, 3], [0, 0, 9], 8, 4, 2, 32, jnp.float32),  # a request without new tokens before others
 ])
 def test_prefill_attention_matches_causal_reference(q_lens, prefixes, tokens, heads, kv_heads, head_dim, dtype):
     rng = np.random.default_rng(sum(q_lens) + heads)
-    args, slots = _chunk(rng, q_lens, prefixes, tokens, heads, kv_heads, head_dim, dtype)
+    args, (k_tok, v_tok) = _chunk(rng, q_lens, prefixes, tokens, heads, kv_heads, head_dim, dtype)
     want = np.asarray(ref.paged_attention(*args, sm_scale=0.3).astype(jnp.float32))
-    got = jax.jit(lambda *a: pa.prefill_attention(*a, sm_scale=0.3, own="reference", interpret=True))(*args, slots)
+    q, rest = args[0], args[1:]
+    got = jax.jit(lambda *a: pa.prefill_attention(*a, sm_scale=0.3, own="reference", interpret=True))(
+        q, k_tok, v_tok, *rest)
     got = np.asarray(got.astype(jnp.float32))
     assert got.shape == want.shape and np.isfinite(got).all()
     # bf16: the own part is rounded to bf16 before the prefix merges into it, as cuDNN's would be
@@ -76,8 +82,9 @@ def test_own_part_reference_log_sum_exp():
 
 
 def test_cudnn_part_glue_against_a_fake_cudnn(monkeypatch):
-    """own_part_cudnn hands cuDNN request 0's length and reads its `[1, H, T]` float32 log-sum-exp
-    back per token: with a fake that answers as cuDNN does, it equals the jnp stand-in."""
+    """own_part_cudnn describes the requests as packed segments (-1 for those without new tokens,
+    at least two segments) and reads cuDNN's per-segment `[M, H, T]` float32 log-sum-exp back per
+    token: with a fake that answers as JAX's cuDNN call does, it equals the jnp stand-in."""
     from pallas_kernels.paged_attention import prefill
 
     class FakeCudnn:
@@ -85,23 +92,35 @@ def test_cudnn_part_glue_against_a_fake_cudnn(monkeypatch):
             PADDING_CAUSAL = "padding_causal"
 
         @staticmethod
-        def dot_product_attention(q, k, v, *, q_seqlen, kv_seqlen, scale, mask_type, return_residual):
-            assert mask_type == "padding_causal" and return_residual and q_seqlen.shape == (1,)
+        def dot_product_attention(q, k, v, *, q_seqlen, kv_seqlen, q_offsets, kv_offsets, scale, mask_type,
+                                  return_residual):
+            assert mask_type == "padding_causal" and return_residual
+            segs = q_seqlen.shape[1]
+            assert segs >= 2 and q_offsets.shape == (1, segs + 1) and (q_seqlen == kv_seqlen).all()
+            lens = [int(n) for n in np.asarray(q_seqlen[0]) if n >= 0]  # packed to the left, as JAX does
+            starts = [int(o) for o in np.asarray(q_offsets[0]) if o >= 0]
             t = q.shape[1]
-            cu = jnp.stack([0, q_seqlen[0]]).astype(jnp.int32)
-            out, lse = own_part_reference(q[0], k[0], v[0], cu, sm_scale=scale)
-            return out[None], lse.T[None]  # cuDNN's stat layout: [B, H, T]
+            out = jnp.zeros_like(q[0])
+            stat = jnp.full((segs, q.shape[2], t), jnp.nan, jnp.float32)
+            for i, (o, n) in enumerate(zip(starts, lens)):
+                cu = jnp.asarray([0, n], jnp.int32)
+                so, sl = own_part_reference(q[0, o:o + n], k[0, o:o + n], v[0, o:o + n], cu, sm_scale=scale)
+                out = out.at[o:o + n].set(so)
+                stat = stat.at[i, :, :n].set(sl.T)
+            return out[None], stat
 
     monkeypatch.setattr(prefill, "_cudnn", FakeCudnn)
     rng = np.random.default_rng(2)
-    q = jnp.asarray(rng.standard_normal((10, 4, 16)), jnp.float32)
-    k = jnp.asarray(rng.standard_normal((10, 2, 16)), jnp.float32)
-    cu = jnp.asarray([0, 7, 7, 7], jnp.int32)
-    want = own_part_reference(q, k, k, cu, sm_scale=0.25)
-    got = prefill.own_part_cudnn(q, k, k, cu, sm_scale=0.25)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
-    assert np.isneginf(np.asarray(got[1][7:])).all() and (np.asarray(got[0][7:]) == 0).all()
+    q = jnp.asarray(rng.standard_normal((12, 4, 16)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((12, 2, 16)), jnp.float32)
+    for cu in ([0, 7], [0, 0, 3, 3, 10]):  # one request (padded to two segments); empty requests between
+        cu = jnp.asarray(cu, jnp.int32)
+        want = own_part_reference(q, k, k, cu, sm_scale=0.25)
+        got = prefill.own_part_cudnn(q, k, k, cu, sm_scale=0.25)
+        n = int(cu[-1])  # rows of padding tokens are not part of the contract
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g[:n]), np.asarray(w[:n]), rtol=1e-5, atol=1e-6)
+        assert np.isneginf(np.asarray(got[1][n:])).all()
 
 
 def test_cudnn_part_is_not_offered_off_the_gpu():
