@@ -4,7 +4,9 @@ kernel alone (`paged_attention`, causal) and cuDNN's dense causal attention wher
 
 Correctness: largest difference from the reference's causal ragged attention (float32 oracle) on
 ragged chunks with and without prefixes. Rates: TFLOP/s of the causal work per case
-(bucket tokens T, requests B of the bucket, each request's new tokens and cached prefix).
+(bucket tokens T, requests B of the bucket, each request's new tokens and cached prefix); for a
+lone request also cuDNN's part alone with the bucket's B segments and with 4 and 2 (what the
+segments cost).
 
     PYTHONPATH=. python3 bench/kernels/prefill_attention.py --out OUT.json
 """
@@ -109,6 +111,15 @@ def main(argv=None):
                 row[f"{impl}_ms"], row[f"{impl}_tflops"] = s * 1e3, flops / s / 1e12
             except Exception as e:  # noqa: BLE001
                 row[f"{impl}_error"] = repr(e)[:400]
+        if len(reqs) == 1:  # cuDNN's part alone, with the bucket's B segments and with fewer
+            from pallas_kernels.paged_attention.prefill import own_part_cudnn
+            for segs in sorted({batch, 4, 2}):
+                cu = a[5][:segs + 1]
+                try:
+                    s = timeit(jax.jit(lambda q, k, v, cu: own_part_cudnn(q, k, v, cu, sm_scale=scale)), (a[0], *own, cu))
+                    row[f"own_part_{segs}_segments_ms"] = s * 1e3
+                except Exception as e:  # noqa: BLE001
+                    row[f"own_part_{segs}_segments_error"] = repr(e)[:400]
         res["rates"].append(row)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}))
     if args.out:
