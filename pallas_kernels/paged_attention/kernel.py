@@ -157,7 +157,7 @@ def _kernel(
     q_ref,  # [T, H, D]
     k_ref,  # [P * L, G, D] (pages flattened into slots)
     v_ref,  # [P * L, G, D]
-    *refs,  # o [M, D] block of [NB, G, S, M, D], then stats; with has_init: o0, lse0, o (see below)
+    *refs,  # o [M, D] block of [NB, G, S, M, D], then stats; with has_init: o0, lse0, stop, o (below)
     mode: int,
     cfg: Config,
     group: int,
@@ -166,9 +166,9 @@ def _kernel(
     exact_f32: bool,
     has_init: bool,
 ):
-    # stat_refs: ([M] max, [M] sum) blocks when splits > 1. With has_init: o0 [T, H, D] and lse0
-    # [T, H] in, and o the whole [T, H, D] array, which aliases o0 and is written in place.
-    (o0_ref, lse0_ref, o_ref, *stat_refs) = refs if has_init else (None, None) + tuple(refs)
+    # stat_refs: ([M] max, [M] sum) blocks when splits > 1. With has_init: o0 [T, H, D], lse0
+    # [T, H] and stop [B] in, and o the whole [T, H, D] array, which aliases o0 (written in place).
+    (o0_ref, lse0_ref, stop_ref, o_ref, *stat_refs) = refs if has_init else (None, None, None) + tuple(refs)
     i, g, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     batch, pages_per_seq = page_table_ref.shape
     num_slots = k_ref.shape[0]
@@ -182,12 +182,14 @@ def _kernel(
     q_len = cu_q_ref[b + 1] - q_start
     seq_len = jnp.where(live, seq_lens_ref[b], 0)
     prefix = seq_len - q_len
+    # Keys this call reads stop here: the whole KV, or (init) where the init's keys take over.
+    seq_cut = jnp.minimum(seq_len, stop_ref[b]) if has_init else seq_len
     j0 = blk_q0_ref[i]
 
     r = jnp.arange(rows, dtype=jnp.int32)
     j_row = j0 + r // group  # new-token index of each row
-    if has_init:  # rows past the request's tokens repeat the block's first token (same q, same keys
-        # without a mask), so their in-place writes carry the same values as that row's own
+    if has_init:  # rows past the request's tokens repeat the block's first token (same q, same
+        # position), so their in-place writes carry the same values as that row's own
         j_row = jnp.where(j_row < q_len, j_row, j0)
     head = g * group + r % group
     tok = jnp.clip(q_start + j_row, 0, num_tokens - 1)
@@ -196,8 +198,8 @@ def _kernel(
 
     # KV extent of this block, then of this split.
     if mode == MODE_CODES["causal"]:
-        kv_end = jnp.minimum(seq_len, prefix + j0 + cfg.block_q)
-        free_end = prefix + j0 + 1  # every row sees [0, first row's own index]
+        kv_end = jnp.minimum(seq_cut, prefix + j0 + cfg.block_q)
+        free_end = jnp.minimum(seq_cut, prefix + j0 + 1)  # every row sees [0, first row's own index]
     elif mode == MODE_CODES["tree"]:
         kv_end, free_end = seq_len, prefix
     else:
@@ -243,7 +245,7 @@ def _kernel(
 
     def masked_body(step, carry):
         c, k, v = load_kv(lo + step * block_kv)
-        in_seq = c < seq_len  # [BK]
+        in_seq = c < seq_cut  # [BK]
         if mode == MODE_CODES["causal"]:
             ok = (c[None, :] <= q_pos[:, None]) & in_seq[None, :]
         elif mode == MODE_CODES["tree"]:
@@ -312,10 +314,11 @@ def attention_blocks(
     """Run the kernel over query blocks. Returns `o [NB, G, S, M, D]` and, when S > 1, the
     row max and sum `[NB, G, S, M]` (log2 domain); with S == 1, `o` is final and in q's dtype.
 
-    init: `(o0 [T, H, D], lse0 [T, H] float32)`, each token's attention over keys this call does
-    not see and its natural-log log-sum-exp (-inf: none), mode "full", one split: the online
-    softmax starts from them, so the result covers both key sets, and it comes back as `[T, H, D]`
-    written into o0's buffer (rows of blocks with no keys here are o0's, untouched)."""
+    init: `(o0 [T, H, D], lse0 [T, H] float32, stop [B] int32)` with mode "causal" and one split:
+    each token's attention over keys this call does not read and its natural-log log-sum-exp
+    (-inf: none), and per request the KV index where those keys begin (this call reads keys below
+    it only). The online softmax starts from them, so the result covers both key sets; it comes
+    back as `[T, H, D]` written into o0's buffer (rows of blocks with no keys here stay o0's)."""
     num_tokens, num_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_pages.shape
     group = num_heads // num_kv_heads
@@ -344,9 +347,10 @@ def attention_blocks(
     )
     extra, aliases = (), {}
     if init is not None:
-        if cfg.splits > 1 or mode != "full":
-            raise ValueError(f"attention_blocks: init needs mode 'full' and one split, got {mode!r}, {cfg.splits}")
-        extra, aliases = (init[0], init[1].astype(jnp.float32)), {9: 0}  # o0 (input 9) is the output
+        if cfg.splits > 1 or mode != "causal":
+            raise ValueError(f"attention_blocks: init needs mode 'causal' and one split, got {mode!r}, {cfg.splits}")
+        extra = (init[0], init[1].astype(jnp.float32), init[2].astype(jnp.int32))
+        aliases = {9: 0}  # o0 (input 9) is the output
         out_shape, out_specs = [jax.ShapeDtypeStruct(init[0].shape, init[0].dtype)], [pl.no_block_spec]
     params = {}
     if not interpret and _TritonParams is not None:

@@ -1,7 +1,8 @@
 """Causal attention of a prompt chunk in two parts: each request's new tokens over themselves
-through cuDNN's flash attention (the requests as segments of one packed sequence), then over the
-request's cached prefix through this package's kernel, which starts its online softmax from
-cuDNN's rows and log-sum-exp.
+through cuDNN's flash attention (the first `OWN_SEGMENTS` requests as segments of one packed
+sequence), then over the request's cached prefix through this package's kernel, which starts its
+online softmax from cuDNN's rows and log-sum-exp (requests past those segments take the kernel's
+whole causal path).
 
 Why two parts: a long chunk's T x T causal block is compute-bound, and there cuDNN's Hopper kernel
 outruns what the Triton lowering reaches (NOTES.md). cuDNN takes no page table with a mask aligned
@@ -48,18 +49,19 @@ def _token_segments(cu_q_lens, num_tokens: int):
     return req, j
 
 
-def own_part_reference(q, k, v, cu_q_lens, *, sm_scale: float):
-    """Each request's new tokens over their own K/V, causal. q `[T, H, D]`, k / v `[T, G, D]`.
-    Returns (out `[T, H, D]` in q's dtype, lse `[T, H]` float32 natural log, -inf where no key);
-    the rows of padding tokens are not part of the contract."""
+def own_part_reference(q, k, v, cu_q_lens, *, sm_scale: float, segments: int):
+    """The new tokens of requests `[0, segments)` over their own K/V, causal. q `[T, H, D]`, k / v
+    `[T, G, D]`. Returns (out `[T, H, D]` in q's dtype, lse `[T, H]` float32 natural log, -inf
+    where no key); rows of other tokens are not part of the contract beyond their lse of -inf."""
     t, h, _ = q.shape
     group = h // k.shape[1]
     req, _ = _token_segments(cu_q_lens, t)
+    covered = req < min(segments, cu_q_lens.shape[0] - 1)
     pos = jnp.arange(t)
-    ok = (req[:, None] == req[None, :]) & (pos[None, :] <= pos[:, None]) & (req[:, None] < cu_q_lens.shape[0] - 1)
+    ok = (req[:, None] == req[None, :]) & (pos[None, :] <= pos[:, None]) & covered[:, None]
     kf = jnp.repeat(k.astype(jnp.float32), group, axis=1)
-    # Padding tokens' rows may hold anything: zeros keep NaN out of the products.
-    vf = jnp.where((req < cu_q_lens.shape[0] - 1)[:, None, None], jnp.repeat(v.astype(jnp.float32), group, axis=1), 0)
+    # Other tokens' rows may hold anything: zeros keep NaN out of the products.
+    vf = jnp.where(covered[:, None, None], jnp.repeat(v.astype(jnp.float32), group, axis=1), 0)
     logits = jnp.einsum("thd,shd->hts", q.astype(jnp.float32), kf, precision=lax.Precision.HIGHEST) * sm_scale
     logits = jnp.where(ok[None], logits, -jnp.inf)
     lse = jax.nn.logsumexp(logits, axis=-1)  # [H, T]
@@ -68,8 +70,8 @@ def own_part_reference(q, k, v, cu_q_lens, *, sm_scale: float):
     return out.astype(q.dtype), lse.T
 
 
-def own_part_cudnn(q, k, v, cu_q_lens, *, sm_scale: float):
-    """`own_part_reference` through cuDNN: every request a segment of one packed sequence.
+def own_part_cudnn(q, k, v, cu_q_lens, *, sm_scale: float, segments: int):
+    """`own_part_reference` through cuDNN: each covered request a segment of one packed sequence.
 
     JAX's private cuDNN entry point, because `jax.nn.dot_product_attention` takes no segments and
     rounds the log-sum-exp to the output's dtype. Segments rather than one padded sequence: cuDNN
@@ -78,27 +80,33 @@ def own_part_cudnn(q, k, v, cu_q_lens, *, sm_scale: float):
     gathered back per token."""
     t, h, _ = q.shape
     batch = cu_q_lens.shape[0] - 1
-    q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
+    n = min(segments, batch)
+    q_lens = cu_q_lens[1:n + 1] - cu_q_lens[:n]
     live = q_lens > 0
-    segs = max(batch, 2)  # one segment would be read as an unpacked batch: pad with an empty one
-    seqlen = jnp.full((1, segs), -1, jnp.int32).at[0, :batch].set(jnp.where(live, q_lens, -1))
-    offsets = jnp.full((1, segs + 1), -1, jnp.int32).at[0, :batch].set(jnp.where(live, cu_q_lens[:-1], -1))
+    segs = max(n, 2)  # one segment would be read as an unpacked batch: pad with an empty one
+    seqlen = jnp.full((1, segs), -1, jnp.int32).at[0, :n].set(jnp.where(live, q_lens, -1))
+    offsets = jnp.full((1, segs + 1), -1, jnp.int32).at[0, :n].set(jnp.where(live, cu_q_lens[:n], -1))
     out, stat = _cudnn.dot_product_attention(
         q[None], k[None], v[None], q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets, kv_offsets=offsets,
         scale=sm_scale, mask_type=_cudnn.MaskType.PADDING_CAUSAL, return_residual=True)
     req, j = _token_segments(cu_q_lens, t)
-    seg = (jnp.cumsum(live) - 1)[jnp.minimum(req, batch - 1)]
+    seg = (jnp.cumsum(live) - 1)[jnp.minimum(req, n - 1)]
     lse = stat[seg[:, None], jnp.arange(h)[None, :], jnp.clip(j, 0, t - 1)[:, None]]  # [T, H]
-    # Rows of padding tokens are whatever cuDNN left there: the kernel never reads them, and
-    # prefill_attention zeroes them at the end.
-    return out[0].astype(q.dtype), jnp.where((req < batch)[:, None], lse, -jnp.inf)
+    # Rows of other tokens are whatever cuDNN left there: the kernel reads them only where their
+    # lse is finite, and prefill_attention zeroes padding rows at the end.
+    return out[0].astype(q.dtype), jnp.where((req < n)[:, None], lse, -jnp.inf)
 
 
 OWN_PARTS = {"cudnn": own_part_cudnn, "reference": own_part_reference}
 
 
+# Requests of a chunk whose own tokens go to cuDNN; further requests' take the kernel's causal
+# path. cuDNN's part costs about 1 us more per segment asked for, used or not (NOTES.md).
+OWN_SEGMENTS = 8
+
+
 def prefill_attention(q, k, v, k_pages, v_pages, page_table, seq_lens, cu_q_lens, *, sm_scale: float,
-                      own: str = "cudnn", interpret: bool = False):
+                      own: str = "cudnn", own_segments: int = OWN_SEGMENTS, interpret: bool = False):
     """Causal attention of a prompt chunk's `q [T, H, D]` over paged KV, given the chunk's own k / v
     `[T, G, D]` (already in the pages too); see the module docstring. Returns `[T, H, D]` in q's
     dtype."""
@@ -109,19 +117,23 @@ def prefill_attention(q, k, v, k_pages, v_pages, page_table, seq_lens, cu_q_lens
     batch, pages_per_seq = page_table.shape
     group = num_heads // num_kv_heads
     cu = cu_q_lens.astype(jnp.int32)
-    o_own, lse_own = OWN_PARTS[own](q, k.astype(q.dtype), v.astype(q.dtype), cu, sm_scale=sm_scale)
+    seq_lens = seq_lens.astype(jnp.int32)
+    o_own, lse_own = OWN_PARTS[own](q, k.astype(q.dtype), v.astype(q.dtype), cu, sm_scale=sm_scale,
+                                    segments=own_segments)
 
-    # The prefix part: keys [0, prefix) of each request, unmasked, resumed from the own part's
-    # rows and written over them; blocks of a request with nothing cached leave them as they are.
-    prefix_lens = jnp.maximum(seq_lens.astype(jnp.int32) - (cu[1:] - cu[:-1]), 0)
+    # The kernel's part, resumed from the own part's rows and written over them: a covered
+    # request's keys below its cached prefix (none: its blocks return at once), any other
+    # request's whole causal extent.
+    covered = jnp.arange(batch) < own_segments
+    stop = jnp.where(covered, seq_lens - (cu[1:] - cu[:-1]), seq_lens)
     block_q = extend_block_q(num_tokens, batch, head_dim, group)
     nb = query_blocks.max_blocks(num_tokens, batch, block_q)
     cfg = choose(num_blocks=nb, block_q=block_q, group=group, num_kv_heads=num_kv_heads, head_dim=head_dim,
                  page_size=page_size, pages_per_seq=pages_per_seq, splits=1)
     blk_req, blk_q0 = query_blocks.plan(cu, nb, block_q)
     out, _, _ = attention_blocks(
-        q, k_pages, v_pages, page_table, prefix_lens, cu, blk_req, blk_q0, jnp.zeros((1, 1, 1), jnp.int32),
-        mode="full", cfg=cfg, sm_scale=sm_scale, interpret=interpret, init=(o_own, lse_own),
+        q, k_pages, v_pages, page_table, seq_lens, cu, blk_req, blk_q0, jnp.zeros((1, 1, 1), jnp.int32),
+        mode="causal", cfg=cfg, sm_scale=sm_scale, interpret=interpret, init=(o_own, lse_own, stop),
     )
     valid = query_blocks.request_of(cu[1:], jnp.arange(num_tokens, dtype=jnp.int32)) < batch
     return jnp.where(valid[:, None, None], out, 0)  # padding tokens: zeros, as the reference gives

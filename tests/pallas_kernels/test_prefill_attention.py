@@ -1,8 +1,8 @@
 """The two-part prompt-chunk attention (`paged_attention/prefill.py`: each request's own tokens,
-then the kernel over its cached prefix starting from their softmax, in place) against the
-reference's causal ragged attention, in interpret mode with the jnp stand-in for cuDNN: requests
-with and without a prefix, requests with no new tokens, padding tokens, and NaN in every slot no
-request owns. The cuDNN part's glue runs against a fake of JAX's cuDNN call."""
+then the kernel over its cached prefix starting from their softmax, in place; requests past the
+own part's segments the kernel's whole causal path) against the reference's causal ragged
+attention, in interpret mode with the jnp stand-in for cuDNN: requests with and without a prefix,
+requests with no new tokens, padding tokens, and NaN in every slot no request owns. The cuDNN part's glue runs against a fake of JAX's cuDNN call."""
 
 from __future__ import annotations
 
@@ -44,20 +44,23 @@ def _chunk(rng, q_lens, prefixes, tokens, heads, kv_heads, head_dim, dtype, page
             jnp.asarray(seq), jnp.asarray(cu)), (jnp.asarray(k_tok, dtype), jnp.asarray(v_tok, dtype))
 
 
-@pytest.mark.parametrize("q_lens,prefixes,tokens,heads,kv_heads,head_dim,dtype", [
-    ([7, 3, 9, 0], [0, 5, 13, 0], 24, 8, 2, 32, jnp.float32),  # prefixes off a page boundary, padding
-    ([12], [0], 12, 4, 4, 32, jnp.float32),  # one request, nothing cached: the own part alone
-    ([9, 0, 0], [13, 0, 0], 24, 8, 2, 32, jnp.float32),  # one request over a prefix
-    ([5, 6], [8, 17], 16, 4, 1, 64, jnp.bfloat16),
-    ([0, 4, 3], [0, 0, 9], 8, 4, 2, 32, jnp.float32),  # a request without new tokens before others
+@pytest.mark.parametrize("q_lens,prefixes,tokens,heads,kv_heads,head_dim,dtype,segments", [
+    ([7, 3, 9, 0], [0, 5, 13, 0], 24, 8, 2, 32, jnp.float32, 8),  # prefixes off a page boundary, padding
+    ([7, 3, 9, 0], [0, 5, 13, 0], 24, 8, 2, 32, jnp.float32, 2),  # the third request: the kernel alone
+    ([12], [0], 12, 4, 4, 32, jnp.float32, 8),  # one request, nothing cached: the own part alone
+    ([9, 0, 0], [13, 0, 0], 24, 8, 2, 32, jnp.float32, 8),  # one request over a prefix
+    ([5, 6], [8, 17], 16, 4, 1, 64, jnp.bfloat16, 8),
+    ([5, 6], [8, 17], 16, 4, 1, 64, jnp.bfloat16, 1),
+    ([0, 4, 3], [0, 0, 9], 8, 4, 2, 32, jnp.float32, 8),  # a request without new tokens before others
 ])
-def test_prefill_attention_matches_causal_reference(q_lens, prefixes, tokens, heads, kv_heads, head_dim, dtype):
+def test_prefill_attention_matches_causal_reference(q_lens, prefixes, tokens, heads, kv_heads, head_dim, dtype,
+                                                    segments):
     rng = np.random.default_rng(sum(q_lens) + heads)
     args, (k_tok, v_tok) = _chunk(rng, q_lens, prefixes, tokens, heads, kv_heads, head_dim, dtype)
     want = np.asarray(ref.paged_attention(*args, sm_scale=0.3).astype(jnp.float32))
     q, rest = args[0], args[1:]
-    got = jax.jit(lambda *a: pa.prefill_attention(*a, sm_scale=0.3, own="reference", interpret=True))(
-        q, k_tok, v_tok, *rest)
+    got = jax.jit(lambda *a: pa.prefill_attention(*a, sm_scale=0.3, own="reference", own_segments=segments,
+                                                  interpret=True))(q, k_tok, v_tok, *rest)
     got = np.asarray(got.astype(jnp.float32))
     assert got.shape == want.shape and np.isfinite(got).all()
     # bf16: the own part is rounded to bf16 before the prefix merges into it, as cuDNN's would be
@@ -73,7 +76,7 @@ def test_own_part_reference_log_sum_exp():
     q = jnp.asarray(rng.standard_normal((6, 2, 8)), jnp.float32)
     k = jnp.asarray(rng.standard_normal((6, 1, 8)), jnp.float32)
     cu = jnp.asarray([0, 2, 5], jnp.int32)
-    _, lse = own_part_reference(q, k, k, cu, sm_scale=0.5)
+    _, lse = own_part_reference(q, k, k, cu, sm_scale=0.5, segments=8)
     qn, kn = np.asarray(q), np.asarray(k)[:, 0]
     for t, (start, idx) in enumerate([(0, 0), (0, 1), (2, 0), (2, 1), (2, 2)]):
         logits = qn[t] @ kn[start:start + idx + 1].T * 0.5  # [H, n]
@@ -82,9 +85,9 @@ def test_own_part_reference_log_sum_exp():
 
 
 def test_cudnn_part_glue_against_a_fake_cudnn(monkeypatch):
-    """own_part_cudnn describes the requests as packed segments (-1 for those without new tokens,
-    at least two segments) and reads cuDNN's per-segment `[M, H, T]` float32 log-sum-exp back per
-    token: with a fake that answers as JAX's cuDNN call does, it equals the jnp stand-in."""
+    """own_part_cudnn describes the covered requests as packed segments (-1 for those without new
+    tokens, at least two segments) and reads cuDNN's per-segment `[M, H, T]` float32 log-sum-exp
+    back per token: with a fake that answers as JAX's cuDNN call does, it equals the jnp stand-in."""
     from pallas_kernels.paged_attention import prefill
 
     class FakeCudnn:
@@ -104,7 +107,8 @@ def test_cudnn_part_glue_against_a_fake_cudnn(monkeypatch):
             stat = jnp.full((segs, q.shape[2], t), jnp.nan, jnp.float32)
             for i, (o, n) in enumerate(zip(starts, lens)):
                 cu = jnp.asarray([0, n], jnp.int32)
-                so, sl = own_part_reference(q[0, o:o + n], k[0, o:o + n], v[0, o:o + n], cu, sm_scale=scale)
+                so, sl = own_part_reference(q[0, o:o + n], k[0, o:o + n], v[0, o:o + n], cu, sm_scale=scale,
+                                            segments=1)
                 out = out.at[o:o + n].set(so)
                 stat = stat.at[i, :, :n].set(sl.T)
             return out[None], stat
@@ -113,11 +117,12 @@ def test_cudnn_part_glue_against_a_fake_cudnn(monkeypatch):
     rng = np.random.default_rng(2)
     q = jnp.asarray(rng.standard_normal((12, 4, 16)), jnp.float32)
     k = jnp.asarray(rng.standard_normal((12, 2, 16)), jnp.float32)
-    for cu in ([0, 7], [0, 0, 3, 3, 10]):  # one request (padded to two segments); empty requests between
+    # one request (padded to two segments); empty requests between; requests past the segments
+    for cu, segments in (([0, 7], 8), ([0, 0, 3, 3, 10], 8), ([0, 2, 5, 9, 11], 2)):
         cu = jnp.asarray(cu, jnp.int32)
-        want = own_part_reference(q, k, k, cu, sm_scale=0.25)
-        got = prefill.own_part_cudnn(q, k, k, cu, sm_scale=0.25)
-        n = int(cu[-1])  # rows of padding tokens are not part of the contract
+        want = own_part_reference(q, k, k, cu, sm_scale=0.25, segments=segments)
+        got = prefill.own_part_cudnn(q, k, k, cu, sm_scale=0.25, segments=segments)
+        n = int(cu[min(segments, len(cu) - 1)])  # rows past the covered requests: lse -inf only
         for g, w in zip(got, want):
             np.testing.assert_allclose(np.asarray(g[:n]), np.asarray(w[:n]), rtol=1e-5, atol=1e-6)
         assert np.isneginf(np.asarray(got[1][n:])).all()
