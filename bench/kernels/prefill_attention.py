@@ -116,7 +116,8 @@ def main(argv=None):
             for segs in sorted({batch, 4, 2}):
                 cu = a[5][:segs + 1]
                 try:
-                    s = timeit(jax.jit(lambda q, k, v, cu: own_part_cudnn(q, k, v, cu, sm_scale=scale)), (a[0], *own, cu))
+                    s = timeit(jax.jit(lambda q, k, v, cu: own_part_cudnn(q, k, v, cu, sm_scale=scale, segments=segs)),
+                               (a[0], *own, cu))
                     row[f"own_part_{segs}_segments_ms"] = s * 1e3
                 except Exception as e:  # noqa: BLE001
                     row[f"own_part_{segs}_segments_error"] = repr(e)[:400]
