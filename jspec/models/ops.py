@@ -81,9 +81,9 @@ def paged_attention(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, *, sm_
     return run(q, k_pages, v_pages, page_table, seq_lens, cu_q_lens, *mask)
 
 
-# Prompt-chunk buckets from this many tokens take cuDNN for a lone request's own tokens
-# (`extend_attention`); below it the kernel alone was as fast (NOTES.md of paged_attention).
-PREFILL_CUDNN_MIN_TOKENS = 2048
+# Prompt-chunk buckets from this many tokens take cuDNN for their requests' own tokens
+# (`extend_attention`); at 2048 the kernel alone was as fast or faster (NOTES.md of paged_attention).
+PREFILL_CUDNN_MIN_TOKENS = 4096
 
 
 def extend_attention(q, k, v, k_pages, v_pages, page_table, seq_lens, cu_q_lens, *, sm_scale, tp: int = 1):
