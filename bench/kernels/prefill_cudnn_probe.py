@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.kernels.prefill_attention import timeit
 from jspec.bench.record import environment
 
 H, G, D = 32, 8, 128
@@ -49,15 +49,6 @@ def packed(lens, m, t):
     offs = np.full((1, m + 1), -1, np.int32)
     offs[0, :len(lens)] = cu[:-1]
     return jnp.asarray(seqlen), jnp.asarray(offs)
-
-
-def timeit(fn, *a, reps=10):
-    jax.block_until_ready(fn(*a))
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        out = fn(*a)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - t0) / reps
 
 
 def main(argv=None):
@@ -157,7 +148,7 @@ def main(argv=None):
     cases["ours_prefix_part_only_stats"] = (jax.jit(prefix_part), (qc, kp, vp, pt1, sl1, cu1), 4 * H * D * tc * pre)
     for name, (fn, a, fl) in cases.items():
         try:
-            s = timeit(fn, *a)
+            s = timeit(fn, a)
             r = {"ms": s * 1e3, "tflops": fl / s / 1e12}
         except Exception as e:  # noqa: BLE001
             r = {"error": repr(e)[:600]}
