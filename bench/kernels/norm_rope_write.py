@@ -6,6 +6,9 @@ fraction of differing elements (q, written K, written V), then microseconds per 
 pages donated (updated in place) as in the engine's step.
 
     PYTHONPATH=. python3 bench/kernels/norm_rope_write.py --tokens 1,8,32,128,2048 --out OUT.json
+
+Qwen3-Next's gated heads (16 q with gates, 2 KV, D 256, a quarter rotated, zero-centred norms):
+`--heads 16 --kv-heads 2 --head-dim 256 --rotary-dim 64 --gated`.
 """
 
 from __future__ import annotations
@@ -29,20 +32,23 @@ def main(argv=None) -> None:
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--rotary-dim", type=int, default=None, help="default: the head dim")
+    ap.add_argument("--gated", action="store_true", help="q heads [query | gate], zero-centred norms (Qwen3-Next)")
     ap.add_argument("--pages", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     h, g, d, page_size = args.heads, args.kv_heads, args.head_dim, 16
+    rd = args.rotary_dim or d
     interpret = jax.default_backend() == "cpu"
-    kw = dict(num_heads=h, eps=1e-6, zero_centred=False)
+    kw = dict(num_heads=h, eps=1e-6, zero_centred=args.gated, gated=args.gated)
     impls = {"xla": jax.jit(lambda *a: ref.norm_rope_write(*a, **kw), donate_argnums=(5, 6)),
              "kernel": jax.jit(lambda *a: pa.norm_rope_write(*a, **kw, interpret=interpret), donate_argnums=(5, 6))}
     rows = []
     for t in (int(v) for v in args.tokens.split(",")):
         rng = np.random.default_rng(t)
-        qkv = jnp.asarray(rng.standard_normal((t, (h + 2 * g) * d)), jnp.bfloat16)
-        inv = 1.0 / (1e6 ** (np.arange(0, d, 2) / d))
+        qkv = jnp.asarray(rng.standard_normal((t, h * d * (2 if args.gated else 1) + 2 * g * d)), jnp.bfloat16)
+        inv = 1.0 / (1e6 ** (np.arange(0, rd, 2) / rd))
         freqs = rng.integers(0, 8192, t)[:, None].astype(np.float32) * inv[None].astype(np.float32)
         cos, sin = jnp.asarray(np.cos(np.concatenate([freqs, freqs], -1))), jnp.asarray(np.sin(np.concatenate([freqs, freqs], -1)))
         q_w, k_w = (jnp.asarray(rng.standard_normal(d) * 0.1 + 1, jnp.bfloat16) for _ in range(2))
@@ -69,7 +75,8 @@ def main(argv=None) -> None:
         rows.append(row)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"env": environment(), "heads": h, "kv_heads": g, "head_dim": d, "rows": rows}, f, indent=1)
+            json.dump({"env": environment(), "heads": h, "kv_heads": g, "head_dim": d, "rotary_dim": rd,
+                       "gated": args.gated, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

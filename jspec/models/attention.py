@@ -68,16 +68,18 @@ class Attention(nnx.Module):
     def __call__(self, x, cos_sin, kv, batch: ForwardBatch):
         """x `[T, E]` (or `[T, in_features]`); kv = (k_pages, v_pages). Returns (out `[T, E]`, new kv)."""
         tp = self.tp_size
-        if self.output_gate:  # q and its gate interleave per head: the unfused steps
-            q, k, v, gate = self.project(x, cos_sin)
-            k_pages, v_pages = ops.write_kv(kv[0], kv[1], k, v, batch.slot_mapping, tp=tp)
-        else:  # norm, rotary and KV write in one kernel (ops.norm_rope_write)
-            norms = (None, None) if self.q_norm is None else (self.q_norm.weight[...], self.k_norm.weight[...])
-            eps, zero_centred = (0.0, False) if self.q_norm is None else (self.q_norm.eps, self.q_norm.zero_centred)
-            q, k, v, k_pages, v_pages = ops.norm_rope_write(self.qkv_proj(x), *cos_sin, *norms, kv[0], kv[1],
-                                                            batch.slot_mapping, num_heads=self.num_heads, eps=eps,
-                                                            zero_centred=zero_centred, tp=tp)
-            gate = None
+        # norm, rotary and KV write in one kernel (ops.norm_rope_write)
+        qkv = self.qkv_proj(x)
+        norms = (None, None) if self.q_norm is None else (self.q_norm.weight[...], self.k_norm.weight[...])
+        eps, zero_centred = (0.0, False) if self.q_norm is None else (self.q_norm.eps, self.q_norm.zero_centred)
+        q, k, v, k_pages, v_pages = ops.norm_rope_write(qkv, *cos_sin, *norms, kv[0], kv[1], batch.slot_mapping,
+                                                        num_heads=self.num_heads, eps=eps, zero_centred=zero_centred,
+                                                        gated=self.output_gate, tp=tp)
+        gate = None
+        if self.output_gate:  # each q head is [query D | gate D]; the kernel took the queries
+            h, d = self.num_heads, self.head_dim
+            q_all = split_shard_major(qkv, [self.q_out, 2 * self.num_kv_heads * d], tp)[0]
+            gate = q_all.reshape(-1, h, 2 * d)[..., d:].reshape(-1, h * d)
         scale = self.head_dim ** -0.5
         if batch.mode is ForwardMode.DECODE:
             o = ops.paged_decode(q, k_pages, v_pages, batch.page_table, batch.seq_lens, sm_scale=scale, tp=tp)

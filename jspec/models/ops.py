@@ -46,11 +46,12 @@ def write_kv(k_pages, v_pages, k_new, v_new, slot_mapping, *, tp: int = 1):
 
 
 def norm_rope_write(qkv, cos, sin, q_norm, k_norm, k_pages, v_pages, slot_mapping, *, num_heads: int, eps: float,
-                    zero_centred: bool, tp: int = 1):
-    """Attention's inputs from the fused projection `[T, (H + 2G) * D]` (shard-major over tp): q
-    `[T, H, D]` RMS-normed per head (q_norm / k_norm None: no norm) and rotated, k (normed, rotated)
-    and v `[T, G, D]`, both also written into the pages. Returns (q, k, v, k_pages, v_pages). One
-    kernel where the shapes allow (full rotary), else the reference's steps."""
+                    zero_centred: bool, gated: bool = False, tp: int = 1):
+    """Attention's inputs from the fused projection `[T, H * Dq + 2G * D]` (shard-major over tp;
+    Dq = 2D with `gated`: each q head [query | gate]): q `[T, H, D]` RMS-normed per head (q_norm /
+    k_norm None: no norm) and rotated, k (normed, rotated) and v `[T, G, D]`, both also written into
+    the pages. Returns (q, k, v, k_pages, v_pages). One kernel where the shapes allow (power-of-two
+    head and rotary dims), else the reference's steps."""
     fn, kw = pick("paged_attention", "norm_rope_write", attn_ref.norm_rope_write)
     fits = kernel("paged_attention", "norm_rope_supported")
     if backend() != "reference" and (fits is None or not fits(k_pages.shape[-1], cos.shape[-1])):
@@ -61,7 +62,7 @@ def norm_rope_write(qkv, cos, sin, q_norm, k_norm, k_pages, v_pages, slot_mappin
         *w, k_pages, v_pages, slots = rest
         q_w, k_w = w if w else (None, None)
         return fn(qkv, cos, sin, q_w, k_w, k_pages, v_pages, slots, num_heads=num_heads // tp, eps=eps,
-                  zero_centred=zero_centred, **kw)
+                  zero_centred=zero_centred, gated=gated, **kw)
 
     in_specs = (TOK2, R, R) + (R,) * len(weights) + (PAGES, PAGES, R)
     run = per_device(local, tp, in_specs, (TOK3, TOK3, TOK3, PAGES, PAGES))

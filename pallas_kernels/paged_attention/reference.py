@@ -153,16 +153,18 @@ def rope(x, cos, sin):
 
 
 def norm_rope_write(qkv, cos, sin, q_norm, k_norm, k_pages, v_pages, slot_mapping, *, num_heads: int, eps: float,
-                    zero_centred: bool):
-    """qkv `[T, (H + 2G) * D]` (q heads, k heads, v heads) -> q `[T, H, D]`, k and v `[T, G, D]`,
-    k and v also written into pages `[P, L, G, D]` at their slots (negative: skipped). q and k are
-    RMS-normed per head by q_norm / k_norm `[D]` (both None: no norm), then rotated by cos / sin
-    `[T, rotary_dim]`. Returns (q, k, v, k_pages, v_pages)."""
+                    zero_centred: bool, gated: bool = False):
+    """qkv `[T, H * Dq + 2G * D]` (q heads, k heads, v heads; Dq = 2D with `gated`, each q head
+    [query D | gate D]) -> q `[T, H, D]` (queries only), k and v `[T, G, D]`, k and v also written
+    into pages `[P, L, G, D]` at their slots (negative: skipped). q and k are RMS-normed per head by
+    q_norm / k_norm `[D]` (both None: no norm), then rotated by cos / sin `[T, rotary_dim]` over
+    their first rotary_dim channels. Returns (q, k, v, k_pages, v_pages)."""
     g, d = k_pages.shape[2], k_pages.shape[3]
     t = qkv.shape[0]
-    q = qkv[:, :num_heads * d].reshape(t, num_heads, d)
-    k = qkv[:, num_heads * d:(num_heads + g) * d].reshape(t, g, d)
-    v = qkv[:, (num_heads + g) * d:].reshape(t, g, d)
+    qw = num_heads * d * (2 if gated else 1)
+    q = qkv[:, :qw].reshape(t, num_heads, -1)[..., :d]
+    k = qkv[:, qw:qw + g * d].reshape(t, g, d)
+    v = qkv[:, qw + g * d:].reshape(t, g, d)
     if q_norm is not None:
         q = rms_norm(q, q_norm, eps=eps, zero_centred=zero_centred)
         k = rms_norm(k, k_norm, eps=eps, zero_centred=zero_centred)

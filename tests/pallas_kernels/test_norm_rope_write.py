@@ -1,7 +1,7 @@
 """The fused q / k RMSNorm + rotary + KV write kernel (interpret mode) against the reference's
 steps: bit for bit in 16-bit activations, within float32 rounding of the norm's sum in float32;
-padding tokens write nothing into the pages (their k / v rows still come out), other slots stay as
-they were (NaN included)."""
+with and without gates and partial rotary; padding tokens write nothing into the pages (their k /
+v rows still come out), other slots stay as they were (NaN included)."""
 
 from __future__ import annotations
 
@@ -21,18 +21,22 @@ def rotary(positions, dim):
     return jnp.asarray(np.cos(emb)), jnp.asarray(np.sin(emb))
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim,dtype,norm,zero_centred", [
-    (4, 2, 32, jnp.bfloat16, True, False),  # Qwen3
-    (3, 3, 64, jnp.bfloat16, True, False),  # head counts that are not powers of two
-    (4, 1, 32, jnp.bfloat16, False, False),  # Llama: no q / k norm
-    (2, 2, 32, jnp.bfloat16, True, True),  # zero-centred weights (Qwen3-Next)
-    (4, 2, 32, jnp.float32, True, False),
+@pytest.mark.parametrize("heads,kv_heads,head_dim,dtype,norm,zero_centred,rotary_dim,gated", [
+    (4, 2, 32, jnp.bfloat16, True, False, 32, False),  # Qwen3
+    (3, 3, 64, jnp.bfloat16, True, False, 64, False),  # head counts that are not powers of two
+    (4, 1, 32, jnp.bfloat16, False, False, 32, False),  # Llama: no q / k norm
+    (2, 2, 32, jnp.bfloat16, True, True, 32, False),  # zero-centred weights
+    (4, 2, 32, jnp.float32, True, False, 32, False),
+    (4, 2, 64, jnp.bfloat16, True, True, 16, True),  # Qwen3-Next: gates, a quarter of D rotated
+    (2, 1, 32, jnp.bfloat16, False, False, 8, True),
+    (4, 2, 32, jnp.float32, True, True, 8, True),
 ])
-def test_norm_rope_write_matches_reference(heads, kv_heads, head_dim, dtype, norm, zero_centred):
-    rng = np.random.default_rng(heads * head_dim)
+def test_norm_rope_write_matches_reference(heads, kv_heads, head_dim, dtype, norm, zero_centred, rotary_dim, gated):
+    rng = np.random.default_rng(heads * head_dim + rotary_dim)
     pages, page_size, tokens = 6, 4, 5
-    qkv = jnp.asarray(rng.standard_normal((tokens, (heads + 2 * kv_heads) * head_dim)), dtype)
-    cos, sin = rotary(rng.integers(0, 4000, tokens), head_dim)
+    q_width = head_dim * (2 if gated else 1)
+    qkv = jnp.asarray(rng.standard_normal((tokens, heads * q_width + 2 * kv_heads * head_dim)), dtype)
+    cos, sin = rotary(rng.integers(0, 4000, tokens), rotary_dim)
     centre = 0.0 if zero_centred else 1.0
     q_w, k_w = ((jnp.asarray(rng.standard_normal(head_dim) * 0.2 + centre, dtype) for _ in range(2)) if norm
                 else (None, None))
@@ -41,7 +45,7 @@ def test_norm_rope_write_matches_reference(heads, kv_heads, head_dim, dtype, nor
     k_pages = jnp.asarray(k_pages, dtype)
     v_pages = jnp.asarray(rng.standard_normal((pages, page_size, kv_heads, head_dim)), dtype)
     slots = jnp.asarray([3, -1, 7, 20, 0], jnp.int32)  # one padding token
-    kw = dict(num_heads=heads, eps=1e-6, zero_centred=zero_centred)
+    kw = dict(num_heads=heads, eps=1e-6, zero_centred=zero_centred, gated=gated)
     want = ref.norm_rope_write(qkv, cos, sin, q_w, k_w, k_pages, v_pages, slots, **kw)
     fn = jax.jit(lambda *a: pa.norm_rope_write(*a, **kw, interpret=True), donate_argnums=(5, 6))
     got = fn(qkv, cos, sin, q_w, k_w, jnp.array(k_pages), jnp.array(v_pages), slots)
@@ -57,8 +61,9 @@ def test_norm_rope_write_matches_reference(heads, kv_heads, head_dim, dtype, nor
 def test_norm_rope_write_rejects_shapes_it_does_not_take():
     pages = jnp.zeros((2, 4, 1, 32), jnp.bfloat16)
     qkv = jnp.zeros((3, 6 * 32), jnp.bfloat16)
-    cos = sin = jnp.zeros((3, 16))  # partial rotary
-    assert not pa.norm_rope_supported(32, 16) and not pa.norm_rope_supported(8, 8) and pa.norm_rope_supported(128, 128)
-    with pytest.raises(ValueError, match="full rotary"):
+    cos = sin = jnp.zeros((3, 12))  # a rotary dim that is not a power of two
+    assert not pa.norm_rope_supported(32, 12) and not pa.norm_rope_supported(8, 8) and pa.norm_rope_supported(128, 128)
+    assert pa.norm_rope_supported(256, 64) and not pa.norm_rope_supported(32, 4) and not pa.norm_rope_supported(96, 96)
+    with pytest.raises(ValueError, match="power-of-two rotary dim"):
         pa.norm_rope_write(qkv, cos, sin, None, None, pages, pages, jnp.zeros(3, jnp.int32), num_heads=4, eps=1e-6,
                            zero_centred=False, interpret=True)

@@ -1,8 +1,8 @@
 """A model run through the Pallas kernels (interpret mode) gives the reference path's logits: ragged
 prompt chunks, then decode steps, several requests per step, on one device. This exercises the
 kernels as the layers call them (`ops`): the add + RMSNorm before every mixer and MLP, the q / k
-norm + rotary + KV write, paged attention and decode, and for hybrids the gated attention's unfused
-steps and the Gated DeltaNet kernels."""
+norm + rotary + KV write (gated and partly rotated for hybrids), the two-part prompt attention,
+paged attention and decode, and for hybrids the Gated DeltaNet kernels."""
 
 from __future__ import annotations
 
