@@ -7,10 +7,10 @@ whole causal path).
 Why two parts: a long chunk's T x T causal block is compute-bound, and there cuDNN's Hopper kernel
 outruns what the Triton lowering reaches (NOTES.md). cuDNN takes no page table with a mask aligned
 to the end of each request, but the chunk's own K/V are one packed `[T, G, D]` block (as the
-attention-input kernel hands them over) and the prefix part needs no mask at all. The kernel writes the
-merged rows in place over cuDNN's, and its programs for requests with nothing cached return at
-once, so a fresh prompt costs cuDNN's attention and little else. Branch-free: a device-side
-conditional would make the host wait for the device inside the step.
+attention-input kernel hands them over) and the prefix part needs no mask at all. The kernel
+writes the merged rows in place over cuDNN's, and its programs for requests with nothing cached
+return at once, so a fresh prompt costs cuDNN's attention and little else. Branch-free: a
+device-side conditional would make the host wait for the device inside the step.
 
 Contract: `reference.paged_attention(..., mask_mode="causal")`, plus the chunk's own k and v
 `[T, G, D]` (which the caller has also written into the pages). `own="cudnn"` needs
@@ -100,7 +100,7 @@ def own_part_cudnn(q, k, v, cu_q_lens, *, sm_scale: float, segments: int):
 OWN_PARTS = {"cudnn": own_part_cudnn, "reference": own_part_reference}
 
 
-# Requests of a chunk whose own tokens go to cuDNN; further requests' take the kernel's causal
+# Requests of a chunk whose own tokens go to cuDNN; further requests take the kernel's causal
 # path. cuDNN's part costs about 1 us more per segment asked for, used or not (NOTES.md).
 OWN_SEGMENTS = 8
 
