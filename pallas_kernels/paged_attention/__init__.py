@@ -5,13 +5,14 @@ Public functions, same signatures as `reference.py` plus `interpret`:
 - `norm_rope_write`: per-head q / k RMSNorm, rotary embedding and the KV write in one kernel;
 - `paged_attention`: ragged extend ("causal"), tree verify ("tree"), DFlash block ("full");
 - `paged_decode`: one query token per request;
-- `prefill_attention`: causal prompt chunks, cuDNN over each chunk's own tokens and the kernel over
-  the cached prefix (`cudnn_available` says where cuDNN's part runs).
+- `prefill_attention`: causal prompt chunks, cuDNN over the requests' own tokens and the kernel
+  over the cached prefix (`cudnn_available` says where cuDNN's part runs).
 
 Files: `kernel.py` (the one attention kernel and its static launch shapes), `query_blocks.py`
 (ragged tokens <-> query blocks), `combine.py` (KV-split merge), `attention.py` (the public
-attention functions), `prefill.py` (the two-part prompt-chunk attention), `write_kv.py` (the KV scatter kernel), `norm_rope_write.py` (the fused
-norm, rotary and KV write), `reference.py` (the pure-jnp oracle).
+attention functions), `prefill.py` (the two-part prompt-chunk attention), `write_kv.py` (the KV
+scatter kernel), `norm_rope_write.py` (the fused norm, rotary and KV write), `reference.py` (the
+pure-jnp oracle).
 The measurements behind the kernels' choices: NOTES.md.
 """
 

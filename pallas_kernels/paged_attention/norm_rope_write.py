@@ -1,9 +1,10 @@
 """Attention's inputs in one kernel: per-head RMSNorm of q and k, rotary embedding, the KV write.
 
 The fused qkv projection's output `[T, H * Dq + 2G * D]` (q heads of Dq = D, or 2D with their
-gates, then k heads, then v heads, one device's share) goes in; q `[T, H, D]` normed and rotated comes out, k (normed, rotated) and v
-`[T, G, D]` come out (a prompt chunk's attention reads its own tokens from them) and are written
-into their page slots in place (pages aliased to the outputs, as in `write_kv.py`).
+gates, then k heads, then v heads, one device's share) goes in; q `[T, H, D]` normed and rotated
+comes out, k (normed, rotated) and v `[T, G, D]` come out (a prompt chunk's attention reads its
+own tokens from them) and are written into their page slots in place (pages aliased to the
+outputs, as in `write_kv.py`).
 In XLA these are several small kernels per layer (norm reductions and products, the rotary
 slices and concatenations, the scatter), each a launch and a gap in the decode step; here one
 (what it saved: NOTES.md).
@@ -12,8 +13,9 @@ One program per (token, head): q head j for j < H, else KV head j - H, whose k a
 padding token's, slot < 0, only to the token outputs). The rotary channels are loaded as their two
 halves, so the rotation needs no shuffle; with partial rotary (Qwen3-Next: a quarter of D) the
 whole head is loaded once more for the norm and the channels past the rotary dim. Rounding
-follows `reference.norm_rope_write` step by step: the normalised row rounded to the activation dtype before the weight (Qwen3 / Llama) or after it
-(zero-centred weights, Qwen3-Next), the rotation in float32 from the rounded normed values.
+follows `reference.norm_rope_write` step by step: the normalised row rounded to the activation
+dtype before the weight (Qwen3 / Llama) or after it (zero-centred weights, Qwen3-Next), the
+rotation in float32 from the rounded normed values.
 `gated`: q heads interleave [query D | gate D] in the projection (Qwen3-Next / Qwen3.5); the
 kernel reads the query halves, the caller takes the gates. Rotary dims that are not powers of two
 take the unfused path.
