@@ -146,10 +146,10 @@ def test_device_zero_holds_a_quarter_of_the_weights(tiny_checkpoint):
 @pytest.mark.parametrize("family,tp,ep", [("qwen3_next", 2, False), ("qwen3_5_moe", 2, False), ("llama", 4, False),
                                          ("qwen3_moe", 4, True)])
 def test_split_forward_with_pallas_kernels_matches_unsplit(tiny_checkpoint, family, tp, ep):
-    """Every kernel of the prompt path (q / k norm + rotary + KV write, or the KV write alone for
-    gated attention; paged attention, causal conv, chunked gated delta rule, MoE gather, with experts
-    split by intermediate dimension or whole) in interpret mode under shard_map, against the
-    unsplit reference forward."""
+    """Every kernel of the prompt path (q / k norm + rotary + KV write, gated and partly rotated for
+    the hybrids; the two-part prompt attention, causal conv, chunked gated delta rule, MoE gather,
+    with experts split by intermediate dimension or whole) in interpret mode under shard_map,
+    against the unsplit reference forward."""
     path = tiny_checkpoint(family, 3)
     ids = tm.random_ids(21, seed=5)
     ref = load_model(path, dtype="float32").score(ids)
