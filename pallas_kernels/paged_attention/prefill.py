@@ -135,5 +135,8 @@ def prefill_attention(q, k, v, k_pages, v_pages, page_table, seq_lens, cu_q_lens
         q, k_pages, v_pages, page_table, seq_lens, cu, blk_req, blk_q0, jnp.zeros((1, 1, 1), jnp.int32),
         mode="causal", cfg=cfg, sm_scale=sm_scale, interpret=interpret, init=(o_own, lse_own, stop),
     )
-    valid = query_blocks.request_of(cu[1:], jnp.arange(num_tokens, dtype=jnp.int32)) < batch
-    return jnp.where(valid[:, None, None], out, 0)  # padding tokens: zeros, as the reference gives
+    # Padding tokens, and the tokens of a request with no KV (a drafter's catch-up marks rows it
+    # skips so), are zeros, as the reference gives them.
+    req = query_blocks.request_of(cu[1:], jnp.arange(num_tokens, dtype=jnp.int32))
+    valid = (req < batch) & (seq_lens[jnp.minimum(req, batch - 1)] > 0)
+    return jnp.where(valid[:, None, None], out, 0)

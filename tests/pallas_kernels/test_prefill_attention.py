@@ -69,6 +69,20 @@ def test_prefill_attention_matches_causal_reference(q_lens, prefixes, tokens, he
     assert (got[sum(q_lens):] == 0).all()  # padding tokens
 
 
+def test_a_request_without_kv_gives_zeros():
+    """A drafter's catch-up extend marks the rows it skips with a KV length of 0 but keeps their
+    new tokens: the reference gives those rows zeros, and so must both parts."""
+    rng = np.random.default_rng(5)
+    args, (k_tok, v_tok) = _chunk(rng, [4, 4, 4], [3, 3, 3], 12, 4, 2, 32, jnp.float32)
+    q, k, v, table, seq, cu = args
+    seq = seq.at[1].set(0)
+    want = np.asarray(ref.paged_attention(q, k, v, table, seq, cu, sm_scale=0.3))
+    got = np.asarray(pa.prefill_attention(q, k_tok, v_tok, k, v, table, seq, cu, sm_scale=0.3, own="reference",
+                                          own_segments=2, interpret=True))
+    assert (want[4:8] == 0).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_own_part_reference_log_sum_exp():
     """The stand-in's lse is log sum exp of each token's scaled logits over its request's earlier
     tokens (what the kernel resumes from), and -inf for padding tokens."""
