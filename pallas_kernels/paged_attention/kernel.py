@@ -5,7 +5,9 @@ the block's BQ new tokens as the rows of one matrix (`rows = BQ * H/G`, padded t
 of at least 16, the smallest MMA tile), so each K/V page is read once per KV head and verify with
 N draft tokens costs one decode-sized program, not N of them. It walks its split of the
 request's KV in steps of `block_kv` tokens with an online softmax, and writes either the final
-rows (one split) or (acc, max, sum) partials for `combine.py` (several splits).
+rows (one split) or (acc, max, sum) partials for `combine.py` (several splits). Given an init
+(`prefill.py`), it resumes another kernel's softmax of each row, reads keys only below a
+per-request stop, and writes the final rows in place into that kernel's `[T, H, D]` output.
 
 Each split runs two loops. The first covers KV steps that every row may see in full (the cached
 prefix up to the block's first token): no mask at all. The second covers the rest with the mask of
