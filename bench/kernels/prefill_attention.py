@@ -25,6 +25,7 @@ import numpy as np
 from jspec.bench.record import environment
 from pallas_kernels import paged_attention as pa
 from pallas_kernels.paged_attention import reference as ref
+from pallas_kernels.paged_attention.prefill import own_part_cudnn
 
 PAGE = 16
 HEADS = {"qwen3-8b": (32, 8, 128), "qwen3-next": (16, 2, 256)}
@@ -112,7 +113,6 @@ def main(argv=None):
             except Exception as e:  # noqa: BLE001
                 row[f"{impl}_error"] = repr(e)[:400]
         if len(reqs) == 1:  # cuDNN's part alone, with the bucket's B segments and with fewer
-            from pallas_kernels.paged_attention.prefill import own_part_cudnn
             for segs in sorted({batch, 4, 2}):
                 cu = a[5][:segs + 1]
                 try:

@@ -201,7 +201,7 @@ def _kernel(
     # KV extent of this block, then of this split.
     if mode == MODE_CODES["causal"]:
         kv_end = jnp.minimum(seq_cut, prefix + j0 + cfg.block_q)
-        free_end = jnp.minimum(seq_cut, prefix + j0 + 1)  # every row sees [0, first row's own index]
+        free_end = prefix + j0 + 1  # every row sees [0, first row's own index] (steps past kv_end: none)
     elif mode == MODE_CODES["tree"]:
         kv_end, free_end = seq_len, prefix
     else:

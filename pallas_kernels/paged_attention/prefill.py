@@ -101,7 +101,7 @@ OWN_PARTS = {"cudnn": own_part_cudnn, "reference": own_part_reference}
 
 
 # Requests of a chunk whose own tokens go to cuDNN; further requests take the kernel's causal
-# path. cuDNN's part costs about 1 us more per segment asked for, used or not (NOTES.md).
+# path. cuDNN's part costs more for every segment asked for, used or not (figures: NOTES.md).
 OWN_SEGMENTS = 8
 
 
@@ -137,6 +137,6 @@ def prefill_attention(q, k, v, k_pages, v_pages, page_table, seq_lens, cu_q_lens
     )
     # Padding tokens, and the tokens of a request with no KV (a drafter's catch-up marks rows it
     # skips so), are zeros, as the reference gives them.
-    req = query_blocks.request_of(cu[1:], jnp.arange(num_tokens, dtype=jnp.int32))
+    req, _ = _token_segments(cu, num_tokens)
     valid = (req < batch) & (seq_lens[jnp.minimum(req, batch - 1)] > 0)
     return jnp.where(valid[:, None, None], out, 0)

@@ -142,7 +142,8 @@ def test_cudnn_part_glue_against_a_fake_cudnn(monkeypatch):
         assert np.isneginf(np.asarray(got[1][n:])).all()
 
 
-def test_cudnn_part_is_not_offered_off_the_gpu():
-    if jax.default_backend() == "gpu":
-        pytest.skip("a GPU run: whether cuDNN's part runs depends on the card")
-    assert not pa.cudnn_available(jnp.bfloat16)
+def test_cudnn_part_is_offered_for_half_precision_on_hopper_only():
+    dev = jax.devices()[0]
+    hopper = dev.platform == "gpu" and float(getattr(dev, "compute_capability", "0") or 0) >= 9.0
+    assert pa.cudnn_available(jnp.bfloat16) == hopper and pa.cudnn_available(jnp.float16) == hopper
+    assert not pa.cudnn_available(jnp.float32)
