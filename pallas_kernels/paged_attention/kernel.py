@@ -159,7 +159,7 @@ def _kernel(
     q_ref,  # [T, H, D]
     k_ref,  # [P * L, G, D] (pages flattened into slots)
     v_ref,  # [P * L, G, D]
-    *refs,  # o [M, D] block of [NB, G, S, M, D], then stats; with has_init: o0, lse0, stop, o (below)
+    *refs,  # o [M, D] block of [NB, G, S, M, D], then stats; with has_init: o0, lse0, seg, stop, o
     mode: int,
     cfg: Config,
     group: int,
@@ -169,8 +169,9 @@ def _kernel(
     has_init: bool,
 ):
     # stat_refs: ([M] max, [M] sum) blocks when splits > 1. With has_init: o0 [T, H, D], lse0
-    # [T, H] and stop [B] in, and o the whole [T, H, D] array, which aliases o0 (written in place).
-    (o0_ref, lse0_ref, stop_ref, o_ref, *stat_refs) = refs if has_init else (None, None, None) + tuple(refs)
+    # [S, H, T'], seg [B] and stop [B] in (`attention_blocks`), and o the whole [T, H, D] array,
+    # which aliases o0 (written in place).
+    (o0_ref, lse0_ref, seg_ref, stop_ref, o_ref, *stat_refs) = refs if has_init else (None,) * 4 + tuple(refs)
     i, g, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     batch, pages_per_seq = page_table_ref.shape
     num_slots = k_ref.shape[0]
@@ -270,9 +271,12 @@ def _kernel(
         return lax.fori_loop(n_free, n_steps, masked_body, carry)
 
     if has_init:  # resume another kernel's softmax over other keys: its rows at m = lse, l = 1
+        seg = seg_ref[b]
+
         @pl.when(live & (n_steps > 0))  # a block with no keys here keeps o0's rows: no traffic
         def _():
-            lse0 = lse0_ref[tok, head] * LOG2E  # [M], natural log -> the log2 domain used here
+            lse0 = lse0_ref[jnp.maximum(seg, 0), head, jnp.minimum(j_row, lse0_ref.shape[2] - 1)]
+            lse0 = jnp.where(seg >= 0, lse0 * LOG2E, -jnp.inf)  # [M], to the log2 domain used here
             seen = lse0 > -jnp.inf  # False for rows that saw nothing there (-inf or NaN)
             acc, _, l = walk((
                 jnp.where(seen[:, None], o0_ref[tok, head, :].astype(jnp.float32), 0.0),
@@ -280,6 +284,15 @@ def _kernel(
                 jnp.where(seen, 1.0, 0.0),
             ))
             o_ref[tok, head, :] = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
+
+        # Zeros, as the reference gives them, for a request with no KV and for padding tokens: an
+        # unused block's q0 counts from the end of the requests' tokens (`prefill.py`).
+        pad_start = cu_q_ref[batch] + j0
+
+        @pl.when((live & (seq_len == 0)) | (jnp.logical_not(live) & (pad_start < num_tokens)))
+        def _():
+            row = jnp.where(live, tok, jnp.minimum(pad_start + r // group, num_tokens - 1))
+            o_ref[row, head, :] = jnp.zeros((rows, q.shape[-1]), o_ref.dtype)
         return
 
     acc, m, l = walk((
@@ -316,11 +329,14 @@ def attention_blocks(
     """Run the kernel over query blocks. Returns `o [NB, G, S, M, D]` and, when S > 1, the
     row max and sum `[NB, G, S, M]` (log2 domain); with S == 1, `o` is final and in q's dtype.
 
-    init: `(o0 [T, H, D], lse0 [T, H] float32, stop [B] int32)` with mode "causal" and one split:
-    each token's attention over keys this call does not read and its natural-log log-sum-exp
-    (-inf: none), and per request the KV index where those keys begin (this call reads keys below
-    it only). The online softmax starts from them, so the result covers both key sets; it comes
-    back as `[T, H, D]` written into o0's buffer (rows of blocks with no keys here stay o0's)."""
+    init: `(o0 [T, H, D], lse0 [S, H, T'] float32, seg [B] int32, stop [B] int32)` with mode
+    "causal" and one split: each token's attention over keys this call does not read, and its
+    natural-log log-sum-exp at `lse0[seg[b], h, j]` for new token j of request b (cuDNN's
+    per-segment layout; seg -1 or -inf: no such keys), and per request the KV index where those
+    keys begin (this call reads keys below it only). The online softmax starts from them, so the
+    result covers both key sets; it comes back as `[T, H, D]` written into o0's buffer (rows of
+    blocks with no keys here stay o0's), with zeros for requests of KV length 0 and for padding
+    tokens, which unused blocks (request B) cover from `blk_q0` counted past the last request."""
     num_tokens, num_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_pages.shape
     group = num_heads // num_kv_heads
@@ -351,7 +367,7 @@ def attention_blocks(
     if init is not None:
         if cfg.splits > 1 or mode != "causal":
             raise ValueError(f"attention_blocks: init needs mode 'causal' and one split, got {mode!r}, {cfg.splits}")
-        extra = (init[0], init[1].astype(jnp.float32), init[2].astype(jnp.int32))
+        extra = (init[0], init[1].astype(jnp.float32), init[2].astype(jnp.int32), init[3].astype(jnp.int32))
         aliases = {9: 0}  # o0 (input 9) is the output
         out_shape, out_specs = [jax.ShapeDtypeStruct(init[0].shape, init[0].dtype)], [pl.no_block_spec]
     params = {}

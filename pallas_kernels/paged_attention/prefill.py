@@ -41,22 +41,18 @@ def cudnn_available(dtype) -> bool:
     return dev.platform == "gpu" and float(getattr(dev, "compute_capability", "0") or 0) >= 9.0
 
 
-def _token_segments(cu_q_lens, num_tokens: int):
-    """Per token: its request `[T]` (B for padding), index among the request's new tokens `[T]`."""
-    batch = cu_q_lens.shape[0] - 1
-    req = query_blocks.request_of(cu_q_lens[1:], jnp.arange(num_tokens, dtype=jnp.int32))
-    j = jnp.arange(num_tokens, dtype=jnp.int32) - cu_q_lens[jnp.minimum(req, batch - 1)]
-    return req, j
-
-
 def own_part_reference(q, k, v, cu_q_lens, *, sm_scale: float, segments: int):
     """The new tokens of requests `[0, segments)` over their own K/V, causal. q `[T, H, D]`, k / v
-    `[T, G, D]`. Returns (out `[T, H, D]` in q's dtype, lse `[T, H]` float32 natural log, -inf
-    where no key); rows of other tokens are not part of the contract beyond their lse of -inf."""
+    `[T, G, D]`. Returns out `[T, H, D]` in q's dtype, the natural-log log-sum-exp in cuDNN's
+    per-segment layout `lse [S, H, T]` float32 (`lse[seg[b], h, j]` for new token j of request b,
+    -inf where no key) and `seg [B]` (-1 for requests not covered). Rows of other tokens are not
+    part of the contract. Here each covered request is its own segment."""
     t, h, _ = q.shape
+    batch = cu_q_lens.shape[0] - 1
+    n = min(segments, batch)
     group = h // k.shape[1]
-    req, _ = _token_segments(cu_q_lens, t)
-    covered = req < min(segments, cu_q_lens.shape[0] - 1)
+    req = query_blocks.request_of(cu_q_lens[1:], jnp.arange(t, dtype=jnp.int32))  # B: padding
+    covered = req < n
     pos = jnp.arange(t)
     ok = (req[:, None] == req[None, :]) & (pos[None, :] <= pos[:, None]) & covered[:, None]
     kf = jnp.repeat(k.astype(jnp.float32), group, axis=1)
@@ -67,7 +63,12 @@ def own_part_reference(q, k, v, cu_q_lens, *, sm_scale: float, segments: int):
     lse = jax.nn.logsumexp(logits, axis=-1)  # [H, T]
     p = jnp.exp(logits - jnp.where(jnp.isfinite(lse), lse, 0.0)[..., None])
     out = jnp.einsum("hts,shd->thd", p, vf, precision=lax.Precision.HIGHEST)
-    return out.astype(q.dtype), lse.T
+    j = jnp.arange(t)
+    tok = cu_q_lens[:n, None] + j[None, :]  # [S, T]: request b's token j
+    inside = j[None, :] < (cu_q_lens[1:n + 1] - cu_q_lens[:n])[:, None]
+    lse_seg = jnp.where(inside[:, None, :], lse[:, jnp.clip(tok, 0, t - 1)].transpose(1, 0, 2), -jnp.inf)
+    seg = jnp.where(jnp.arange(batch) < n, jnp.arange(batch), -1).astype(jnp.int32)
+    return out.astype(q.dtype), lse_seg, seg
 
 
 def own_part_cudnn(q, k, v, cu_q_lens, *, sm_scale: float, segments: int):
@@ -76,9 +77,8 @@ def own_part_cudnn(q, k, v, cu_q_lens, *, sm_scale: float, segments: int):
     JAX's private cuDNN entry point, because `jax.nn.dot_product_attention` takes no segments and
     rounds the log-sum-exp to the output's dtype. Segments rather than one padded sequence: cuDNN
     then skips the bucket's padding. cuDNN returns the log-sum-exp per segment `[M, H, T]`, each
-    segment's tokens from index 0, segments in order of the requests with new tokens, so it is
-    gathered back per token."""
-    t, h, _ = q.shape
+    segment's tokens from index 0, segments in order of the requests with new tokens: the kernel
+    reads it there, through `seg`."""
     batch = cu_q_lens.shape[0] - 1
     n = min(segments, batch)
     q_lens = cu_q_lens[1:n + 1] - cu_q_lens[:n]
@@ -89,12 +89,10 @@ def own_part_cudnn(q, k, v, cu_q_lens, *, sm_scale: float, segments: int):
     out, stat = _cudnn.dot_product_attention(
         q[None], k[None], v[None], q_seqlen=seqlen, kv_seqlen=seqlen, q_offsets=offsets, kv_offsets=offsets,
         scale=sm_scale, mask_type=_cudnn.MaskType.PADDING_CAUSAL, return_residual=True)
-    req, j = _token_segments(cu_q_lens, t)
-    seg = (jnp.cumsum(live) - 1)[jnp.minimum(req, n - 1)]
-    lse = stat[seg[:, None], jnp.arange(h)[None, :], jnp.clip(j, 0, t - 1)[:, None]]  # [T, H]
-    # Rows of other tokens are whatever cuDNN left there: the kernel reads them only where their
-    # lse is finite, and prefill_attention zeroes padding rows at the end.
-    return out[0].astype(q.dtype), jnp.where((req < n)[:, None], lse, -jnp.inf)
+    # Rows of other tokens are whatever cuDNN left there: the kernel reads them only where seg >= 0
+    # and writes zeros over padding rows.
+    seg = jnp.full((batch,), -1, jnp.int32).at[:n].set(jnp.where(live, jnp.cumsum(live) - 1, -1))
+    return out[0].astype(q.dtype), stat, seg
 
 
 OWN_PARTS = {"cudnn": own_part_cudnn, "reference": own_part_reference}
@@ -118,12 +116,13 @@ def prefill_attention(q, k, v, k_pages, v_pages, page_table, seq_lens, cu_q_lens
     group = num_heads // num_kv_heads
     cu = cu_q_lens.astype(jnp.int32)
     seq_lens = seq_lens.astype(jnp.int32)
-    o_own, lse_own = OWN_PARTS[own](q, k.astype(q.dtype), v.astype(q.dtype), cu, sm_scale=sm_scale,
-                                    segments=own_segments)
+    o_own, lse_own, seg = OWN_PARTS[own](q, k.astype(q.dtype), v.astype(q.dtype), cu, sm_scale=sm_scale,
+                                         segments=own_segments)
 
     # The kernel's part, resumed from the own part's rows and written over them: a covered
     # request's keys below its cached prefix (none: its blocks return at once), any other
-    # request's whole causal extent.
+    # request's whole causal extent. Unused blocks write zeros over the padding tokens, each
+    # from its q0 counted past the last request's tokens.
     covered = jnp.arange(batch) < own_segments
     stop = jnp.where(covered, seq_lens - (cu[1:] - cu[:-1]), seq_lens)
     block_q = extend_block_q(num_tokens, batch, head_dim, group)
@@ -131,12 +130,10 @@ def prefill_attention(q, k, v, k_pages, v_pages, page_table, seq_lens, cu_q_lens
     cfg = choose(num_blocks=nb, block_q=block_q, group=group, num_kv_heads=num_kv_heads, head_dim=head_dim,
                  page_size=page_size, pages_per_seq=pages_per_seq, splits=1)
     blk_req, blk_q0 = query_blocks.plan(cu, nb, block_q)
+    unused = blk_req >= batch
+    blk_q0 = jnp.where(unused, (jnp.cumsum(unused) - 1) * block_q, blk_q0).astype(jnp.int32)
     out, _, _ = attention_blocks(
         q, k_pages, v_pages, page_table, seq_lens, cu, blk_req, blk_q0, jnp.zeros((1, 1, 1), jnp.int32),
-        mode="causal", cfg=cfg, sm_scale=sm_scale, interpret=interpret, init=(o_own, lse_own, stop),
+        mode="causal", cfg=cfg, sm_scale=sm_scale, interpret=interpret, init=(o_own, lse_own, seg, stop),
     )
-    # Padding tokens, and the tokens of a request with no KV (a drafter's catch-up marks rows it
-    # skips so), are zeros, as the reference gives them.
-    req, _ = _token_segments(cu, num_tokens)
-    valid = (req < batch) & (seq_lens[jnp.minimum(req, batch - 1)] > 0)
-    return jnp.where(valid[:, None, None], out, 0)
+    return out

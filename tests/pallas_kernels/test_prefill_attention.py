@@ -54,7 +54,17 @@ def _chunk(rng, q_lens, prefixes, tokens, heads, kv_heads, head_dim, dtype, page
     ([0, 4, 3], [0, 0, 9], 8, 4, 2, 32, jnp.float32, 8),  # a request without new tokens before others
 ])
 def test_prefill_attention_matches_causal_reference(q_lens, prefixes, tokens, heads, kv_heads, head_dim, dtype,
-                                                    segments):
+                                                    segments, monkeypatch):
+    from pallas_kernels.paged_attention import prefill
+
+    def poisoned(q, k, v, cu_q_lens, *, sm_scale, segments):
+        """The stand-in, with NaN in every row past the covered requests (cuDNN leaves those rows
+        unwritten): the kernel must overwrite them all, padding with zeros."""
+        out, lse, seg = own_part_reference(q, k, v, cu_q_lens, sm_scale=sm_scale, segments=segments)
+        end = cu_q_lens[min(segments, cu_q_lens.shape[0] - 1)]
+        return jnp.where((jnp.arange(q.shape[0]) < end)[:, None, None], out, jnp.nan), lse, seg
+
+    monkeypatch.setitem(prefill.OWN_PARTS, "reference", poisoned)
     rng = np.random.default_rng(sum(q_lens) + heads)
     args, (k_tok, v_tok) = _chunk(rng, q_lens, prefixes, tokens, heads, kv_heads, head_dim, dtype)
     want = np.asarray(ref.paged_attention(*args, sm_scale=0.3).astype(jnp.float32))
@@ -90,18 +100,20 @@ def test_own_part_reference_log_sum_exp():
     q = jnp.asarray(rng.standard_normal((6, 2, 8)), jnp.float32)
     k = jnp.asarray(rng.standard_normal((6, 1, 8)), jnp.float32)
     cu = jnp.asarray([0, 2, 5], jnp.int32)
-    _, lse = own_part_reference(q, k, k, cu, sm_scale=0.5, segments=8)
-    qn, kn = np.asarray(q), np.asarray(k)[:, 0]
-    for t, (start, idx) in enumerate([(0, 0), (0, 1), (2, 0), (2, 1), (2, 2)]):
+    _, lse, seg = own_part_reference(q, k, k, cu, sm_scale=0.5, segments=8)
+    qn, kn, lse = np.asarray(q), np.asarray(k)[:, 0], np.asarray(lse)
+    assert list(np.asarray(seg)) == [0, 1] and lse.shape == (2, 2, 6)
+    for t, (b, start, idx) in enumerate([(0, 0, 0), (0, 0, 1), (1, 2, 0), (1, 2, 1), (1, 2, 2)]):
         logits = qn[t] @ kn[start:start + idx + 1].T * 0.5  # [H, n]
-        np.testing.assert_allclose(np.asarray(lse[t]), np.log(np.exp(logits).sum(-1)), rtol=1e-5)
-    assert np.isneginf(np.asarray(lse[5])).all()
+        np.testing.assert_allclose(lse[b, :, idx], np.log(np.exp(logits).sum(-1)), rtol=1e-5)
+    assert np.isneginf(lse[0, :, 2:]).all() and np.isneginf(lse[1, :, 3:]).all()  # past each request
 
 
 def test_cudnn_part_glue_against_a_fake_cudnn(monkeypatch):
     """own_part_cudnn describes the covered requests as packed segments (-1 for those without new
-    tokens, at least two segments) and reads cuDNN's per-segment `[M, H, T]` float32 log-sum-exp
-    back per token: with a fake that answers as JAX's cuDNN call does, it equals the jnp stand-in."""
+    tokens, at least two segments) and points each covered request at its segment of cuDNN's
+    `[M, H, T]` float32 log-sum-exp: with a fake that answers as JAX's cuDNN call does, rows and
+    log-sum-exp equal the jnp stand-in's."""
     from pallas_kernels.paged_attention import prefill
 
     class FakeCudnn:
@@ -121,10 +133,10 @@ def test_cudnn_part_glue_against_a_fake_cudnn(monkeypatch):
             stat = jnp.full((segs, q.shape[2], t), jnp.nan, jnp.float32)
             for i, (o, n) in enumerate(zip(starts, lens)):
                 cu = jnp.asarray([0, n], jnp.int32)
-                so, sl = own_part_reference(q[0, o:o + n], k[0, o:o + n], v[0, o:o + n], cu, sm_scale=scale,
+                so, sl, _ = own_part_reference(q[0, o:o + n], k[0, o:o + n], v[0, o:o + n], cu, sm_scale=scale,
                                             segments=1)
                 out = out.at[o:o + n].set(so)
-                stat = stat.at[i, :, :n].set(sl.T)
+                stat = stat.at[i, :, :n].set(sl[0, :, :n])
             return out[None], stat
 
     monkeypatch.setattr(prefill, "_cudnn", FakeCudnn)
@@ -136,10 +148,16 @@ def test_cudnn_part_glue_against_a_fake_cudnn(monkeypatch):
         cu = jnp.asarray(cu, jnp.int32)
         want = own_part_reference(q, k, k, cu, sm_scale=0.25, segments=segments)
         got = prefill.own_part_cudnn(q, k, k, cu, sm_scale=0.25, segments=segments)
-        n = int(cu[min(segments, len(cu) - 1)])  # rows past the covered requests: lse -inf only
-        for g, w in zip(got, want):
-            np.testing.assert_allclose(np.asarray(g[:n]), np.asarray(w[:n]), rtol=1e-5, atol=1e-6)
-        assert np.isneginf(np.asarray(got[1][n:])).all()
+        n = int(cu[min(segments, len(cu) - 1)])  # rows past the covered requests: not in the contract
+        np.testing.assert_allclose(np.asarray(got[0][:n]), np.asarray(want[0][:n]), rtol=1e-5, atol=1e-6)
+        lens = np.diff(np.asarray(cu))
+        packed = np.cumsum(lens[:segments] > 0) - 1
+        want_seg = [int(packed[b]) if b < segments and lens[b] else -1 for b in range(len(lens))]
+        assert list(np.asarray(got[2])) == want_seg
+        for b, s in enumerate(want_seg):
+            if s >= 0:
+                np.testing.assert_allclose(np.asarray(got[1][s, :, :lens[b]]), np.asarray(want[1][b, :, :lens[b]]),
+                                           rtol=1e-5, atol=1e-6)
 
 
 def test_cudnn_part_is_offered_for_half_precision_on_hopper_only():
