@@ -9,7 +9,6 @@ back in token order.
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from pallas_kernels.paged_attention import query_blocks
@@ -129,13 +128,15 @@ def paged_decode_tuned(
         num_warps=num_warps, num_stages=num_stages,
     )
     # One query block per request: no planning, and rows come back without a gather. The block
-    # tables are numpy, so they enter the step as constants, not as iotas that XLA may compute in
-    # a kernel of their own at every layer.
-    blk_req = np.arange(batch, dtype=np.int32)
-    cu = np.arange(batch + 1, dtype=np.int32)
+    # tables are computed from seq_lens (plus a zero XLA cannot prove): constant tables become an
+    # iota or memset kernel in front of every layer's custom call, while a value of the step's
+    # inputs is computed once and shared by all layers.
+    zero = jnp.minimum(seq_lens[0], 0).astype(jnp.int32)
+    blk_req = jnp.arange(batch, dtype=jnp.int32) + zero
+    cu = jnp.arange(batch + 1, dtype=jnp.int32) + zero
     acc, m, l = attention_blocks(
-        q, k_pages, v_pages, page_table, seq_lens, cu, blk_req, np.zeros_like(blk_req),
-        np.zeros((1, 1, 1), np.int32), mode="causal", cfg=cfg, sm_scale=sm_scale, interpret=interpret,
+        q, k_pages, v_pages, page_table, seq_lens, cu, blk_req, jnp.broadcast_to(zero, (batch,)),
+        jnp.broadcast_to(zero, (1, 1, 1)), mode="causal", cfg=cfg, sm_scale=sm_scale, interpret=interpret,
     )
     rows = _finish(acc, m, l, q.dtype)  # [B, G, M, D]
     return rows[:, :, :group].reshape(batch, num_heads, head_dim)

@@ -27,9 +27,8 @@ Lowering: Triton (`pallas.triton.CompilerParams`), chosen because
   limits decode is how the Triton lowering streams a program's strided rows, not paging.
 
 Launch shapes (`Config`, `choose`) are static: T, B, Pmax, H, G, D and the page size L are fixed
-per bucket, lengths are not, so a choice may only depend on the former and is made at trace time.
-In the decode probes splits, stages, KV step and launch order all stayed within the run-to-run
-spread: the defaults are reasoned, and not fragile.
+per bucket, lengths are not, so a choice may only depend on the former and is made at trace time
+(the splits' shares of the KV excepted: those follow each request's length at run time).
 
 The figures behind every choice here, and the designs tried and dropped: NOTES.md.
 """
@@ -60,13 +59,12 @@ except ImportError:  # pragma: no cover - only on a jax without the Triton backe
 class Config:
     """block_q: new tokens of one request per program (BQ); rows: BQ x H/G padded to a power of two
     (the MMA M dimension); block_kv: KV tokens per loop step; splits: programs along the KV axis
-    (flash-decoding); pages_per_split: page-table entries each split covers."""
+    (flash-decoding), each over an equal share of the block's actual KV in whole steps."""
 
     block_q: int
     rows: int
     block_kv: int
     splits: int
-    pages_per_split: int
     num_warps: int
     num_stages: int
 
@@ -95,6 +93,10 @@ def extend_block_q(num_tokens: int, batch: int, head_dim: int, group: int) -> in
     return min(next_pow2(-(-num_tokens // batch)), next_pow2(widest_block_q(head_dim, group)))
 
 
+# Programs wanted per SM when a call splits the KV (flash-decoding); measured in NOTES.md.
+PROGRAMS_PER_SM = 1
+
+
 def choose(
     *,
     num_blocks: int,
@@ -115,8 +117,9 @@ def choose(
     tokens per block; group: H / G; pages_per_seq: Pmax, the page table's width.
     The KV step is 64 tokens (32 for D=256): a K and a V tile of 16 KiB each per pipeline stage.
     Decode is indifferent to steps of 32 to 256 tokens; prefill loses much of its rate at 128.
-    Splits: enough programs to give every SM a few (memory-bound decode needs many loads in
-    flight), but never a split shorter than two KV steps; decode is not sensitive to the count.
+    Splits: `PROGRAMS_PER_SM` programs for every SM (memory-bound decode needs many loads in
+    flight), at most one per two KV steps of the widest context; each takes an equal share of
+    the actual KV at run time.
     """
     rows = next_pow2(max(16, block_q * group))
     if block_kv is None:
@@ -124,15 +127,11 @@ def choose(
     kv_tokens = pages_per_seq * page_size
     if splits is None:
         programs = max(1, num_blocks * num_kv_heads)
-        want = max(1, math.ceil(4 * num_sms() / programs))
+        want = max(1, math.ceil(PROGRAMS_PER_SM * num_sms() / programs))
         most = max(1, kv_tokens // (2 * block_kv))
         splits = min(next_pow2(want), next_pow2(most) if most > 1 else 1)
         if rows >= 128:  # prefill-sized programs are plentiful and compute-bound
             splits = 1
-    # A split covers whole KV steps, so split boundaries never cut a step.
-    step_pages = max(1, block_kv // page_size)
-    pages_per_split = math.ceil(math.ceil(pages_per_seq / splits) / step_pages) * step_pages
-    splits = max(1, math.ceil(pages_per_seq / pages_per_split))
     if num_warps is None:
         # 4 warps up to a 128 x 128 tile: 8 were slower for both causal prefill and decode.
         num_warps = 4 if rows * head_dim <= 128 * 128 else 8
@@ -140,7 +139,7 @@ def choose(
         # Decode (<= 16 rows): 4 stages beat 3 even though they leave room for one program per SM
         # only: the page-id -> K/V load chain needs the depth. Prefill: 3 stages (2 a little slower).
         num_stages = 4 if rows <= 16 else 3
-    return Config(block_q, rows, block_kv, splits, pages_per_split, num_warps, num_stages)
+    return Config(block_q, rows, block_kv, max(1, splits), num_warps, num_stages)
 
 
 # ----------------------------------------------------------------------------- the kernel
@@ -207,8 +206,11 @@ def _kernel(
         kv_end, free_end = seq_len, prefix
     else:
         kv_end, free_end = seq_len, seq_len
-    lo = s * (cfg.pages_per_split * page_size)
-    hi = jnp.minimum(lo + cfg.pages_per_split * page_size, kv_end)
+    # Splits share the actual KV (not the page table's width, which is the longest context the
+    # engine allows), so every split of a short request has work; shares are whole KV steps.
+    share = (kv_end + cfg.splits * block_kv - 1) // (cfg.splits * block_kv) * block_kv
+    lo = s * share
+    hi = jnp.minimum(lo + share, kv_end)
     n_steps = jnp.maximum(hi - lo + block_kv - 1, 0) // block_kv
     n_free = jnp.clip(jnp.maximum(jnp.minimum(free_end, hi) - lo, 0) // block_kv, 0, n_steps)
 
