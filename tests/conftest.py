@@ -4,13 +4,13 @@ Most of the suite's time is XLA compiling the tiny models' step functions. Two c
 for the tests only, cut that. The programs JAX hands to XLA are unchanged; only how XLA turns them
 into CPU code changes (results may differ in float rounding, as between XLA versions; every test
 still passes):
-- `--xla_backend_optimization_level=1`: LLVM's -O1 instead of -O2 for the generated CPU code;
+- `--xla_backend_optimization_level=0`: no LLVM optimisation of the generated CPU code (the
+  tests' tiny models run little code; `jspec demo`, which runs much, keeps the caller's flags);
 - `--xla_cpu_use_fusion_emitters=false`: XLA's classic emitters for CPU fusions.
 - `--xla_force_host_platform_device_count=4`: four CPU devices, for the tensor-parallel tests
   (a mesh of 2 or 4); everything else runs on the first, as before.
-Level 0 compiles faster still but makes generated code much slower (`jspec demo`). A persistent
-compilation cache shared by the session does not pay: the test files' tiny models differ, so almost
-no compile would hit it. Timings: bench/README.md, "Test suite timing".
+A persistent compilation cache shared by the session does not pay: the test files' tiny models
+differ, so almost no compile would hit it. Timings: bench/README.md, "Test suite timing".
 
 The compiled-step cache (`jspec.runtime.executable_cache`) is off for the suite
 (`JSPEC_EXECUTABLE_CACHE=0`): every engine traces its own steps, and an engine built without
@@ -24,7 +24,7 @@ run warmed it.
 
 Flags the caller already set in XLA_FLAGS come last and so win. Subprocesses inherit the test
 flags; the one that runs `jspec demo` as a user would gets the caller's own (`JSPEC_USER_XLA_FLAGS`),
-because its 10 engines generate enough tokens that -O1 code costs more than it saves.
+because its 10 engines generate enough tokens that unoptimised code costs more than it saves.
 """
 
 import atexit
@@ -32,7 +32,7 @@ import os
 import shutil
 import tempfile
 
-TEST_XLA_FLAGS = ("--xla_backend_optimization_level=1 --xla_cpu_use_fusion_emitters=false "
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
                   "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JSPEC_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
 os.environ["XLA_FLAGS"] = f"{TEST_XLA_FLAGS} {os.environ['JSPEC_USER_XLA_FLAGS']}".strip()
