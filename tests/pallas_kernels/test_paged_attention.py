@@ -209,6 +209,20 @@ def test_decode(H, G, tuning):
     assert (np.asarray(out)[4] == 0).all()
 
 
+@pytest.mark.parametrize("splits", [2, 8])
+def test_decode_splits_share_the_actual_kv(splits):
+    """A page table far wider than the requests' KV (an engine's is its longest context): the
+    splits divide each request's own length, in whole KV steps, so short requests leave some
+    splits empty and long ones use them all; every split count gives the reference."""
+    rng = np.random.default_rng(splits)
+    prefixes = [0, 5, 17, 40, 63]
+    args = make_case(rng, [1] * 5, prefixes, T=5, Pmax=40, P=208, H=4, G=2)
+    q, k, v, pt, seq, _ = args
+    out = paged_decode_tuned(q, k, v, pt, seq, sm_scale=SM_SCALE, interpret=True, block_kv=4, splits=splits)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref.paged_decode(q, k, v, pt, seq, sm_scale=SM_SCALE)),
+                               rtol=2e-5, atol=2e-5)
+
+
 def test_decode_public_and_page_sizes():
     """The public decode with L = 8 and D = 32 (another page size and head dim)."""
     rng = np.random.default_rng()
