@@ -25,13 +25,16 @@ PACKAGES = tuple(os.path.join(ROOT, p) + os.sep for p in ("jspec", "pallas_kerne
 class Recorder:
     """A profile hook on every thread (the engine serves from threads of its own, started after
     `install`): while `record(fn)` runs fn, the repository files of every Python function called
-    on any thread are collected."""
+    on any thread (or, with `this_thread`, on the caller's only) are collected."""
 
     def __init__(self):
         self.seen: set[str] | None = None
+        self.thread: int | None = None
 
     def hook(self, frame, event, arg):
         if event == "call" and self.seen is not None:
+            if self.thread is not None and threading.get_ident() != self.thread:
+                return
             path = frame.f_code.co_filename
             if path.startswith(PACKAGES):
                 self.seen.add(os.path.relpath(path, ROOT))
@@ -40,12 +43,12 @@ class Recorder:
         threading.setprofile(self.hook)
         sys.setprofile(self.hook)
 
-    def record(self, fn) -> set[str]:
-        self.seen = set()
+    def record(self, fn, *, this_thread: bool = False) -> set[str]:
+        self.seen, self.thread = set(), threading.get_ident() if this_thread else None
         try:
             fn()
         finally:
-            seen, self.seen = self.seen, None
+            seen, self.seen, self.thread = self.seen, None, None
         return seen
 
 
@@ -82,7 +85,8 @@ def main(argv=None):
         runner = eng.runner
         bucket = next(b for b in runner.buckets if b.mode is ForwardMode.DECODE and b.speculate and not b.draft_steps)
         jax.clear_caches()  # or the kernels' traces come from JAX's caches without running their code
-        device = recorder.record(lambda: runner._lower(bucket, runner.state))
+        # this thread only: the engine's own threads keep polling meanwhile
+        device = recorder.record(lambda: runner._lower(bucket, runner.state), this_thread=True)
     finally:
         eng.shutdown()
     both = sorted(host | device)
