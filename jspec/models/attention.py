@@ -43,20 +43,24 @@ class Attention(nnx.Module):
         gate `[..., H*D]` (None without one). The leading axes are tokens: `[T]` in the paged step,
         `[B, T]` in the dense training forward; cos / sin `[T, rotary_dim]` match the last of them."""
         lead = x.shape[:-1]
-        h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
+        g, d = self.num_kv_heads, self.head_dim
         q, k, v = split_shard_major(self.qkv_proj(x), [self.q_out, g * d, g * d], self.tp_size)
-        gate = None
-        if self.output_gate:
-            q, gate = jnp.split(q.reshape(*lead, h, 2 * d), 2, axis=-1)
-            gate = gate.reshape(*lead, h * d)
-        else:
-            q = q.reshape(*lead, h, d)
+        q, gate = self._split_gate(q)
         k = k.reshape(*lead, g, d)
         v = v.reshape(*lead, g, d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos_sin
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, gate
+
+    def _split_gate(self, q):
+        """The q columns of the projection `[..., q_out]` -> queries `[..., H, D]` and the output gate
+        `[..., H*D]` (None without one; with one, each head is [query D | gate D])."""
+        lead, h, d = q.shape[:-1], self.num_heads, self.head_dim
+        if not self.output_gate:
+            return q.reshape(*lead, h, d), None
+        q, gate = jnp.split(q.reshape(*lead, h, 2 * d), 2, axis=-1)
+        return q, gate.reshape(*lead, h * d)
 
     def output(self, o, gate):
         """Attention output o `[..., H, D]` -> `[..., E]`: the sigmoid output gate, then o_proj."""
@@ -76,10 +80,9 @@ class Attention(nnx.Module):
                                                         num_heads=self.num_heads, eps=eps, zero_centred=zero_centred,
                                                         gated=self.output_gate, tp=tp)
         gate = None
-        if self.output_gate:  # each q head is [query D | gate D]; the kernel took the queries
-            h, d = self.num_heads, self.head_dim
-            q_all = split_shard_major(qkv, [self.q_out, 2 * self.num_kv_heads * d], tp)[0]
-            gate = q_all.reshape(-1, h, 2 * d)[..., d:].reshape(-1, h * d)
+        if self.output_gate:  # the kernel took the queries; the gates come from the same columns
+            gate = self._split_gate(split_shard_major(qkv, [self.q_out, 2 * self.num_kv_heads * self.head_dim],
+                                                      tp)[0])[1]
         scale = self.head_dim ** -0.5
         if batch.mode is ForwardMode.DECODE:
             o = ops.paged_decode(q, k_pages, v_pages, batch.page_table, batch.seq_lens, sm_scale=scale, tp=tp)

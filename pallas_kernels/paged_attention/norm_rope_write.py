@@ -120,7 +120,7 @@ def norm_rope_write(qkv, cos, sin, q_norm, k_norm, k_pages, v_pages, slot_mappin
     if qkv.shape[1] != num_heads * q_width + 2 * num_kv_heads * head_dim or not supported(head_dim, cos.shape[-1]):
         raise ValueError(f"norm_rope_write: qkv {qkv.shape}, cos {cos.shape} and pages {k_pages.shape} do not make "
                          f"{num_heads} q heads{' with gates' if gated else ''} and {num_kv_heads} KV heads of "
-                         f"{head_dim} with a power-of-two rotary dim of 16 to {head_dim}")
+                         f"{head_dim} with a power-of-two rotary dim of 8 to {head_dim}")
     flat = (num_pages * page_size, num_kv_heads, head_dim)
     norm = q_norm is not None
     weights = (q_norm, k_norm) if norm else ()
