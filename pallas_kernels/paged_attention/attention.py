@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_kernels.paged_attention import query_blocks
-from pallas_kernels.paged_attention.combine import combine_splits
+from pallas_kernels.paged_attention.combine import combine_decode, combine_decode_supported, combine_splits
 from pallas_kernels.paged_attention.kernel import attention_blocks, choose, extend_block_q, widest_block_q
 from pallas_kernels.paged_attention.reference import MASK_MODES
 
@@ -138,6 +138,8 @@ def paged_decode_tuned(
         q, k_pages, v_pages, page_table, seq_lens, cu, blk_req, jnp.broadcast_to(zero, (batch,)),
         jnp.broadcast_to(zero, (1, 1, 1)), mode="causal", cfg=cfg, sm_scale=sm_scale, interpret=interpret,
     )
+    if m is not None and combine_decode_supported(cfg.splits, cfg.rows, group):
+        return combine_decode(acc, m, l, group, q.dtype, interpret=interpret)  # one kernel, [B, H, D]
     rows = _finish(acc, m, l, q.dtype)  # [B, G, M, D]
     return rows[:, :, :group].reshape(batch, num_heads, head_dim)
 

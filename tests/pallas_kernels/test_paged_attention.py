@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from pallas_kernels import paged_attention as pa
 from pallas_kernels.paged_attention import reference as ref
 from pallas_kernels.paged_attention.attention import pack_tree_mask, paged_attention_tuned, paged_decode_tuned
+from pallas_kernels.paged_attention.combine import combine_decode, combine_splits
 
 SM_SCALE = 0.37
 
@@ -221,6 +222,29 @@ def test_decode_splits_share_the_actual_kv(splits):
     out = paged_decode_tuned(q, k, v, pt, seq, sm_scale=SM_SCALE, interpret=True, block_kv=4, splits=splits)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref.paged_decode(q, k, v, pt, seq, sm_scale=SM_SCALE)),
                                rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("splits, group, head_dim", [(16, 4, 128), (2, 8, 64), (4, 1, 32), (128, 8, 256)])
+def test_combine_decode_equals_the_jnp_merge(splits, group, head_dim):
+    """Decode's one-kernel merge gives the jnp merge's first `group` rows as heads, across its
+    loop over split chunks and its blocks of D (16 x 4 x 128: two blocks of 64; 128 x 8 x 256:
+    sixteen blocks of 16, four chunks each), with empty splits (max -inf) and a row that
+    saw nothing anywhere (zeros, not NaN)."""
+    rng = np.random.default_rng(splits)
+    batch, num_kv_heads, rows = 3, 2, 16
+    acc = jnp.asarray(rng.standard_normal((batch, num_kv_heads, splits, rows, head_dim)), jnp.float32)
+    m = rng.standard_normal((batch, num_kv_heads, splits, rows)).astype(np.float32) * 4
+    l = rng.uniform(0.5, 3.0, m.shape).astype(np.float32)
+    m[0, :, splits // 2:] = -np.inf  # a short request: its later splits had no KV
+    l[0, :, splits // 2:] = 0
+    m[2, 1] = -np.inf  # a padding request: nothing anywhere
+    l[2, 1] = 0
+    acc = acc.at[0, :, splits // 2:].set(0).at[2, 1].set(0)
+    out = combine_decode(acc, jnp.asarray(m), jnp.asarray(l), group, jnp.float32, interpret=True)
+    want = combine_splits(acc, jnp.asarray(m), jnp.asarray(l), jnp.float32)[:, :, :group]
+    assert out.shape == (batch, num_kv_heads * group, head_dim)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want).reshape(out.shape), rtol=1e-6, atol=1e-6)
+    assert (np.asarray(out)[2, group:] == 0).all()
 
 
 def test_decode_public_and_page_sizes():
