@@ -51,13 +51,15 @@ class PrefixMatch:
     """pages: the cached pages of the longest usable prefix, in order; num_tokens: the tokens
     they hold (len(pages) * page_size); node: the deepest matched node (lock it while in use).
     Hybrid caches: state, the snapshot row of `node` (None at the root); branch, the tokens that
-    the pages alone matched (>= num_tokens)."""
+    the pages alone matched (>= num_tokens); pending, the tokens up to the deepest matched node
+    whose snapshot the step being planned takes (loadable from the next step on; 0 if none)."""
 
     pages: list[int]
     num_tokens: int
     node: _Node
     state: int | None = None
     branch: int = 0
+    pending: int = 0
 
 
 class RadixCache:
@@ -102,6 +104,7 @@ class RadixCache:
             keys = self._keys(token_ids, len(token_ids) if max_tokens is None else max_tokens)
         node, pages, now = self.root, [], next(self._clock)
         usable = self.root  # hybrid: the deepest node whose snapshot a step may load
+        pending = 0  # hybrid: the deepest node whose snapshot the step being planned takes
         for key in keys:
             child = node.children.get(key)
             if child is None:
@@ -111,13 +114,15 @@ class RadixCache:
             pages.append(child.page)
             if self._loadable(child):
                 usable = child
+            elif child in self.fresh:
+                pending = child.depth
         if not self.stateful:
             return PrefixMatch(pages, len(pages) * self.page_size, node)
-        return self._cut(pages, usable, branch=len(pages) * self.page_size)
+        return self._cut(pages, usable, branch=len(pages) * self.page_size, pending=pending * self.page_size)
 
-    def _cut(self, pages: list[int], node: _Node, branch: int) -> PrefixMatch:
+    def _cut(self, pages: list[int], node: _Node, branch: int, pending: int = 0) -> PrefixMatch:
         """The match of `pages` ended at `node`, one of their nodes."""
-        return PrefixMatch(pages[:node.depth], node.depth * self.page_size, node, node.state, branch)
+        return PrefixMatch(pages[:node.depth], node.depth * self.page_size, node, node.state, branch, pending)
 
     def path_end(self, token_ids, max_tokens: int) -> _Node:
         """The deepest node along token_ids (at most max_tokens), whatever its snapshots."""
@@ -135,7 +140,7 @@ class RadixCache:
         node = match.node
         while node.depth > num_pages or (self.stateful and node.parent is not None and not self._loadable(node)):
             node = node.parent
-        return self._cut(match.pages, node, match.branch)
+        return self._cut(match.pages, node, match.branch, match.pending)
 
     def _loadable(self, node: _Node) -> bool:
         return node.state is not None and node not in self.fresh

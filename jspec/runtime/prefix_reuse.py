@@ -30,11 +30,11 @@ class PrefixReuse:
     def __init__(self, cache: RadixCache, pages: PageAllocator):
         self.cache, self.pages = cache, pages
 
-    def match(self, req: Request) -> PrefixMatch | None:
-        """The cached prefix an admitted request can reuse (or, hybrid, only a branch point), or None."""
+    def _keys(self, req: Request) -> list[tuple]:
+        """The page keys of the prompt prefix `req` may take from the cache, kept with the request
+        while it waits (LPM and the shared-prefix scan look waiting prompts up every step)."""
         sp = req.sampling
-        # The last prompt token is always computed: its logits give the first output. The page keys
-        # are kept with the request while it waits (LPM looks every waiting prompt up each step).
+        # The last prompt token is always computed: its logits give the first output.
         limit = req.prefill_target - 1
         if sp.frequency_penalty or sp.presence_penalty or sp.repetition_penalty != 1.0:
             limit = min(limit, len(req.input_ids))
@@ -43,8 +43,36 @@ class PrefixReuse:
         if req.page_keys is None or req.page_keys[0] != (req.prefill_target, limit):
             keys = self.cache.page_keys(req.all_ids[:req.prefill_target], limit)
             req.page_keys = ((req.prefill_target, limit), keys)
-        match = self.cache.match_prefix(keys=req.page_keys[1])
+        return req.page_keys[1]
+
+    def match(self, req: Request) -> PrefixMatch | None:
+        """The cached prefix an admitted request can reuse (or, hybrid, only a branch point), or None."""
+        match = self.cache.match_prefix(keys=self._keys(req))
         return match if match.pages or match.branch else None
+
+    @staticmethod
+    def waits_for_snapshot(match: PrefixMatch | None) -> bool:
+        """Hybrid: a snapshot that the step being planned takes covers more of this prompt than any
+        loadable one. Admitted now, the request would recompute that prefix; a step later it loads it."""
+        return match is not None and match.pending > match.num_tokens
+
+    def shared_with(self, req: Request, others) -> int:
+        """Tokens (whole pages) of req's prompt that one of the `others` (waiting requests) starts
+        with too. Hybrid: req's first chunk ends there, so its snapshot serves them (in-batch
+        prefix sharing: SGLang defers such requests by a step as well)."""
+        keys, best = self._keys(req), 0
+        if not keys:
+            return 0
+        for other in others:
+            theirs = self._keys(other)
+            if not theirs or theirs[0] != keys[0]:
+                continue
+            n = 1
+            stop = min(len(keys), len(theirs))
+            while n < stop and keys[n] == theirs[n]:
+                n += 1
+            best = max(best, n)
+        return best * self.cache.page_size
 
     def order(self, waiting: deque) -> deque:
         """LPM: the waiting queue by cached prefix length, longest first (a stable sort)."""

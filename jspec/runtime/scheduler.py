@@ -30,6 +30,7 @@ alone (lengths advance deterministically), and results arrive one step later.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import deque
 
 from jspec.cache.allocator import PageAllocator, SlotAllocator
@@ -42,6 +43,11 @@ from jspec.runtime.step_inputs import TRACKS_PER_STEP
 # LPM orders the waiting queue by a tree walk per request each prompt step: beyond this many waiting
 # requests admission falls back to FCFS (SGLang's cutoff), which bounds that host time.
 LPM_MAX_WAITING = 128
+# Hybrid prefix cache: waiting requests a newly admitted prompt is compared with for a shared prefix
+# (its first chunk then ends there, leaving a snapshot), and waiting requests skipped per step
+# because such a snapshot, taken this step, serves them from the next: both bound host time.
+SHARED_PREFIX_SCAN = 64
+MAX_DEFERRED = 128
 
 
 @dataclasses.dataclass
@@ -186,6 +192,17 @@ class Scheduler:
         return ScheduledReq(req, start, req.all_ids[start:start + n], sample, reset, out_index,
                             state_load=load, state_save=save)
 
+    def _branch_at(self, req: Request, match) -> int:
+        """Hybrid prefix cache: where an admitted request's first chunk ends so that a snapshot is
+        taken there (0: nowhere): the point its pages matched past every snapshot (recomputed now,
+        reused later), else the longest prefix it shares with a waiting request."""
+        if self.cache is None or not self.cache.stateful:
+            return 0
+        if match is not None and match.branch > match.num_tokens:
+            return match.branch
+        shared = self.reuse.shared_with(req, itertools.islice(self.waiting, SHARED_PREFIX_SCAN))
+        return shared if shared > (0 if match is None else match.num_tokens) else 0
+
     def _plan_extend(self, decodable: list[Request]) -> StepPlan | None:
         budget, updates, chosen = self.chunk_budget, [], []
         if self.cache is not None:  # snapshots this step takes (continued prompts too) load next step on
@@ -201,10 +218,16 @@ class Scheduler:
         prefix_budget, admitted = self.prefix_pages_per_step, 0
         if self.lpm and 1 < len(self.waiting) <= LPM_MAX_WAITING:
             self.waiting = self.reuse.order(self.waiting)
+        deferred = []  # hybrid: waiting for a snapshot this step takes (order kept)
         while (self.waiting and budget > 0 and len(chosen) < self.max_extend_requests
                and len(self.running) < self.max_running):
             req = self.waiting[0]
             match = None if self.reuse is None else self.reuse.match(req)
+            if self.reuse is not None and self.reuse.waits_for_snapshot(match):
+                if len(deferred) == MAX_DEFERRED:
+                    break
+                deferred.append(self.waiting.popleft())
+                continue
             if match is not None and len(match.pages) > prefix_budget:
                 if admitted:
                     break  # its cached pages do not fit this step's page-table updates: next step
@@ -221,6 +244,7 @@ class Scheduler:
                 break  # FCFS: wait for room rather than let a later request jump ahead
             req.slot = self.slots.alloc()
             self.waiting.popleft()
+            req.branch_at = self._branch_at(req, match)  # before its page keys go
             req.page_keys = None
             req.status = Status.RUNNING
             self._admitted += 1
@@ -231,7 +255,6 @@ class Scheduler:
                 self.cache.count(req.prefill_target, 0 if match is None else match.num_tokens)
             load = -1
             if match is not None:
-                req.branch_at = match.branch if match.branch > match.num_tokens else 0
                 if match.pages:
                     self.reuse.reuse(req, match, updates)
                     prefix_budget -= len(match.pages)
@@ -244,6 +267,7 @@ class Scheduler:
                 s.reset, s.seed_prompt = False, True
             chosen.append(s)
             budget -= s.num_tokens
+        self.waiting.extendleft(reversed(deferred))
         if self.mixed:
             # Mixed chunk: running decodes ride along as one-token rows of the extend step, so a
             # long prefill never stalls them (their input token comes from the device buffer).

@@ -85,3 +85,21 @@ def test_a_page_a_request_still_holds_is_not_counted_as_freed():
     assert cache.evict(2) == 1  # the second page is free again; the first is still referenced
     pages.free(p[:1])
     pages.check_all_free()
+
+
+def test_a_snapshot_taken_this_step_is_pending_until_the_next():
+    """Hybrid: a snapshot attached while a step is planned is not loadable in that step; a match
+    reports it as pending (the scheduler defers a request it would serve), then loads it."""
+    pages = PageAllocator(32, PS)
+    cache = RadixCache(pages, state_slots=[7])
+    a = list(range(13))
+    a_pages = _request(pages, a)
+    cache.insert(a, a_pages)
+    node = cache.path_end(a, 8)
+    assert cache.attach_state(node, cache.alloc_state())
+    m = cache.match_prefix(a)
+    assert (m.num_tokens, m.branch, m.pending) == (0, 12, 8)
+    assert cache.truncate(m, 3).pending == 8
+    cache.begin_step()
+    m = cache.match_prefix(a)
+    assert (m.num_tokens, m.state, m.branch, m.pending) == (8, 7, 12, 0)

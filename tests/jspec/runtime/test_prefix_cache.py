@@ -112,7 +112,8 @@ def test_hybrid_snapshots_branch_points_and_exactness(hybrid, hybrid_no_cache):
     """A Gated-DeltaNet target reuses pages only up to a cached state snapshot. The first prompt
     leaves one at its end (40 tokens, one chunk); the second shares only the 37-token system prompt
     with it: its pages match 36 tokens but no snapshot does, so it prefills everything with a chunk
-    cut at 36, which leaves a snapshot there; from the third on, 36 tokens are reused."""
+    cut at 36, which leaves a snapshot there; from the third on, 36 tokens are reused. Arriving
+    together on an empty cache, the first is cut at 36 instead and the rest reuse its snapshot."""
     with Engine(hybrid, page_size=4, transfer_guard="disallow", **SETTINGS) as eng:
         info = eng.get_server_info()
         assert info["radix_cache"] and info["num_state_snapshots"] == 4  # default: one per running request
@@ -126,6 +127,13 @@ def test_hybrid_snapshots_branch_points_and_exactness(hybrid, hybrid_no_cache):
         assert output_ids(outs) == hybrid_no_cache
         assert all(o["meta_info"]["cached_tokens"] >= 36 for o in outs)
         assert eng.get_server_info()["num_cached_states"] > 0
+        # All at once on an empty cache: the first prompt's chunk ends where the others share its
+        # pages (36 tokens), leaving a snapshot there; they wait a step for it instead of each
+        # recomputing the system prompt.
+        assert eng.flush_cache()
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert output_ids(outs) == hybrid_no_cache
+        assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 36, 36, 36]
         check_no_leaks(eng)  # every snapshot row is free again after the flush
 
 
