@@ -15,6 +15,10 @@ GDN state snapshots of hybrid targets, and the LPM order of the waiting queue.
 - Hybrid targets: a prompt chunk that ends on a page boundary leaves a snapshot of the state there;
   where the pages matched further than any snapshot (a branch point, e.g. the end of a shared system
   prompt), the scheduler cuts the request's chunk at that point so that its snapshot is taken.
+  Prompts that arrive together share nothing cached yet: a newly admitted one's first chunk ends
+  where it shares whole pages with a waiting request (`shared_with`), and a waiting request that a
+  snapshot taken in the step being planned would serve waits one step for it (`waits_for_snapshot`)
+  instead of recomputing the shared prefix.
 """
 
 from __future__ import annotations
