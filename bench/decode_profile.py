@@ -3,7 +3,11 @@
 For each (preset, batch, kernel backend) it times the compiled decode step (as bench/engine_decode.py
 does) and aggregates the trace's GPU events by kernel name over a few steps.
 
+The page table is as wide as the context unless `--table-tokens` widens it, as an engine's context
+length does (the paged attention's KV split count follows the table's width).
+
 Usage: python bench/decode_profile.py --out profile.json [--cases qwen3-8b:1:pallas,qwen3-8b:1:reference]
+       [--table-tokens 8192]
 """
 
 from __future__ import annotations
