@@ -36,7 +36,7 @@ from jspec.runtime.executable_cache import (ExecutableCache, abstract_signature,
 from jspec.runtime.grammar import mask_words, token_words
 from jspec.runtime.scheduler import StepPlan
 from jspec.runtime.split_step import SplitExecutable
-from jspec.runtime.step import Drafting, make_step
+from jspec.runtime.step import Drafting, make_step, with_flat_params
 from jspec.runtime.step_inputs import Bucket, DeviceState, pack
 from jspec.sharding import make_mesh
 
@@ -78,7 +78,9 @@ class ModelRunner:
         self.mesh = model.mesh if model.mesh is not None else make_mesh(1)
         self._replicated = NamedSharding(self.mesh, P())
         draft_model = None if drafting is None else drafting.draft_model
-        self.params = model.params if draft_model is None else (model.params, draft_model.params)
+        params = model.params if draft_model is None else (model.params, draft_model.params)
+        leaves, self._params_def = jax.tree_util.tree_flatten(params)
+        self.params = tuple(leaves)  # what every step takes (`step.with_flat_params`)
         self.compiled: dict[Bucket, object] = {}
         self._seed = None  # prefix cache: sampler.seed_slot, compiled (ScheduledReq.seed_prompt)
         self._seeds = prefix_pages > 0
@@ -182,12 +184,14 @@ class ModelRunner:
         return self.drafting is not None
 
     def step_fn(self, bucket: Bucket):
-        """The (not yet jitted) step function of a bucket."""
+        """The (not yet jitted) step function of a bucket; it takes `self.params`, the flat tuple."""
         if bucket.mode is ForwardMode.DECODE and self.drafting is not None:
-            return self.drafting.make_decode_step(self.model.graphdef, bucket, page_size=self.page_size,
-                                                  num_top_logprobs=self.num_top)
-        return make_step(self.model.graphdef, bucket, page_size=self.page_size, num_top_logprobs=self.num_top,
-                         drafting=self.drafting)
+            fn = self.drafting.make_decode_step(self.model.graphdef, bucket, page_size=self.page_size,
+                                                num_top_logprobs=self.num_top)
+        else:
+            fn = make_step(self.model.graphdef, bucket, page_size=self.page_size, num_top_logprobs=self.num_top,
+                           drafting=self.drafting)
+        return with_flat_params(fn, self._params_def)
 
     def _lower(self, bucket: Bucket, state):
         """Trace and lower a bucket's step against `state` (arrays or shardings-carrying shapes)."""

@@ -13,6 +13,7 @@ state); its decode steps come from `Drafting.make_decode_step` (`jspec/speculati
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Protocol
 
 import jax
@@ -249,3 +250,21 @@ def input_logprobs(target, hidden, next_ids, temperature, num_top: int):
     lp, top_ids, top_lp = jax.lax.map(block, (split(hidden), split(next_ids), split(temperature)))
     merge = lambda v: v.reshape((blocks * INPUT_LOGPROB_BLOCK,) + v.shape[2:])[:t]  # noqa: E731
     return merge(lp), merge(top_ids), merge(top_lp)
+
+
+def with_flat_params(fn, treedef):
+    """A step function (or a split step's parts) that takes the parameters as the flat tuple of
+    their arrays and rebuilds their tree (`treedef`) while tracing. Every call flattens its
+    arguments: a tuple of arrays flattens in C++, while flax's `State` and `Param` nodes flatten
+    in Python, about a microsecond a leaf and hundreds of leaves per call (bench/README.md,
+    "parameters as a flat tuple")."""
+    def wrap(f):
+        @functools.wraps(f)
+        def call(leaves, *args):
+            return f(jax.tree_util.tree_unflatten(treedef, leaves), *args)
+        return call
+
+    if dataclasses.is_dataclass(fn):  # SplitSample / SplitStep: every part takes the parameters first
+        return dataclasses.replace(fn, **{f.name: wrap(getattr(fn, f.name)) for f in dataclasses.fields(fn)
+                                          if callable(getattr(fn, f.name))})
+    return wrap(fn)
