@@ -103,7 +103,7 @@ def run_case(preset, batch, backend, context, copy_bps, models, table_tokens=0):
     fn = runner.compiled[bucket]
     with jax.profiler.trace(d, create_perfetto_trace=True):
         for _ in range(steps):
-            runner.state, out = fn(model.params, runner.state, packed)
+            runner.state, out = fn(runner.params, runner.state, packed)
         out.block_until_ready()
     res["profile"] = gpu_kernel_times(d, steps)
     prof = res["profile"]

@@ -186,7 +186,7 @@ def roofline(model, points: list[tuple[int, int]], *, copy_bps: float, page_size
         if profile_dir:
             with jax.profiler.trace(f"{profile_dir}/b{b}_ctx{c}", create_perfetto_trace=True):
                 for _ in range(5):
-                    runner.state, o = runner.compiled[bucket](model.params, runner.state, packed)
+                    runner.state, o = runner.compiled[bucket](runner.params, runner.state, packed)
                 o.block_until_ready()
             rec["profile_dir"] = f"{profile_dir}/b{b}_ctx{c}"
         out.append(rec)

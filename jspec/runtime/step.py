@@ -256,7 +256,7 @@ def with_flat_params(fn, treedef):
     """A step function (or a split step's parts) that takes the parameters as the flat tuple of
     their arrays and rebuilds their tree (`treedef`) while tracing. Every call flattens its
     arguments: a tuple of arrays flattens in C++, while flax's `State` and `Param` nodes flatten
-    in Python, about a microsecond a leaf and hundreds of leaves per call (bench/README.md,
+    in Python, leaf by leaf, on every call (bench/README.md,
     "parameters as a flat tuple")."""
     def wrap(f):
         @functools.wraps(f)
