@@ -3,7 +3,8 @@
 # GPU output against its reference (the paged attention bench's correctness section, the attention
 # inputs for Qwen3-8B and Qwen3-Next heads, add + RMSNorm, the two-part prompt attention), the tiny
 # Qwen3's greedy ids plain and with EAGLE3 in bf16 and float32 (plain == EAGLE3 is printed), and the
-# Qwen3-8B and Qwen3-Next-12L decode steps. Writes JSON / JSONL under OUT.
+# Qwen3-8B and Qwen3-Next-12L decode steps, and the host time to launch the Qwen3-8B decode step.
+# Writes JSON / JSONL under OUT.
 #   bench/gpu_checks.sh OUT
 set -euo pipefail
 out=$1
@@ -24,3 +25,6 @@ for preset in qwen3-8b qwen3-next-12l; do
   python3 -m jspec.cli bench step --model-path "random:$preset" --batch-sizes 1,8,32 \
     --output-file "$out/check_step_$preset.jsonl" 2>&1 | grep -E "^ *(batch|[0-9]+ +[0-9]+)"
 done
+# Host time to launch the decode step (the steps take the parameters as a flat tuple since dbda911).
+python3 bench/launch_cost.py --preset qwen3-8b --batch-sizes 1,32 --reps 20 --out "$out/check_launch_cost.jsonl" 2>&1 \
+  | grep -v "Warning\|warn(\|cuda_timer" | tail -2
