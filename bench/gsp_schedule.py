@@ -14,42 +14,50 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jspec.cache.allocator import PageAllocator, SlotAllocator
-from jspec.cache.radix_cache import RadixCache
-from jspec.models.batch import ForwardMode
-from jspec.runtime.request import Request
-from jspec.runtime.sampling_params import SamplingParams
-from jspec.runtime.scheduler import Scheduler
-ap = argparse.ArgumentParser()
-ap.add_argument("--out")
-args = ap.parse_args()
-PS = 16
-rng = random.Random(0)
-pages = PageAllocator(200000, PS)
-cache = RadixCache(pages, state_slots=list(range(600, 1112)))
-sched = Scheduler(pages, SlotAllocator(600), max_running_requests=512, chunked_prefill_size=8192, max_extend_requests=64,
-                  max_decode_requests=512, radix_cache=cache, prefix_pages_per_step=16384)
-reqs = []
-for g in range(32):
-    system = [rng.randrange(1, 150000) for _ in range(2048)]
-    for i in range(16):
-        reqs.append(Request(rid=f"{g}-{i}", input_ids=system + [rng.randrange(1, 150000) for _ in range(128)],
-                            sampling=SamplingParams(max_new_tokens=256), seed=0))
-rng.shuffle(reqs)
-for r in reqs:
-    sched.add(r)
-t_plan, computed, steps = 0.0, 0, 0
-while sched.waiting or any(r.in_prefill for r in sched.running):
-    t0 = time.perf_counter()
-    plan = sched.schedule(inflight=False)
-    t_plan += time.perf_counter() - t0
-    if plan.mode is ForwardMode.EXTEND:
-        steps += 1
-        computed += sum(s.num_tokens for s in plan.reqs if s.token_ids is not None)
-rec = {"prompt_steps": steps, "prompt_tokens_computed": computed, "planning_ms": round(t_plan * 1e3, 1),
-       "hit_rate": round(cache.hit_rate, 4)}
-print(json.dumps(rec))
-if args.out:
-    from jspec.bench.record import environment
-    with open(args.out, "a") as f:
-        f.write(json.dumps({**rec, "env": environment()}) + "\n")
+
+from jspec.bench.record import environment  # noqa: E402
+from jspec.cache.allocator import PageAllocator, SlotAllocator  # noqa: E402
+from jspec.cache.radix_cache import RadixCache  # noqa: E402
+from jspec.models.batch import ForwardMode  # noqa: E402
+from jspec.runtime.request import Request  # noqa: E402
+from jspec.runtime.sampling_params import SamplingParams  # noqa: E402
+from jspec.runtime.scheduler import Scheduler  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    PS = 16
+    rng = random.Random(0)
+    pages = PageAllocator(200000, PS)
+    cache = RadixCache(pages, state_slots=list(range(600, 1112)))
+    sched = Scheduler(pages, SlotAllocator(600), max_running_requests=512, chunked_prefill_size=8192, max_extend_requests=64,
+                      max_decode_requests=512, radix_cache=cache, prefix_pages_per_step=16384)
+    reqs = []
+    for g in range(32):
+        system = [rng.randrange(1, 150000) for _ in range(2048)]
+        for i in range(16):
+            reqs.append(Request(rid=f"{g}-{i}", input_ids=system + [rng.randrange(1, 150000) for _ in range(128)],
+                                sampling=SamplingParams(max_new_tokens=256), seed=0))
+    rng.shuffle(reqs)
+    for r in reqs:
+        sched.add(r)
+    t_plan, computed, steps = 0.0, 0, 0
+    while sched.waiting or any(r.in_prefill for r in sched.running):
+        t0 = time.perf_counter()
+        plan = sched.schedule(inflight=False)
+        t_plan += time.perf_counter() - t0
+        if plan.mode is ForwardMode.EXTEND:
+            steps += 1
+            computed += sum(s.num_tokens for s in plan.reqs if s.token_ids is not None)
+    rec = {"prompt_steps": steps, "prompt_tokens_computed": computed, "planning_ms": round(t_plan * 1e3, 1),
+           "hit_rate": round(cache.hit_rate, 4)}
+    print(json.dumps(rec))
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps({**rec, "env": environment()}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

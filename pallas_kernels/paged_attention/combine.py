@@ -19,13 +19,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-
-try:  # the Triton lowering's parameters (deprecated but present on jax 0.11)
-    from jax.experimental.pallas import triton as _pltriton
-
-    _TritonParams = _pltriton.CompilerParams
-except ImportError:  # pragma: no cover - only on a jax without the Triton backend
-    _TritonParams = None
+from jax.experimental.pallas import triton as plt
 
 # f32 elements of acc one loop step of `combine_decode` holds (splits x rows x D): 32 per thread of
 # four warps, so the partials stay in registers whatever the split count.
@@ -82,9 +76,6 @@ def combine_decode(acc, m, l, group: int, dtype, *, interpret: bool = False):
     chunk = max(1, min(splits, _CHUNK_ELEMENTS // (group * block_d)))
     while splits % chunk:  # both powers of two: keep chunk a divisor
         chunk //= 2
-    params = {}
-    if not interpret and _TritonParams is not None:
-        params["compiler_params"] = _TritonParams(num_warps=4, num_stages=2)
     out = pl.pallas_call(
         functools.partial(_decode_kernel, chunk=chunk),
         grid=(batch, num_kv_heads, head_dim // block_d),
@@ -97,6 +88,6 @@ def combine_decode(acc, m, l, group: int, dtype, *, interpret: bool = False):
         out_shape=jax.ShapeDtypeStruct((batch, num_kv_heads, group, head_dim), dtype),
         interpret=interpret,
         name="paged_decode_combine",
-        **params,
+        compiler_params=plt.CompilerParams(num_warps=4, num_stages=2),
     )(acc, m, l)
     return out.reshape(batch, num_kv_heads * group, head_dim)
