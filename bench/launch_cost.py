@@ -22,6 +22,12 @@ re-recordings with `TF_CPP_VMODULE=command_buffer_thunk=3` (lines "Updated comma
 
     PYTHONPATH=. python3 bench/launch_cost.py --preset qwen3-8b --batch-sizes 1,32 --out OUT.json
 
+`--variants plain,twins,stage,stage+twins` probes each bucket several ways in one process. `stage`
+copies each fresh packed input into one persistent device buffer first (a one-copy jitted program
+that donates that buffer and returns it, so its address never changes) and hands the step that
+buffer: what is left moving is then the step's fresh outputs and temporaries. A line
+`=== variant NAME batch B` goes to stderr before each, so an XLA log can be split by variant.
+
 `--profile DIR` traces each bucket's back-to-back loop (`bench/trace_summary.py DIR/<bucket>`).
 `--prompt-tokens 256,2048` probes prompt steps instead: a bucket of that many tokens carrying
 `--prompt-requests` requests (each a chunk that samples), compiled in its three sampler variants:
@@ -67,13 +73,19 @@ def twin(fn, devices):
 
 
 def probe(runner: ModelRunner, bucket, host_packed: np.ndarray, reps: int, profile: str | None = None,
-          twins: bool = False) -> dict:
+          twins: bool = False, stage: bool = False) -> dict:
     compiled, sharding = runner.compiled[bucket], runner.state.req_to_page.sharding
     copies = [compiled, twin(compiled, runner.mesh.devices.flat)] if twins else [compiled]
     turn = itertools.count()
+    staged = [jax.device_put(host_packed, sharding)]
+    # The output aliases the donated buffer, so XLA writes the new input into the same address.
+    copy_in = jax.jit(lambda buf, new: new, donate_argnums=(0,), out_shardings=sharding)
 
-    def fn(*args):  # the copies in turn, call by call
-        return copies[next(turn) % len(copies)](*args)
+    def fn(params, state, packed):  # the copies in turn, call by call
+        if stage:
+            staged[0] = copy_in(staged[0], packed)
+            packed = staged[0]
+        return copies[next(turn) % len(copies)](params, state, packed)
 
     same = jax.device_put(host_packed, sharding)
     for _ in range(4):
@@ -144,12 +156,23 @@ def prompt_main(args, model) -> list[dict]:
     records = []
     for bucket in runner.buckets:
         plan = prompt_plan(bucket.num_tokens, min(args.prompt_requests, bucket.batch_size))
-        rec = {"preset": args.preset, "prompt_tokens": bucket.num_tokens, "requests": len(plan.reqs),
-               "sort": bucket.sort, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-               **probe(runner, bucket, pack(plan, bucket), args.reps, args.profile, args.twins)}
-        print(json.dumps(rec))
-        records.append(rec)
+        for variant in variants(args):
+            print(f"=== variant {variant} tokens {bucket.num_tokens}", file=sys.stderr, flush=True)
+            rec = {"preset": args.preset, "prompt_tokens": bucket.num_tokens, "requests": len(plan.reqs),
+                   "sort": bucket.sort, "xla_flags": os.environ.get("XLA_FLAGS", ""), "variant": variant,
+                   **probe(runner, bucket, pack(plan, bucket), args.reps, args.profile, "twins" in variant,
+                           "stage" in variant)}
+            print(json.dumps(rec))
+            records.append(rec)
     return records
+
+
+def variants(args) -> list[str]:
+    names = args.variants.split(",") if args.variants else ["twins" if args.twins else "plain"]
+    for name in names:
+        if not set(name.split("+")) <= {"plain", "twins", "stage"}:
+            raise SystemExit(f"--variants: unknown variant {name!r} (plain, twins, stage, stage+twins)")
+    return names
 
 
 def main(argv=None) -> None:
@@ -163,6 +186,7 @@ def main(argv=None) -> None:
     ap.add_argument("--sorts", default="None,True,False", help="the prompt buckets' sampler variants to probe")
     ap.add_argument("--profile", help="trace each bucket's back-to-back loop into this folder")
     ap.add_argument("--twins", action="store_true", help="alternate two loaded copies of each step")
+    ap.add_argument("--variants", help="comma-separated: plain, twins, stage, stage+twins (overrides --twins)")
     ap.add_argument("--tp-size", type=int, default=1, help="devices the model is split over")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
@@ -185,11 +209,13 @@ def main(argv=None) -> None:
         runner.state.req_to_page = jax.device_put(page_table(b, args.context, page, per, max(batches) + 1),
                                                   runner.state.req_to_page.sharding)
         packed = pack(decode_plan(b, args.context), bucket)
-        rec = {"preset": args.preset, "tp_size": args.tp_size, "batch": b, "context": args.context,
-               "xla_flags": os.environ.get("XLA_FLAGS", ""), "twins": args.twins,
-               **probe(runner, bucket, packed, args.reps, args.profile, args.twins)}
-        print(json.dumps(rec))
-        records.append(rec)
+        for variant in variants(args):
+            print(f"=== variant {variant} batch {b}", file=sys.stderr, flush=True)
+            rec = {"preset": args.preset, "tp_size": args.tp_size, "batch": b, "context": args.context,
+                   "xla_flags": os.environ.get("XLA_FLAGS", ""), "variant": variant,
+                   **probe(runner, bucket, packed, args.reps, args.profile, "twins" in variant, "stage" in variant)}
+            print(json.dumps(rec))
+            records.append(rec)
     _write(args.out, records)
 
 
