@@ -78,8 +78,11 @@ def probe(runner: ModelRunner, bucket, host_packed: np.ndarray, reps: int, profi
     copies = [compiled, twin(compiled, runner.mesh.devices.flat)] if twins else [compiled]
     turn = itertools.count()
     staged = [jax.device_put(host_packed, sharding)]
-    # The output aliases the donated buffer, so XLA writes the new input into the same address.
-    copy_in = jax.jit(lambda buf, new: new, donate_argnums=(0,), out_shardings=sharding)
+    # The output aliases the donated buffer, so XLA writes the new input into the same address
+    # (written as an update of `buf`: a function that returns `new` itself is forwarded by jit
+    # without running, and the buffer would move).
+    copy_in = jax.jit(lambda buf, new: jax.lax.dynamic_update_slice(buf, new, (0,) * new.ndim),
+                      donate_argnums=(0,), out_shardings=sharding)
 
     def fn(params, state, packed):  # the copies in turn, call by call
         if stage:
