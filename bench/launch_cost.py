@@ -28,6 +28,9 @@ that donates that buffer and returns it, so its address never changes) and hands
 buffer: what is left moving is then the step's fresh outputs and temporaries. A line
 `=== variant NAME batch B` goes to stderr before each, so an XLA log can be split by variant.
 
+`arena` (combinable: `stage+twins+arena`) compiles the step again so that it writes its output rows
+into a donated buffer (stable address) and hands the host a copy made by a one-copy program.
+
 `--profile DIR` traces each bucket's back-to-back loop (`bench/trace_summary.py DIR/<bucket>`).
 `--prompt-tokens 256,2048` probes prompt steps instead: a bucket of that many tokens carrying
 `--prompt-requests` requests (each a chunk that samples), compiled in its three sampler variants:
@@ -56,6 +59,7 @@ from jspec.bench.record import environment  # noqa: E402
 from jspec.bench.step import decode_plan, fill_random_kv, page_table  # noqa: E402
 from jspec.cache.pool import PoolLayout  # noqa: E402
 from jspec.config import parse_hf_config  # noqa: E402
+from jspec.models import dispatch  # noqa: E402
 from jspec.models.loader import random_model  # noqa: E402
 from jspec.models.presets import preset_config  # noqa: E402
 from jspec.runtime.model_runner import ModelRunner  # noqa: E402
@@ -72,9 +76,32 @@ def twin(fn, devices):
                                                      execution_devices=list(devices))
 
 
+def arena_step(runner: ModelRunner, bucket):
+    """The bucket's step compiled again so that its output rows land in a donated buffer it is
+    handed (the same address every call), plus a one-copy program that hands the host a fresh
+    array of them: (step(params, state, packed, out_buf) -> (state, out_buf), copy_out)."""
+    step, sharding = runner.step_fn(bucket), runner.state.req_to_page.sharding
+
+    def fn(params, state, packed, out_buf):
+        state, out = step(params, state, packed)
+        return state, jax.lax.dynamic_update_slice(out_buf, out, (0,) * out.ndim)
+
+    with dispatch.tensor_parallel(runner.mesh):
+        shapes = jax.eval_shape(step, runner.params, runner.state, jax.ShapeDtypeStruct((bucket.size,), np.int32))
+        compiled = jax.jit(fn, donate_argnums=(1, 3), out_shardings=(runner.state_shardings(runner.state), sharding)
+                           ).lower(runner.params, runner.state, jax.ShapeDtypeStruct((bucket.size,), np.int32,
+                                                                                     sharding=sharding),
+                                   jax.ShapeDtypeStruct(shapes[1].shape, shapes[1].dtype, sharding=sharding)).compile()
+    out_buf = jax.device_put(np.zeros(shapes[1].shape, shapes[1].dtype), sharding)
+    return compiled, out_buf, jax.jit(lambda b: b + 0, out_shardings=sharding)
+
+
 def probe(runner: ModelRunner, bucket, host_packed: np.ndarray, reps: int, profile: str | None = None,
-          twins: bool = False, stage: bool = False) -> dict:
+          twins: bool = False, stage: bool = False, arena: bool = False) -> dict:
     compiled, sharding = runner.compiled[bucket], runner.state.req_to_page.sharding
+    if arena:
+        compiled, out_buf, copy_out = arena_step(runner, bucket)
+        held = [out_buf]
     copies = [compiled, twin(compiled, runner.mesh.devices.flat)] if twins else [compiled]
     turn = itertools.count()
     staged = [jax.device_put(host_packed, sharding)]
@@ -88,7 +115,11 @@ def probe(runner: ModelRunner, bucket, host_packed: np.ndarray, reps: int, profi
         if stage:
             staged[0] = copy_in(staged[0], packed)
             packed = staged[0]
-        return copies[next(turn) % len(copies)](params, state, packed)
+        exe = copies[next(turn) % len(copies)]
+        if not arena:
+            return exe(params, state, packed)
+        state, held[0] = exe(params, state, packed, held[0])
+        return state, copy_out(held[0])
 
     same = jax.device_put(host_packed, sharding)
     for _ in range(4):
@@ -164,7 +195,7 @@ def prompt_main(args, model) -> list[dict]:
             rec = {"preset": args.preset, "prompt_tokens": bucket.num_tokens, "requests": len(plan.reqs),
                    "sort": bucket.sort, "xla_flags": os.environ.get("XLA_FLAGS", ""), "variant": variant,
                    **probe(runner, bucket, pack(plan, bucket), args.reps, args.profile, "twins" in variant,
-                           "stage" in variant)}
+                           "stage" in variant, "arena" in variant)}
             print(json.dumps(rec))
             records.append(rec)
     return records
@@ -173,8 +204,8 @@ def prompt_main(args, model) -> list[dict]:
 def variants(args) -> list[str]:
     names = args.variants.split(",") if args.variants else ["twins" if args.twins else "plain"]
     for name in names:
-        if not set(name.split("+")) <= {"plain", "twins", "stage"}:
-            raise SystemExit(f"--variants: unknown variant {name!r} (plain, twins, stage, stage+twins)")
+        if not set(name.split("+")) <= {"plain", "twins", "stage", "arena"}:
+            raise SystemExit(f"--variants: unknown variant {name!r} (plain, twins, stage, arena, joined by +)")
     return names
 
 
@@ -216,7 +247,8 @@ def main(argv=None) -> None:
             print(f"=== variant {variant} batch {b}", file=sys.stderr, flush=True)
             rec = {"preset": args.preset, "tp_size": args.tp_size, "batch": b, "context": args.context,
                    "xla_flags": os.environ.get("XLA_FLAGS", ""), "variant": variant,
-                   **probe(runner, bucket, packed, args.reps, args.profile, "twins" in variant, "stage" in variant)}
+                   **probe(runner, bucket, packed, args.reps, args.profile, "twins" in variant, "stage" in variant,
+                           "arena" in variant)}
             print(json.dumps(rec))
             records.append(rec)
     _write(args.out, records)
