@@ -282,8 +282,11 @@ def apply_page_updates(req_to_page, updates):
 
 
 def token_request_index(cu_q_lens, num_tokens: int):
-    """Request index `[T]` of every token; tokens past cu_q_lens[B] get B."""
-    return jnp.searchsorted(cu_q_lens[1:], jnp.arange(num_tokens, dtype=jnp.int32), side="right").astype(jnp.int32)
+    """Request index `[T]` of every token; tokens past cu_q_lens[B] get B. The binary search is
+    unrolled: jnp's default compiles to a while loop, which XLA on GPU leaves in prompt steps, where
+    it cuts the step's command buffer in two and launches its body from the host."""
+    return jnp.searchsorted(cu_q_lens[1:], jnp.arange(num_tokens, dtype=jnp.int32), side="right",
+                            method="scan_unrolled").astype(jnp.int32)
 
 
 def kv_slots_at(page_table, idx, page_size: int):
