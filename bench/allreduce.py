@@ -17,6 +17,11 @@ comma-separated, are timed in one run, the kernel checked against `psum`'s resul
 Run it under different XLA / NCCL settings (e.g. NCCL_PROTO=LL, NCCL_ALGO=Ring|Tree,
 --xla_gpu_enable_nccl_user_buffers) to compare; each run records its environment.
 
+`--in-place` writes each program's result into a donated buffer that the next call gets back (so no
+buffer the program touches moves between calls and XLA never re-records its command buffers): with
+`XLA_FLAGS=--xla_gpu_enable_command_buffer=+COLLECTIVES` that is what a whole tensor-parallel step
+captured as one graph, all-reduces included, would cost per all-reduce.
+
 `--processes N` runs the same chain multi-controller: N processes on this host, one GPU each, joined
 by `jax.distributed` over localhost (the layout a multi-host deployment has, and the one NVSHMEM
 needs: one device per process, `--xla_gpu_experimental_enable_nvshmem=true`). Process 0 reports.
@@ -61,6 +66,20 @@ def chain_fn(mesh, chain: int, impl: str = "psum"):
         return x
 
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(TP), out_specs=P(TP), check_vma=False))
+
+
+class InPlace:
+    """`chain(x)` with its result written into one donated buffer, handed back call after call:
+    the same addresses every time (see the module doc)."""
+
+    def __init__(self, chain, x):
+        self.buf = jnp.zeros_like(x)
+        self.fn = jax.jit(lambda x, buf: jax.lax.dynamic_update_slice(buf, chain(x), (0,) * x.ndim),
+                          donate_argnums=(1,), out_shardings=x.sharding)
+
+    def __call__(self, x):
+        self.buf = self.fn(x, self.buf)
+        return self.buf
 
 
 def spawn(processes: int, argv: list[str]) -> int:
@@ -110,6 +129,7 @@ def main() -> None:
     p.add_argument("--chain", type=int, default=72, help="dependent all-reduces per program (Qwen3-8B: 72)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--impl", default="psum", help="psum, oneshot, oneshot_handshake; comma-separated")
+    p.add_argument("--in-place", action="store_true", help="results into one donated buffer (stable addresses)")
     p.add_argument("--profile", help="write a trace of each point under this folder")
     p.add_argument("--out")
     args = p.parse_args()
@@ -128,6 +148,8 @@ def main() -> None:
             rec = {"impl": impl, "bytes": cols * dtype.itemsize}
             try:
                 fn = chain_fn(mesh, args.chain, impl)
+                if args.in_place:
+                    fn = InPlace(fn, x)
                 got = local_rows(fn(x))
                 if impl == "psum":
                     want = got
@@ -151,9 +173,11 @@ def main() -> None:
             if rank == 0:
                 print(f"{impl:>9} {rec['bytes']:>10} B  {rec['us_per_allreduce']:8.1f} us  "
                       f"{rec['bus_bandwidth_gb_s']:8.1f} GB/s bus  {rec.get('max_abs_diff_vs_psum', '')}")
-    out = {"command": "python3 bench/allreduce.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in
-                                                              vars(args).items() if k != "out" and v is not None),
+    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
+             if k != "out" and v is not None and v is not False]
+    out = {"command": "python3 bench/allreduce.py " + " ".join(flags),
            **environment(), "tp_size": args.tp_size, "chain": args.chain, "processes": args.processes,
+           "in_place": args.in_place,
            "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "XLA_"))}, "records": records}
     if args.out and rank == 0:
         with open(args.out, "w") as f:

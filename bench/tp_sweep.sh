@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Tensor-parallel benchmarks of bench/README.md ("Tensor parallelism"), one stage per call so each
 # fits a 10-minute device command; results (JSONL / JSON + printed tables) under OUT.
-#   bench/tp_sweep.sh OUT allreduce | collectives | step-8b | step-8b-flags | next80b [ALGOS] | next80b-ep | llama70b
+#   bench/tp_sweep.sh OUT allreduce | allreduce-captured | collectives | step-8b | step-8b-flags | next80b [ALGOS] | next80b-ep | llama70b
 # allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size: XLA's defaults (NCCL)
 #   beside jspec's one-shot Mosaic GPU kernel over peer memory, NCCL's low-latency protocol, and
 #   XLA's one-shot all-reduce kernel over peer memory
 #   (--xla_gpu_unsupported_use_all_reduce_one_shot_kernel), beside the figure a TP step pays per layer.
+# allreduce-captured (any multi-GPU kind): whether a chain of all-reduces captured in one graph with
+#   nothing moving between calls (--in-place, +COLLECTIVES) runs at the GPU's pace rather than the
+#   host's: XLA's defaults beside +COLLECTIVES, each with results in place, in one process and in one
+#   process per GPU (multi-controller: where NCCL can be captured per device).
 # step-8b (any multi-GPU kind): Qwen3-8B decode step at batch 1 / 32, TP1 vs TP2 (XLA's defaults,
 #   profiled and summarised) vs TP2 with collectives in the command buffers (+COLLECTIVES).
 # collectives (any multi-GPU kind): the collectives compiled into every decode bucket of TP engines
@@ -39,6 +43,15 @@ case $stage in
     PYTHONPATH=. python3 bench/allreduce.py --impl psum,oneshot --out "$out/allreduce_default.json"
     NCCL_PROTO=LL PYTHONPATH=. python3 bench/allreduce.py --out "$out/allreduce_nccl_ll.json"
     XLA_FLAGS="${XLA_FLAGS:-} $oneshot" PYTHONPATH=. python3 bench/allreduce.py --out "$out/allreduce_oneshot.json" ;;
+  allreduce-captured)
+    cap=--xla_gpu_enable_command_buffer=+COLLECTIVES
+    sizes=(--sizes 8192,262144 --chain 72)
+    for procs in 1 2; do
+      PYTHONPATH=. python3 bench/allreduce.py "${sizes[@]}" --processes $procs --out "$out/allreduce_p${procs}_default.json"
+      PYTHONPATH=. python3 bench/allreduce.py "${sizes[@]}" --processes $procs --in-place --out "$out/allreduce_p${procs}_inplace.json"
+      XLA_FLAGS="${XLA_FLAGS:-} $cap" PYTHONPATH=. python3 bench/allreduce.py "${sizes[@]}" --processes $procs \
+          --in-place --out "$out/allreduce_p${procs}_inplace_captured.json"
+    done ;;
   step-8b)
     PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:qwen3-8b --batch-sizes 1,32 \
         --context-lens 1024 --tp-size 1 --output-file "$out/step_tp.jsonl"
