@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -41,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from bench import multiprocess
 from jspec.bench.record import environment
 from jspec.sharding import TP, make_mesh
 
@@ -82,24 +82,6 @@ class InPlace:
         return self.buf
 
 
-def spawn(processes: int, argv: list[str]) -> int:
-    """Run this program as `processes` ranks of one jax.distributed job on localhost; rank 0 reports."""
-    port = 20000 + os.getpid() % 20000
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv],
-                              env={**os.environ, "JSPEC_AR_RANK": str(r), "JSPEC_AR_WORLD": str(processes),
-                                   "JSPEC_AR_COORD": f"127.0.0.1:{port}"})
-             for r in range(processes)]
-    return max(p.wait() for p in procs)
-
-
-def join_job() -> int:
-    """Join the jax.distributed job this rank was spawned into (one local GPU); returns the rank."""
-    rank = int(os.environ["JSPEC_AR_RANK"])
-    jax.distributed.initialize(os.environ["JSPEC_AR_COORD"], int(os.environ["JSPEC_AR_WORLD"]), rank,
-                               local_device_ids=[rank])
-    return rank
-
-
 def global_rows(mesh, host: np.ndarray):
     """`host` [n, cols] as one array sharded by rows over the mesh (every process holds its own rows)."""
     sharding = NamedSharding(mesh, P(TP))
@@ -133,9 +115,9 @@ def main() -> None:
     p.add_argument("--profile", help="write a trace of each point under this folder")
     p.add_argument("--out")
     args = p.parse_args()
-    if args.processes > 1 and "JSPEC_AR_RANK" not in os.environ:
-        raise SystemExit(spawn(args.processes, sys.argv[1:]))
-    rank = join_job() if "JSPEC_AR_RANK" in os.environ else 0
+    if args.processes > 1 and not multiprocess.is_rank():
+        raise SystemExit(multiprocess.spawn(__file__, args.processes, sys.argv[1:]))
+    rank = multiprocess.join() if multiprocess.is_rank() else 0
     args.tp_size = args.tp_size or len(jax.devices())
     mesh = make_mesh(args.tp_size)
     dtype = jnp.dtype(args.dtype)

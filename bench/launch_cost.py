@@ -31,6 +31,10 @@ buffer: what is left moving is then the step's fresh outputs and temporaries. A 
 `arena` (combinable: `stage+twins+arena`) compiles the step again so that it writes its output rows
 into a donated buffer (stable address) and hands the host a copy made by a one-copy program.
 
+`--processes N` runs the probe multi-controller (one process per device, `bench/multiprocess.py`):
+each process launches only its own device's part of the step, as SGLang's one process per
+tensor-parallel rank does; rank 0 reports.
+
 `--profile DIR` traces each bucket's back-to-back loop (`bench/trace_summary.py DIR/<bucket>`).
 `--prompt-tokens 256,2048` probes prompt steps instead: a bucket of that many tokens carrying
 `--prompt-requests` requests (each a chunk that samples), compiled in its three sampler variants:
@@ -55,6 +59,7 @@ import jax  # noqa: E402
 from jax.experimental import serialize_executable  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench import multiprocess  # noqa: E402
 from jspec.bench.record import environment  # noqa: E402
 from jspec.bench.step import decode_plan, fill_random_kv, page_table  # noqa: E402
 from jspec.cache.pool import PoolLayout  # noqa: E402
@@ -191,12 +196,12 @@ def prompt_main(args, model) -> list[dict]:
     for bucket in runner.buckets:
         plan = prompt_plan(bucket.num_tokens, min(args.prompt_requests, bucket.batch_size))
         for variant in variants(args):
-            print(f"=== variant {variant} tokens {bucket.num_tokens}", file=sys.stderr, flush=True)
+            _report(f"=== variant {variant} tokens {bucket.num_tokens}", err=True)
             rec = {"preset": args.preset, "prompt_tokens": bucket.num_tokens, "requests": len(plan.reqs),
                    "sort": bucket.sort, "xla_flags": os.environ.get("XLA_FLAGS", ""), "variant": variant,
                    **probe(runner, bucket, pack(plan, bucket), args.reps, args.profile, "twins" in variant,
                            "stage" in variant, "arena" in variant)}
-            print(json.dumps(rec))
+            _report(json.dumps(rec))
             records.append(rec)
     return records
 
@@ -223,7 +228,14 @@ def main(argv=None) -> None:
     ap.add_argument("--variants", help="comma-separated: plain, twins, stage, stage+twins (overrides --twins)")
     ap.add_argument("--tp-size", type=int, default=1, help="devices the model is split over")
     ap.add_argument("--out")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="multi-controller: this many processes, one device each (bench/multiprocess.py)")
     args = ap.parse_args(argv)
+    if args.processes > 1 and not multiprocess.is_rank():
+        raise SystemExit(multiprocess.spawn(__file__, args.processes, sys.argv[1:] if argv is None else argv))
+    if multiprocess.is_rank() and multiprocess.join() > 0:  # every rank launches; rank 0 reports
+        _report.on = False
+        args.out = None
     batches = [int(b) for b in args.batch_sizes.split(",")]
     model = random_model(parse_hf_config(preset_config(args.preset)), dtype="bfloat16", seed=0,
                          tp_size=args.tp_size)
@@ -244,14 +256,24 @@ def main(argv=None) -> None:
                                                   runner.state.req_to_page.sharding)
         packed = pack(decode_plan(b, args.context), bucket)
         for variant in variants(args):
-            print(f"=== variant {variant} batch {b}", file=sys.stderr, flush=True)
-            rec = {"preset": args.preset, "tp_size": args.tp_size, "batch": b, "context": args.context,
+            _report(f"=== variant {variant} batch {b}", err=True)
+            rec = {"preset": args.preset, "tp_size": args.tp_size, "processes": args.processes, "batch": b,
+                   "context": args.context,
                    "xla_flags": os.environ.get("XLA_FLAGS", ""), "variant": variant,
                    **probe(runner, bucket, packed, args.reps, args.profile, "twins" in variant, "stage" in variant,
                            "arena" in variant)}
-            print(json.dumps(rec))
+            _report(json.dumps(rec))
             records.append(rec)
     _write(args.out, records)
+
+
+def _report(line: str, *, err: bool = False) -> None:
+    """A line to stdout (stderr: a variant marker), from rank 0 only."""
+    if _report.on:
+        print(line, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+_report.on = True
 
 
 def _write(path: str | None, records: list[dict]) -> None:

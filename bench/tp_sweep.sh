@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tensor-parallel benchmarks of bench/README.md ("Tensor parallelism"), one stage per call so each
 # fits a 10-minute device command; results (JSONL / JSON + printed tables) under OUT.
-#   bench/tp_sweep.sh OUT allreduce | allreduce-captured | collectives | step-8b | step-8b-flags | next80b [ALGOS] | next80b-ep | llama70b
+#   bench/tp_sweep.sh OUT allreduce | allreduce-captured | step-8b-mp | collectives | step-8b | step-8b-flags | next80b [ALGOS] | next80b-ep | llama70b
 # allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size: XLA's defaults (NCCL)
 #   beside jspec's one-shot Mosaic GPU kernel over peer memory, NCCL's low-latency protocol, and
 #   XLA's one-shot all-reduce kernel over peer memory
@@ -10,6 +10,9 @@
 #   nothing moving between calls (--in-place, +COLLECTIVES) runs at the GPU's pace rather than the
 #   host's: XLA's defaults beside +COLLECTIVES, each with results in place, in one process and in one
 #   process per GPU (multi-controller: where NCCL can be captured per device).
+# step-8b-mp (any multi-GPU kind): the Qwen3-8B TP2 decode step's launch (bench/launch_cost.py) in one
+#   process for both GPUs vs one process per GPU (multi-controller), each with XLA's defaults and with
+#   the all-reduces in the command buffers, plain and with nothing moving between calls (stage+arena).
 # step-8b (any multi-GPU kind): Qwen3-8B decode step at batch 1 / 32, TP1 vs TP2 (XLA's defaults,
 #   profiled and summarised) vs TP2 with collectives in the command buffers (+COLLECTIVES).
 # collectives (any multi-GPU kind): the collectives compiled into every decode bucket of TP engines
@@ -51,6 +54,14 @@ case $stage in
       PYTHONPATH=. python3 bench/allreduce.py "${sizes[@]}" --processes $procs --in-place --out "$out/allreduce_p${procs}_inplace.json"
       XLA_FLAGS="${XLA_FLAGS:-} $cap" PYTHONPATH=. python3 bench/allreduce.py "${sizes[@]}" --processes $procs \
           --in-place --out "$out/allreduce_p${procs}_inplace_captured.json"
+    done ;;
+  step-8b-mp)
+    cap=--xla_gpu_enable_command_buffer=+COLLECTIVES
+    for procs in 1 2; do
+      for flags in "" "$cap"; do
+        XLA_FLAGS="${XLA_FLAGS:-} $flags" PYTHONPATH=. python3 bench/launch_cost.py --preset qwen3-8b --tp-size 2 \
+            --processes $procs --batch-sizes 1,32 --reps 30 --variants plain,stage+arena --out "$out/launch_cost_tp2_mp.jsonl"
+      done
     done ;;
   step-8b)
     PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:qwen3-8b --batch-sizes 1,32 \
