@@ -211,6 +211,8 @@ def variants(args) -> list[str]:
     for name in names:
         if not set(name.split("+")) <= {"plain", "twins", "stage", "arena"}:
             raise SystemExit(f"--variants: unknown variant {name!r} (plain, twins, stage, arena, joined by +)")
+    if args.processes > 1 and any("twins" in n for n in names):
+        raise SystemExit("--variants: twins loads a second copy over every device; not with --processes")
     return names
 
 
