@@ -233,6 +233,7 @@ def main(argv=None) -> None:
     ap.add_argument("--processes", type=int, default=1,
                     help="multi-controller: this many processes, one device each (bench/multiprocess.py)")
     args = ap.parse_args(argv)
+    variants(args)  # bad names fail here, before any process or model
     if args.processes > 1 and not multiprocess.is_rank():
         raise SystemExit(multiprocess.spawn(__file__, args.processes, sys.argv[1:] if argv is None else argv))
     if multiprocess.is_rank() and multiprocess.join() > 0:  # every rank launches; rank 0 reports
