@@ -6,7 +6,8 @@ each process launches only its own device's work).
         raise SystemExit(multiprocess.spawn(__file__, args.processes, sys.argv[1:]))
     rank = multiprocess.join() if multiprocess.is_rank() else 0
 
-On CPU (tests of the programs themselves) the processes reduce through gloo.
+On CPU (to try the programs here) the processes reduce through gloo, JAX's default for CPU
+collectives across processes.
 """
 
 from __future__ import annotations
@@ -37,6 +38,5 @@ def spawn(script: str, processes: int, argv: list[str]) -> int:
 def join() -> int:
     """Join the job this rank was spawned into (its one local device: the rank's); returns the rank."""
     rank = int(os.environ[_RANK])
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU only; GPUs use NCCL
     jax.distributed.initialize(os.environ[_COORD], int(os.environ[_WORLD]), rank, local_device_ids=[rank])
     return rank
