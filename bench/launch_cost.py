@@ -22,7 +22,7 @@ re-recordings with `TF_CPP_VMODULE=command_buffer_thunk=3` (lines "Updated comma
 
     PYTHONPATH=. python3 bench/launch_cost.py --preset qwen3-8b --batch-sizes 1,32 --out OUT.json
 
-`--variants plain,twins,stage,stage+twins` probes each bucket several ways in one process. `stage`
+`--variants plain,twins,stage,stage+twins,...` probes each bucket several ways in one process. `stage`
 copies each fresh packed input into one persistent device buffer first (a one-copy jitted program
 that donates that buffer and returns it, so its address never changes) and hands the step that
 buffer: what is left moving is then the step's fresh outputs and temporaries. A line
@@ -227,7 +227,7 @@ def main(argv=None) -> None:
     ap.add_argument("--sorts", default="None,True,False", help="the prompt buckets' sampler variants to probe")
     ap.add_argument("--profile", help="trace each bucket's back-to-back loop into this folder")
     ap.add_argument("--twins", action="store_true", help="alternate two loaded copies of each step")
-    ap.add_argument("--variants", help="comma-separated: plain, twins, stage, stage+twins (overrides --twins)")
+    ap.add_argument("--variants", help="comma-separated: plain, twins, stage, arena, or several joined by + (overrides --twins)")
     ap.add_argument("--tp-size", type=int, default=1, help="devices the model is split over")
     ap.add_argument("--out")
     ap.add_argument("--processes", type=int, default=1,
@@ -236,8 +236,9 @@ def main(argv=None) -> None:
     variants(args)  # bad names fail here, before any process or model
     if args.processes > 1 and not multiprocess.is_rank():
         raise SystemExit(multiprocess.spawn(__file__, args.processes, sys.argv[1:] if argv is None else argv))
+    global _REPORTS
     if multiprocess.is_rank() and multiprocess.join() > 0:  # every rank launches; rank 0 reports
-        _report.on = False
+        _REPORTS = False
         args.out = None
     batches = [int(b) for b in args.batch_sizes.split(",")]
     model = random_model(parse_hf_config(preset_config(args.preset)), dtype="bfloat16", seed=0,
@@ -270,13 +271,13 @@ def main(argv=None) -> None:
     _write(args.out, records)
 
 
+_REPORTS = True  # False in the ranks of a multi-controller run other than 0
+
+
 def _report(line: str, *, err: bool = False) -> None:
     """A line to stdout (stderr: a variant marker), from rank 0 only."""
-    if _report.on:
+    if _REPORTS:
         print(line, file=sys.stderr if err else sys.stdout, flush=True)
-
-
-_report.on = True
 
 
 def _write(path: str | None, records: list[dict]) -> None:
