@@ -15,7 +15,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jspec.bench.record import environment  # noqa: E402
+from jspec.bench.record import append_jsonl, environment  # noqa: E402
 from jspec.cache.allocator import PageAllocator, SlotAllocator  # noqa: E402
 from jspec.cache.radix_cache import RadixCache  # noqa: E402
 from jspec.models.batch import ForwardMode  # noqa: E402
@@ -55,8 +55,7 @@ def main() -> None:
            "hit_rate": round(cache.hit_rate, 4)}
     print(json.dumps(rec))
     if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps({**rec, "env": environment()}) + "\n")
+        append_jsonl(args.out, [{**rec, "env": environment()}])
 
 
 if __name__ == "__main__":

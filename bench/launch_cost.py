@@ -60,7 +60,7 @@ from jax.experimental import serialize_executable  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench import multiprocess  # noqa: E402
-from jspec.bench.record import environment  # noqa: E402
+from jspec.bench.record import append_jsonl, environment  # noqa: E402
 from jspec.bench.step import decode_plan, fill_random_kv, page_table  # noqa: E402
 from jspec.cache.pool import PoolLayout  # noqa: E402
 from jspec.config import parse_hf_config  # noqa: E402
@@ -282,10 +282,7 @@ def _report(line: str, *, err: bool = False) -> None:
 
 def _write(path: str | None, records: list[dict]) -> None:
     if path:
-        with open(path, "a") as f:
-            for r in records:
-                f.write(json.dumps({**r, "env": environment()}) + "\n")
-
+        append_jsonl(path, [{**r, "env": environment()} for r in records])
 
 if __name__ == "__main__":
     main()

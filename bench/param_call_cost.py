@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from jspec.bench.record import environment  # noqa: E402
+from jspec.bench.record import append_jsonl, environment  # noqa: E402
 from jspec.config import parse_hf_config  # noqa: E402
 from jspec.models.loader import random_model  # noqa: E402
 from jspec.models.presets import preset_config  # noqa: E402
@@ -53,8 +53,7 @@ def main(argv=None) -> None:
            "no_params_us": per_call_us(jax.jit(lambda x: x + 1), x)}
     print(json.dumps(rec))
     if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps({**rec, "env": environment()}) + "\n")
+        append_jsonl(args.out, [{**rec, "env": environment()}])
 
 
 if __name__ == "__main__":
