@@ -59,7 +59,7 @@ case $stage in
     cap=--xla_gpu_enable_command_buffer=+COLLECTIVES
     for procs in 1 2; do
       for flags in "" "$cap"; do
-        XLA_FLAGS="${XLA_FLAGS:-} $flags" PYTHONPATH=. python3 bench/launch_cost.py --preset qwen3-8b --tp-size 2 \
+        XLA_FLAGS=$(echo ${XLA_FLAGS:-} $flags) PYTHONPATH=. python3 bench/launch_cost.py --preset qwen3-8b --tp-size 2 \
             --processes $procs --batch-sizes 1,32 --reps 30 --variants plain,stage+arena --out "$out/launch_cost_tp2_mp.jsonl"
       done
     done ;;
