@@ -73,10 +73,10 @@ def heldout_prompts(n: int, max_prompt_tokens: int, tokenizer, tokens_path: str 
 
 def run_one(run: DemoRun, models_dir: str, prompts: list[list[int]], max_new_tokens: int,
             dtype: str = "float32", cache_dir: str | None = None) -> dict:
-    """cache_dir: the persistent compilation cache (None: the engine's default, see
+    """Serve every prompt through one engine; returns outputs, texts, timing and acceptance.
+    cache_dir: the persistent compilation cache (None: the engine's default, see
     `Engine(compilation_cache_dir)`). A drafter with random weights has the same executables as
     the trained one, so the baselines compile nothing new."""
-    """Serve every prompt through one engine; returns outputs, texts, timing and acceptance."""
     from jspec.api import Engine
 
     kw = dict(run.spec)
