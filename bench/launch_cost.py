@@ -109,7 +109,7 @@ def probe(runner: ModelRunner, bucket, host_packed: np.ndarray, reps: int, profi
         held = [out_buf]
     copies = [compiled, twin(compiled, runner.mesh.devices.flat)] if twins else [compiled]
     turn = itertools.count()
-    staged = [jax.device_put(host_packed, sharding)]
+    staged = [jax.device_put(host_packed, sharding)] if stage else None
     # The output aliases the donated buffer, so XLA writes the new input into the same address
     # (written as an update of `buf`: a function that returns `new` itself is forwarded by jit
     # without running, and the buffer would move).
@@ -283,6 +283,7 @@ def _report(line: str, *, err: bool = False) -> None:
 def _write(path: str | None, records: list[dict]) -> None:
     if path:
         append_jsonl(path, [{**r, "env": environment()} for r in records])
+
 
 if __name__ == "__main__":
     main()
