@@ -264,7 +264,8 @@ class Bench:
                 srt = gg.sorts(t, k, gate_up.shape[0]) if sort is None else sort
                 nt = gg.tiles.max_tiles(t * k, gate_up.shape[0], block_m) if srt else t * k
                 up_cfg = gg.choose(nt, x.shape[1], gate_up.shape[2], mode="up", **(up or {}))
-                down_cfg = gg.choose(nt, down_w.shape[1], down_w.shape[2], mode="down", **(down or {}))
+                down_cfg = gg.choose(nt, down_w.shape[1], down_w.shape[2], mode="down_sorted" if srt else "down",
+                                     **(down or {}))
             return gg.moe_gather_pallas(x, experts, weights, gate_up, down_w, block_m=block_m, sort=sort,
                                         up_cfg=up_cfg, down_cfg=down_cfg, interpret=self.smoke,
                                         single_row=single_row)
@@ -444,7 +445,8 @@ class Bench:
                "ideal_bytes": int(distinct * slab), "copy_bytes": nbytes, "tile_bytes": int(used * slab),
                "pair_bytes": t * s["K"] * slab, "num_tiles": tiles,
                "launch_up": str(self.gg.choose(tiles, s["E"], 2 * s["I"], mode="up")),
-               "launch_down": str(self.gg.choose(tiles, s["I"], s["E"], mode="down"))}
+               "launch_down": str(self.gg.choose(tiles, s["I"], s["E"],
+                                                 mode="down_sorted" if plan == "sorted" else "down"))}
         copy = copies.get(str(nbytes))
         if copy:
             row["copy_us"] = copy["ms"] * 1e3

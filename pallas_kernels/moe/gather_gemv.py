@@ -101,12 +101,17 @@ def block_for(dim: int, want: int) -> int:
 DEFAULTS = {
     "up": dict(block_n=256, block_k=64, programs_per_sm=2, num_warps=4, num_stages=3),
     "down": dict(block_n=128, block_k=64, programs_per_sm=2, num_warps=4, num_stages=3),
+    # Down over sorted tiles (wide decode / verify batches): each column tile's program gathers and
+    # re-forms its pairs' silu(gate) * up rows, so wider column tiles form them fewer times; a short
+    # contracted axis (I) then streams best in shorter steps (bench/kernels/moe_shapes_probe.py).
+    "down_sorted": dict(block_n=512, block_k=32, programs_per_sm=2, num_warps=4, num_stages=3),
 }
 
 
 def choose(num_tiles: int, k_dim: int, n_dim: int, *, mode: str = "up", block_n=None, block_k=None, splits=None,
            num_warps=None, num_stages=None, programs_per_sm=None) -> Config:
-    """Fill in whatever the caller left as None from `DEFAULTS[mode]`, from static shapes only.
+    """Fill in whatever the caller left as None from `DEFAULTS[mode]` (mode: a key of DEFAULTS, the
+    kernel's mode or "down_sorted" for a down kernel over sorted tiles), from static shapes only.
 
     num_tiles: the plan's tile count NT (its static bound, used or not). Splits: the fewest that
     give every SM `programs_per_sm` programs (a memory-bound stream needs several programs' loads in
@@ -271,7 +276,7 @@ def moe_gather_pallas(x, experts, weights, gate_up, down, *, block_m: int = MMA_
     num_tiles = tile_expert.shape[0]
     single = not sort and single_row
     up_cfg = up_cfg or choose(num_tiles, e, 2 * inter, mode="up")
-    down_cfg = down_cfg or choose(num_tiles, inter, e, mode="down")
+    down_cfg = down_cfg or choose(num_tiles, inter, e, mode="down_sorted" if sort else "down")
     gu = gathered_gemv(tile_expert, tile_pairs, x, gate_up, mode="up", cfg=up_cfg, top_k=k, interpret=interpret,
                        single=single)
     y = gathered_gemv(tile_expert, tile_pairs, gu, down, mode="down", cfg=down_cfg, top_k=k, interpret=interpret,

@@ -102,9 +102,14 @@ def test_pair_plan_masked_row_gather(t, k):
     assert_matches(got, jax.jit(ref.moe_gather)(*args), jnp.float32)
 
 
-def test_default_launch_shapes():
-    # The launch shapes and plan `moe_gather` picks by itself (splits from the SM count, tiles of 16).
-    args = make_case(7, 3, 4, jnp.float32, "topk")
+@pytest.mark.parametrize("t,sorted_plan", [(3, False), (13, True)])
+def test_default_launch_shapes(t, sorted_plan):
+    # The launch shapes and plan `moe_gather` picks by itself (splits from the SM count, tiles of 16;
+    # sorted tiles from 1.25 pairs per expert on, with the down kernel's wide column tiles).
+    from pallas_kernels.moe import gather_gemv
+
+    assert gather_gemv.sorts(t, 4, X) == sorted_plan
+    args = make_case(7, t, 4, jnp.float32, "topk")
     out = jax.jit(functools.partial(moe.moe_gather, interpret=True))(*args)
     assert_matches(out, ref.moe_gather(*args), jnp.float32)
 
