@@ -4,6 +4,7 @@
 # off, one engine per call (each engine is gone before the next starts). Writes JSONL (and the
 # printed tables) under OUT.
 #   bench/prefix_cache.sh OUT eagle3 | next | nextn | lpm | fcfs | multiturn | wide | wide-pf | next-wide | next-wide512
+#   | next-wide512-pf
 # wide: Qwen3-8B shape, no speculation, --max-running-requests 512 (decode buckets 1/64/256/512):
 #   with the cache every prompt of the workload fits in the pool at once, so none waits for a slot.
 # CACHES="on" (or "off") runs one of the two engines of a stage.
@@ -12,6 +13,7 @@
 # wide-pf: wide with --prefill-first (prompt steps before decode whenever a prompt can advance).
 # next-wide512: next-wide at 512 running requests (and 512 snapshot rows), for an H200: every prompt
 #   of the workload runs at once, so none waits for a slot.
+# next-wide512-pf: next-wide512 with --prefill-first (SGLang's order).
 # eagle3: Qwen3-8B shape + random EAGLE3 head at simulated accept length 3 (spec v2), on and off;
 # next: Qwen3-Next-12L shape (hybrid: GDN state snapshots), no speculation, on and off;
 # nextn: Qwen3-Next-12L + random MTP head at simulated accept 3, on and off;
@@ -46,6 +48,9 @@ case $stage in
         run wide_qwen3_next_12l --model-path random:qwen3-next-12l --max-running-requests 256 ;;
   next-wide512) gsp=("${gsp[@]/1,32,64,128/1,64,256,512}")
         run wide512_qwen3_next_12l --model-path random:qwen3-next-12l --max-running-requests 512 ;;
+  next-wide512-pf) gsp=("${gsp[@]/1,32,64,128/1,64,256,512}")
+        run wide512_prefill_first_qwen3_next_12l --model-path random:qwen3-next-12l --max-running-requests 512 \
+            --prefill-first ;;
   wide-pf) gsp=("${gsp[@]/1,32,64,128/1,64,256,512}")
         run wide_prefill_first_qwen3_8b --model-path random:qwen3-8b --max-running-requests 512 --prefill-first ;;
   nextn) run nextn_qwen3_next_12l --model-path random:qwen3-next-12l --speculative-algorithm NEXTN "${spec[@]}" ;;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tensor-parallel benchmarks of bench/README.md ("Tensor parallelism"), one stage per call so each
 # fits a 10-minute device command; results (JSONL / JSON + printed tables) under OUT.
-#   bench/tp_sweep.sh OUT allreduce | allreduce-captured | step-8b-mp | collectives | step-8b | step-8b-flags | next80b [ALGOS] | next80b-ep | llama70b
+#   bench/tp_sweep.sh OUT allreduce | allreduce-captured | step-8b-mp | step-8b-graph | collectives | step-8b | step-8b-flags | next80b [ALGOS] | next80b-ep | llama70b
 # allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size: XLA's defaults (NCCL)
 #   beside jspec's one-shot Mosaic GPU kernel over peer memory, NCCL's low-latency protocol, and
 #   XLA's one-shot all-reduce kernel over peer memory
@@ -13,6 +13,10 @@
 # step-8b-mp (any multi-GPU kind): the Qwen3-8B TP2 decode step's launch (bench/launch_cost.py) in one
 #   process for both GPUs vs one process per GPU (multi-controller), each with XLA's defaults and with
 #   the all-reduces in the command buffers, plain and with nothing moving between calls (stage+arena).
+# step-8b-graph (any multi-GPU kind): the Qwen3-8B TP2 decode step's launch with XLA's collective
+#   kernels (its own one-shot all-reduce, a thunk kind the command-buffer conversion does not take, so
+#   each all-reduce ends a graph) turned off, so that NCCL all-reduces can be recorded into the
+#   command buffers (+COLLECTIVES): one graph per step if nothing else splits it. Against the defaults.
 # step-8b (any multi-GPU kind): Qwen3-8B decode step at batch 1 / 32, TP1 vs TP2 (XLA's defaults,
 #   profiled and summarised) vs TP2 with collectives in the command buffers (+COLLECTIVES).
 # collectives (any multi-GPU kind): the collectives compiled into every decode bucket of TP engines
@@ -63,6 +67,18 @@ case $stage in
             --processes $procs --batch-sizes 1,32 --reps 30 --variants plain,stage+arena --out "$out/launch_cost_tp2_mp.jsonl"
       done
     done ;;
+  step-8b-graph)
+    cap=--xla_gpu_enable_command_buffer=+COLLECTIVES
+    for flags in "" "$cap" "--xla_gpu_experimental_use_collective_kernels= $cap" \
+                 "--xla_gpu_unsupported_use_all_reduce_one_shot_kernel=false $cap" \
+                 "--xla_gpu_experimental_use_collective_kernels= $cap --xla_gpu_graph_min_graph_size=1"; do
+      echo "== XLA_FLAGS: $flags"
+      XLA_FLAGS=$(echo ${XLA_FLAGS:-} $flags) TF_CPP_VMODULE=command_buffer_thunk=3 PYTHONPATH=. python3 \
+          bench/launch_cost.py --preset qwen3-8b --tp-size 2 --batch-sizes 1,32 --reps 30 --variants plain \
+          --out "$out/launch_cost_tp2_graph.jsonl" 2> "$out/graph_log.txt" | tail -6 || tail -5 "$out/graph_log.txt"
+      echo "graph executions logged: $(grep -c -i 'execut' "$out/graph_log.txt"), updates: $(grep -c -i 'updat' "$out/graph_log.txt")"
+    done
+    rm -f "$out/graph_log.txt" ;;
   step-8b)
     PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:qwen3-8b --batch-sizes 1,32 \
         --context-lens 1024 --tp-size 1 --output-file "$out/step_tp.jsonl"
