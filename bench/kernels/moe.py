@@ -10,8 +10,9 @@ In order of priority (the time budget skips the tail, and the JSON lists what it
    the ideal bytes of every table row (`copy_bytes`), through PyTorch in a subprocess, rotating over
    four buffer pairs; bytes read + written per second. Without PyTorch, jnp.copy under jit
    (`copy_source` says which);
-2. correctness on the GPU at T=1 (one pair per tile) and with skewed routing (one expert taking a
-   slot of every token, so its pairs cross tile boundaries): the tiled kernels, the XLA gather path
+2. correctness on the GPU at T=1 (one pair per tile), with skewed routing (one expert taking a
+   slot of every token, so its pairs cross tile boundaries) and at Qwen3-Next T=64 (sorted tiles):
+   the tiled kernels, the XLA gather path
    (`reference.moe_gather`) and the grouped GEMM (`SparseMoE._routed_grouped`) against a float32
    oracle on the gathered weights;
 3. the table: Qwen3-Next (X=512, K=10, E=2048, I=512) and Qwen3-30B-A3B (X=128, K=8, E=2048,
@@ -278,6 +279,7 @@ class Bench:
         from jspec.models.mlp import SparseMoE
 
         me = types.SimpleNamespace(top_k=experts.shape[1], num_experts=gate_up.shape[0],
+                                   intermediate=down_w.shape[1], expert_layout_tp=1,
                                    experts=types.SimpleNamespace(gate_up_proj=gate_up, down_proj=down_w))
         return SparseMoE._routed_grouped(me, x, experts, weights)
 
@@ -340,11 +342,13 @@ class Bench:
             return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
         # T=1: one pair per tile. Skewed: every token's first slot on expert 0 (24 / 32 pairs on it,
-        # across tiles of 16) and the last token a repeat of the first.
+        # across tiles of 16) and the last token a repeat of the first. Qwen3-Next T=64: sorted tiles
+        # (1.25 pairs per expert), with the down kernel's sorted-tile launch shapes.
         if self.smoke:
             cases = [("tiny", 1, False), ("tiny", 12, True)]
         else:
-            cases = [("qwen3_next", 1, False), ("qwen3_next", 24, True), ("qwen3_30b_a3b", 32, True)]
+            cases = [("qwen3_next", 1, False), ("qwen3_next", 24, True), ("qwen3_next", 64, False),
+                     ("qwen3_30b_a3b", 32, True)]
         ok = True
         for name, t, skewed in cases:
             if self.time_left() < 20:
