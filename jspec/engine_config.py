@@ -66,7 +66,7 @@ class EngineConfig:
     schedule_policy: str = "fcfs"  # admission order: "fcfs" or "lpm" (longest cached prefix first)
     prefill_first: bool = False  # prompt-chunk steps before decode whenever a prompt can advance (else alternate)
     max_mamba_cache_size: int | None = None  # hybrid: GDN state rows, running requests + cached snapshots
-    mamba_track_interval: int = 256  # hybrid: decode keeps the GDN state every this many tokens
+    mamba_track_interval: int = 256  # hybrid: prompts and decode keep the GDN state about every this many tokens
     grammar_backend: str | None = None  # structured output (regex / json_schema / ebnf): "llguidance"
     tokenizer_path: str | None = None  # a directory with tokenizer.json (default: the model's own)
     enable_input_logprobs: bool = False  # prompt-chunk variants reporting input token logprobs (logprob_start_len)

@@ -39,6 +39,10 @@ class ForwardBatch:
     token, each continuing from its parent's, `parents` [B, N] with -1 = the committed state).
     In verify mode `positions` are the RoPE positions (a tree node's depth past the prefix) while
     `slot_mapping` places node j at KV index seq_len - N + j, the order the tree mask uses.
+    snapshot_tokens, snapshot_rows `[S]` (EXTEND, hybrid prefix cache; rows -1 = none): the
+    Gated-DeltaNet state (recurrent state and conv window) after token snapshot_tokens[i] of this
+    step also goes to state-pool row snapshot_rows[i]; each such token ends one of the chunked
+    kernel's 64-token chunks of its request.
     """
 
     input_ids: jax.Array
@@ -51,6 +55,8 @@ class ForwardBatch:
     has_initial_state: jax.Array
     parents: jax.Array | None = None
     tree_mask: jax.Array | None = None
+    snapshot_tokens: jax.Array | None = None
+    snapshot_rows: jax.Array | None = None
     mode: ForwardMode = dataclasses.field(default=ForwardMode.EXTEND, metadata=dict(static=True))
 
     def __post_init__(self):

@@ -105,9 +105,17 @@ class GatedDeltaNet(nnx.Module):
         if verify:
             mixed, conv = ops.causal_conv1d_verify(mixed, weight, conv_pool, batch.state_slots, batch.parents, tp=tp)
         else:
+            conv_in = mixed
             mixed, conv = ops.causal_conv1d(
                 mixed, weight, conv_pool, batch.cu_q_lens, batch.state_slots, batch.has_initial_state, tp=tp
             )
+        snapshots = batch.snapshot_rows is not None and batch.mode is ForwardMode.EXTEND
+        save_rows = None
+        if snapshots:  # prefix-cache snapshots inside the chunk: conv windows here, states in the kernel
+            conv = ops.save_conv_windows(conv, conv_in, batch.snapshot_tokens, batch.snapshot_rows, tp=tp)
+            t = x.shape[0]
+            at = jnp.where(batch.snapshot_rows >= 0, batch.snapshot_tokens, t)
+            save_rows = jnp.full((t,), -1, jnp.int32).at[at].set(batch.snapshot_rows, mode="drop")
         q, k, v = self.split_heads(mixed)
         g, beta = self.gates(b, a)
         if verify:
@@ -116,6 +124,6 @@ class GatedDeltaNet(nnx.Module):
         else:
             core, ssm = ops.gated_delta_rule(
                 q, k, v, g, beta, ssm_pool, batch.cu_q_lens, batch.state_slots, batch.has_initial_state,
-                decode=batch.mode is ForwardMode.DECODE, tp=tp,
+                decode=batch.mode is ForwardMode.DECODE, tp=tp, save_rows=save_rows,
             )
         return self.finish(core, z, x.dtype), conv, ssm

@@ -129,12 +129,26 @@ def causal_conv1d(x, weight, conv_pool, cu_seqlens, slots, has_initial, *, tp: i
     return run(x, weight, conv_pool, cu_seqlens, slots, has_initial)
 
 
-def gated_delta_rule(q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initial, *, decode: bool, tp: int = 1):
-    """decode=True promises one token per request (T == B): the recurrent kernel; else chunked."""
+def gated_delta_rule(q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initial, *, decode: bool, tp: int = 1,
+                     save_rows=None):
+    """decode=True promises one token per request (T == B): the recurrent kernel; else chunked.
+    save_rows `[T]` (chunked only; -1 = none): the state after token t also goes to that pool row,
+    taken at the ends of each request's 64-token chunks (`reference.gated_delta_rule`)."""
     name = "gated_delta_rule_decode" if decode else "gated_delta_rule"
     fn, kw = pick("gdn", name, gdn_ref.gated_delta_rule)
-    run = per_device(lambda *a: fn(*a, **kw), tp, _QKVGB + (SSM, R, R, R), (TOK3, SSM))
-    return run(q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initial)
+    if save_rows is None:
+        run = per_device(lambda *a: fn(*a, **kw), tp, _QKVGB + (SSM, R, R, R), (TOK3, SSM))
+        return run(q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initial)
+    assert not decode, "snapshot rows are taken by the chunked prefill only"
+    run = per_device(lambda *a: fn(*a[:-1], save_rows=a[-1], **kw), tp, _QKVGB + (SSM, R, R, R, R), (TOK3, SSM))
+    return run(q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initial, save_rows)
+
+
+def save_conv_windows(conv_pool, x, tokens, rows, *, tp: int = 1):
+    """Conv windows of snapshots inside a prompt chunk (`reference.save_conv_windows`): conv_pool
+    `[S, C, K-1]` and the conv input x `[T, C]` split by channels like `causal_conv1d`'s."""
+    run = per_device(gdn_ref.save_conv_windows, tp, (TOK3, TOK2, R, R), TOK3)
+    return run(conv_pool, x, tokens, rows)
 
 
 def causal_conv1d_verify(x, weight, conv_pool, slots, parents, *, tp: int = 1):

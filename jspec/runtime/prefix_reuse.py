@@ -12,9 +12,12 @@ GDN state snapshots of hybrid targets, and the LPM order of the waiting queue.
   too), so requests admitted while this one still runs share them; steps run in order on the
   device, so a later reader reads them after the chunk wrote them. A finished or retracted request
   puts in every full page below its known length.
-- Hybrid targets: a prompt chunk that ends on a page boundary leaves a snapshot of the state there;
-  where the pages matched further than any snapshot (a branch point, e.g. the end of a shared system
-  prompt), the scheduler cuts the request's chunk at that point so that its snapshot is taken.
+- Hybrid targets: a prompt chunk that ends on a page boundary leaves a snapshot of the state there,
+  and inside a long chunk one about every track interval (at the first end of the chunked GDN
+  kernel's 64-token chunks past each multiple of it that lies on a page boundary), so that a later
+  prompt that branches off inside it recomputes at most about an interval; where the pages matched
+  further than any snapshot (a branch point, e.g. the end of a shared system prompt), the scheduler
+  cuts the request's chunk at that point so that its snapshot is taken.
   Prompts that arrive together share nothing cached yet: a newly admitted one's first chunk ends
   where it shares whole pages with a waiting request (`shared_with`), and a waiting request that a
   snapshot taken in the step being planned would serve waits one step for it (`waits_for_snapshot`)
@@ -28,6 +31,7 @@ from collections import deque
 from jspec.cache.allocator import PageAllocator
 from jspec.cache.radix_cache import PrefixMatch, RadixCache
 from jspec.runtime.request import Request
+from jspec.runtime.step_inputs import GDN_CHUNK
 
 
 class PrefixReuse:
@@ -114,6 +118,31 @@ class PrefixReuse:
             return -1
         cache.attach_state(node, row)
         return row
+
+    def inner_snapshots(self, req: Request, start: int, interval: int) -> list[tuple[int, int]]:
+        """Hybrid: the snapshots a prompt chunk from `start` to req.kv_len (its pages in the tree
+        already) takes inside itself, as (k, row): the state after its first k tokens goes to the
+        row. Candidates are the ends of the kernel's 64-token chunks of this chunk (k a multiple of
+        64, short of its end) that fall on a page boundary; one is taken at the first candidate at or
+        past each multiple of `interval` after start, where its node has no snapshot yet and a row is
+        free (none taken while every row is in use)."""
+        cache, ps, end = self.cache, self.pages.page_size, req.kv_len
+        if not cache.stateful:
+            return []
+        out, done = [], start // interval  # the last multiple of interval already covered
+        for p in range(start + GDN_CHUNK, end, GDN_CHUNK):
+            if p % ps or p // interval <= done:
+                continue
+            done = p // interval
+            node = cache.path_end(req.all_ids, p)
+            if node.depth * ps != p or node.state is not None:
+                continue
+            row = cache.alloc_state()
+            if row is None:
+                break
+            cache.attach_state(node, row)
+            out.append((p - start, row))
+        return out
 
     def track(self, req: Request) -> int:
         """Hybrid, plain decode: the row the state after this decode step (req.kv_len tokens, a

@@ -60,6 +60,8 @@ class ScheduledReq:
     output_index: int  # index of the sampled token in the request's output
     state_load: int = -1  # hybrid prefix cache: the snapshot row copied into the slot before the step
     state_save: int = -1  # ... and the row the slot's state is copied to after it (a snapshot)
+    # ... and inside the chunk: (k, row), the state after its first k tokens into the row
+    inner_snapshots: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     track: tuple[int, int] | None = None  # speculative DECODE: (boundary length, snapshot row) to fill if passed
     # Admitted on a cached prefix with a repetition penalty: instead of a reset, the slot's penalty
     # state is seeded with the cached prompt tokens before the step (`sampler.seed_slot`).
@@ -186,11 +188,12 @@ class Scheduler:
             return None
         req.kv_len += n
         save = -1 if self.reuse is None else self.reuse.chunk_dispatched(req)
+        inner = self.reuse.inner_snapshots(req, start, self.track_interval) if self.track_interval else []
         out_index = req.scheduled_outputs
         if sample:
             req.scheduled_outputs += 1
         return ScheduledReq(req, start, req.all_ids[start:start + n], sample, reset, out_index,
-                            state_load=load, state_save=save)
+                            state_load=load, state_save=save, inner_snapshots=inner)
 
     def _branch_at(self, req: Request, match) -> int:
         """Hybrid prefix cache: where an admitted request's first chunk ends so that a snapshot is

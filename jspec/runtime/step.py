@@ -120,7 +120,7 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
         batch = ForwardBatch(
             input_ids=input_ids, positions=pos, seq_lens=x["seq_lens"], cu_q_lens=cu, page_table=page_table,
             slot_mapping=slot_mapping, state_slots=slots, has_initial_state=x["has_initial"] > 0,
-            mode=bucket.mode,
+            snapshot_tokens=x.get("snapshot_tokens"), snapshot_rows=x.get("snapshot_rows"), mode=bucket.mode,
         )
         last_idx = jnp.maximum(cu[1:] - 1, 0)
         target = nnx.merge(graphdef, params)

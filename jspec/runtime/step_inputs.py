@@ -42,6 +42,9 @@ MAX_HELD_STOPS = 8
 # fixed size, since the copy gathers that many state rows per GDN layer every step (one per request
 # would move the whole batch's state).
 TRACKS_PER_STEP = 4
+# Prompt chunks of a hybrid target take prefix-cache snapshots inside themselves at the ends of the
+# chunked GDN kernel's chunks of this many tokens (at most one per chunk: T // 64 per step).
+GDN_CHUNK = 64
 FLOAT_FIELDS_B = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 
 
@@ -80,7 +83,8 @@ class Bucket:
     speculate: bool = True
     draft_steps: int = 0
     # A hybrid target with prefix-cache snapshots: a prompt-chunk bucket carries the snapshot rows
-    # loaded into / saved from each request's GDN state (`state_load`, `state_save` [B]); a plain
+    # loaded into / saved from each request's GDN state (`state_load`, `state_save` [B]) and, from 64
+    # tokens on, the snapshots inside its chunks (`snapshot_tokens`, `snapshot_rows` [T // 64]); a plain
     # decode bucket up to TRACKS_PER_STEP copies of a slot's state into a row (`track_src`, `track_dst`);
     # a speculative engine's decode bucket (commit_tracks) each row's boundary length and snapshot row
     # (`track_at`, `track_dst` [B]), which the GDN commit fills if the accepted run passes that length.
@@ -112,6 +116,8 @@ class Bucket:
         out.append(("held_stops", (b, MAX_HELD_STOPS)))
         if self.snapshots and self.mode is ForwardMode.EXTEND:  # GDN snapshots (rows, -1: none)
             out += [("state_load", (b,)), ("state_save", (b,))]
+            if t >= GDN_CHUNK:  # ... and inside the chunks: (token of the step, row)
+                out += [("snapshot_tokens", (t // GDN_CHUNK,)), ("snapshot_rows", (t // GDN_CHUNK,))]
         elif self.snapshots and self.commit_tracks:
             out += [("track_at", (b,)), ("track_dst", (b,))]
         elif self.snapshots:
@@ -161,6 +167,10 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
     if snapshots:
         f["state_load"][:] = -1
         f["state_save"][:] = -1
+    inner = "snapshot_rows" in f
+    if inner:
+        f["snapshot_rows"][:] = -1
+    n_inner = 0
     if "track_dst" in f:
         f["track_dst"][:] = -1
     if "track_src" in f:
@@ -196,6 +206,12 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
         if snapshots:
             f["state_load"][i] = s.state_load
             f["state_save"][i] = s.state_save
+        if s.inner_snapshots:  # (tokens into the chunk, row): the state after its first k tokens
+            assert inner, "inner snapshots planned for a bucket without their fields"
+            for k_in, row in s.inner_snapshots:
+                # t is already past this request's n tokens
+                f["snapshot_tokens"][n_inner], f["snapshot_rows"][n_inner] = t - n + k_in - 1, row
+                n_inner += 1
         if "track_at" in f and s.track is not None:
             f["track_at"][i], f["track_dst"][i] = s.track
         fl["temperature"][i] = 0.0 if sp.is_greedy else sp.temperature

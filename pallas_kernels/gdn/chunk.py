@@ -98,8 +98,10 @@ def first_chunk_slot(cu_seqlens):
 
 
 def gated_delta_rule(q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initial, *, scale=None,
-                     use_qk_l2norm=True, interpret=False, config: ChunkConfig | None = None):
-    """Pallas version of `reference.gated_delta_rule` (same arguments and results)."""
+                     use_qk_l2norm=True, interpret=False, config: ChunkConfig | None = None, save_rows=None):
+    """Pallas version of `reference.gated_delta_rule` (same arguments and results). save_rows are
+    taken at the last token of each 64-token chunk of a request (and its last token) only: a row
+    named elsewhere is not written."""
     cfg = config or DEFAULT_CONFIG
     num_tokens, _, dk = q.shape
     dv = v.shape[-1]
@@ -114,7 +116,12 @@ def gated_delta_rule(q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initia
         q, k, v, g, beta, start, length, scale=float(scale), use_qk_l2norm=use_qk_l2norm, mm_dtype=mm,
         stacked=cfg.use_stacked(batch, num_v_heads, dv), num_warps=cfg.prepare_warps,
         num_stages=cfg.prepare_stages, interpret=interpret)
+    chunk_saves = None
+    if save_rows is not None:  # each chunk slot's row: the one named at its last token
+        last = jnp.clip(start + length - 1, 0, num_tokens - 1)
+        chunk_saves = jnp.where(length > 0, save_rows.astype(jnp.int32)[last], -1)
     return chunk_state(
         q.astype(mm), k.astype(mm), terms, state_pool, cu_seqlens, first_chunk_slot(cu_seqlens),
         slots.astype(jnp.int32), has_initial, block_v=cfg.state_block_v(batch, num_v_heads, dv),
-        out_dtype=q.dtype, num_warps=cfg.state_warps, num_stages=cfg.state_stages, interpret=interpret)
+        out_dtype=q.dtype, num_warps=cfg.state_warps, num_stages=cfg.state_stages, interpret=interpret,
+        chunk_saves=chunk_saves)

@@ -41,11 +41,12 @@ from pallas_kernels.gdn.common import ANY, CHUNK, cdiv, dot, row_mask, splat, tr
 
 
 def _state_kernel(
-    cu_ref, slot0_ref, slots_ref, init_ref, q_ref, k_ref, *refs, block_v, group, stacked,
+    cu_ref, slot0_ref, slots_ref, init_ref, q_ref, k_ref, *refs, block_v, group, stacked, saves,
 ):
-    # refs: the chunk terms (stacked: wq, uo, ks, gl; else w, u, aqk, qs, ks, gl), then the pool,
-    # then the outputs o and the pool (aliased).
+    # refs: the chunk terms (stacked: wq, uo, ks, gl; else w, u, aqk, qs, ks, gl), with `saves` the
+    # snapshot row of each chunk slot, then the pool, then the outputs o and the pool (aliased).
     *terms, pool_ref, o_ref, pool_out_ref = refs
+    save_ref = terms.pop() if saves else None
     b = pl.program_id(0)
     h = pl.program_id(1)
     jv = pl.program_id(2)
@@ -89,7 +90,12 @@ def _state_kernel(
                     delta = u_ref[h, cs, :, cols].astype(jnp.float32) - dot(w_ref[h, cs], s_mm)
                     out = qs_ref[h, cs][:, None] * dot(q, s_mm) + dot(aqk_ref[h, cs], delta.astype(k.dtype))
                 plt.store(o_ref.at[rows, h, cols], out.astype(o_ref.dtype), mask=row_mask(live, block_v))
-                return jnp.exp(g_last) * s + dot(k, (ks[:, None] * delta).astype(k.dtype), trans_a=True)
+                s = jnp.exp(g_last) * s + dot(k, (ks[:, None] * delta).astype(k.dtype), trans_a=True)
+                if save_ref is not None:  # a prefix-cache snapshot of the state after this chunk
+                    row = save_ref[cs]
+                    plt.store(pool_out_ref.at[jnp.maximum(row, 0), h, :, cols], s,
+                              mask=splat(row >= 0, (dk, block_v)))
+                return s
 
             s = jax.lax.fori_loop(0, cdiv(n, CHUNK), chunk, s0)
             plt.store(pool_out_ref.at[slot, h, :, cols], s)
@@ -108,17 +114,21 @@ def _state_kernel(
 
 
 def chunk_state(q, k, terms, state_pool, cu_seqlens, slot0, slots, has_initial, *, block_v, out_dtype,
-                num_warps=4, num_stages=2, interpret=False):
+                num_warps=4, num_stages=2, interpret=False, chunk_saves=None):
     """q, k `[T, Hk, dk]` (mm dtype), `terms` = what `chunk_prepare` returned (its `stacked` form is
     told by their count), slot0 `[B]` (each request's first chunk slot). Returns (o `[T, Hv, dv]` in
-    out_dtype, state_pool updated in place)."""
+    out_dtype, state_pool updated in place). chunk_saves `[chunk slots]` int32 (optional, -1 = none):
+    the state after each chunk slot's tokens also goes to that pool row."""
     num_tokens, num_k_heads, dk = k.shape
     num_v_heads = terms[0].shape[0]
     dv = terms[1].shape[-1]
     batch = slots.shape[0]
     stacked = len(terms) == 4
-    kernel = functools.partial(_state_kernel, block_v=block_v, group=num_v_heads // num_k_heads, stacked=stacked)
-    args = (cu_seqlens, slot0, slots, has_initial.astype(jnp.int32), q, k, *terms, state_pool)
+    saves = chunk_saves is not None
+    kernel = functools.partial(_state_kernel, block_v=block_v, group=num_v_heads // num_k_heads, stacked=stacked,
+                               saves=saves)
+    extra = (chunk_saves.astype(jnp.int32),) if saves else ()
+    args = (cu_seqlens, slot0, slots, has_initial.astype(jnp.int32), q, k, *terms, *extra, state_pool)
     return pl.pallas_call(
         kernel,
         out_shape=(

@@ -91,6 +91,21 @@ def causal_conv1d(x, weight, conv_pool, cu_seqlens, slots, has_initial):
     return y, conv_pool
 
 
+def save_conv_windows(conv_pool, x, tokens, rows):
+    """Conv windows of prefix-cache snapshots inside a prompt chunk: conv_pool[rows[i]] becomes the
+    window after token tokens[i] of x `[T, C]` (its K-1 inputs up to and including it), as
+    `causal_conv1d` leaves a request that ends there. tokens / rows `[S]` int32, rows -1 = none; each
+    token at least K-2 tokens into its request's part of x (snapshots sit at 64-token chunk ends)."""
+    if rows.shape[0] == 0:
+        return conv_pool
+    width = conv_pool.shape[-1]  # K - 1
+    num_tokens = x.shape[0]
+    src = tokens[:, None] - (width - 1) + jnp.arange(width)[None, :]  # [S, K-1], oldest first
+    window = jnp.swapaxes(x[jnp.clip(src, 0, num_tokens - 1)], 1, 2)  # [S, C, K-1]
+    target = jnp.where(rows >= 0, rows, conv_pool.shape[0])
+    return conv_pool.at[target].set(window.astype(conv_pool.dtype), mode="drop")
+
+
 def causal_conv1d_verify(x, weight, conv_pool, slots, parents):
     """Draft-token conv: x `[B*N, C]`; parents `[B, N]` (-1 = committed window).
 
@@ -139,12 +154,16 @@ def _step(state, q, k, v, g, beta):
 
 
 def gated_delta_rule(
-    q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initial, *, scale=None, use_qk_l2norm=True
+    q, k, v, g, beta, state_pool, cu_seqlens, slots, has_initial, *, scale=None, use_qk_l2norm=True,
+    save_rows=None,
 ):
     """Ragged prefill / decode over T tokens, continuing each request's state in the pool.
 
     q, k: `[T, Hk, dk]`; v: `[T, Hv, dv]`; g (log decay), beta: `[T, Hv]`;
     state_pool: `[S, Hv, dk, dv]` float32. Returns (o `[T, Hv, dv]` in q's dtype, state_pool).
+    save_rows `[T]` int32 (optional, -1 = none): the state after token t also goes to pool row
+    save_rows[t] (a prefix-cache snapshot inside a prompt chunk). The chunked kernel takes such rows
+    only at the ends of its 64-token chunks of each request.
     """
     num_tokens = q.shape[0]
     batch = slots.shape[0]
@@ -158,15 +177,18 @@ def gated_delta_rule(
     fresh = first & ~has_initial[req_c]
     oob = state_pool.shape[0]
 
+    saves = jnp.full((num_tokens,), -1, jnp.int32) if save_rows is None else save_rows.astype(jnp.int32)
+
     # Token by token, carrying the whole pool: exact and simple, fine for an oracle.
     def body(pool, xs):
-        qt, kt, vt, gt, bt, s, is_valid, is_fresh = xs
+        qt, kt, vt, gt, bt, s, is_valid, is_fresh, sv = xs
         state = jnp.where(is_fresh, 0.0, pool[s])
         state, out = _step(state, qt, kt, vt, gt, bt)
         pool = pool.at[jnp.where(is_valid, s, oob)].set(state, mode="drop")
+        pool = pool.at[jnp.where(is_valid & (sv >= 0), sv, oob)].set(state, mode="drop")
         return pool, out
 
-    pool, out = jax.lax.scan(body, state_pool, (qf, kf, vf, gf, bf, slot, valid, fresh))
+    pool, out = jax.lax.scan(body, state_pool, (qf, kf, vf, gf, bf, slot, valid, fresh, saves))
     out = jnp.where(valid[:, None, None], out, 0)
     return out.astype(out_dtype), pool
 

@@ -140,3 +140,26 @@ def test_unit_lower_inverse_correlated_keys():
     got = jax.jit(unit_lower_inverse)(jnp.asarray(a))
     want = np.linalg.inv(np.eye(64) + a.astype(np.float64))
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-4)
+
+
+@pytest.mark.parametrize("config", [STACKED, PER_CHUNK], ids=["stacked", "per_chunk"])
+def test_snapshot_rows_at_chunk_ends(config):
+    """save_rows: the state after a 64-token chunk of a request also goes to a free pool row (a
+    prefix-cache snapshot inside a prompt chunk), in the kernel as in the reference; and a snapshot
+    is the state the request would have had, had it ended there."""
+    lens = [130, 64, 1, 0, 60]
+    args = make_case(21, lens, has_initial=np.array([True, False, True, False, True]))
+    free = [r for r in range(S) if r not in set(np.asarray(args[7]).tolist())]
+    saves = np.full(T, -1, np.int32)
+    saves[63], saves[127], saves[130 + 63] = free  # two inside request 0, one at request 1's end
+    saves = jnp.asarray(saves)
+    o, pool = kernel_fn(config=config)(*args, save_rows=saves)
+    ro, rpool = reference_fn()(*args, save_rows=saves)
+    assert_close(o, ro, what="o")
+    assert_close(pool, rpool, what="state pool")
+    cut = list(args)
+    cut[6] = jnp.asarray(cu_from_lens([64, 0, 0, 0, 0]))
+    _, alone = reference_fn()(*cut)
+    slot0 = int(args[7][0])
+    assert_close(rpool[free[0]], alone[slot0], what="snapshot after 64 tokens")
+    assert not np.isnan(np.asarray(pool[free[1]])).any()

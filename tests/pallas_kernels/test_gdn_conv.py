@@ -96,3 +96,18 @@ def test_conv_verify_tree(kinds):
         y, scratch = fn(*args)
         assert_close(y, ry, what="y")
         assert_close(scratch, rscratch, what="window scratch")
+
+
+def test_saved_windows_are_the_windows_of_a_request_ending_there():
+    """`reference.save_conv_windows` (prefix-cache snapshots inside a prompt chunk): the window after
+    token t is the one `causal_conv1d` leaves a request whose chunk ends at t."""
+    x, weight, pool, _, slots, has_initial = make_case(31, [20, 15, 0, 0, 0], has_initial=np.ones(B, bool))
+    free = [r for r in range(S) if r not in set(np.asarray(slots).tolist())]
+    saved = jax.jit(ref.save_conv_windows)(pool, x, jnp.asarray([9, 20 + 14, 3], jnp.int32),
+                                           jnp.asarray([free[0], free[1], -1], jnp.int32))
+    for token, end, row in ((9, [10, 0, 0, 0, 0], free[0]), (34, [20, 15, 0, 0, 0], free[1])):
+        _, alone = conv_ref(x, weight, pool, jnp.asarray(cu_from_lens(end)), slots, has_initial)
+        b = 0 if token < 20 else 1
+        assert_close(saved[row], alone[int(slots[b])], what=f"window after {token}")
+    untouched = [r for r in range(S) if r not in free[:2]]
+    assert_close(saved[jnp.asarray(untouched)], pool[jnp.asarray(untouched)], what="other rows")

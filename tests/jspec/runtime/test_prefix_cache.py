@@ -3,8 +3,8 @@ prompt reuse its pages and give the same greedy text as without the cache; `cach
 hit rate and evictable pages are reported; unused cached pages are evicted before anyone is
 retracted; requests with penalties reuse the cached prompt (a repetition penalty's slot seeded
 with its tokens); `flush_cache` empties it. Hybrid
-targets reuse pages up to a cached Gated-DeltaNet state snapshot, taken where prompt chunks end and
-at branch points. Under speculation: tests/jspec/speculative/test_spec_prefix_cache.py."""
+targets reuse pages up to a cached Gated-DeltaNet state snapshot, taken where prompt chunks end, inside
+long chunks and at branch points. Under speculation: tests/jspec/speculative/test_spec_prefix_cache.py."""
 
 from __future__ import annotations
 
@@ -150,6 +150,28 @@ def test_hybrid_decode_keeps_the_state_of_what_it_generated(hybrid):
         assert eng.flush_cache()
         fresh = eng.generate(input_ids=follow, sampling_params=GREEDY)
         assert fresh["meta_info"]["cached_tokens"] == 0 and fresh["output_ids"] == cached["output_ids"]
+        check_no_leaks(eng)
+
+
+def test_hybrid_snapshots_inside_a_long_prompt_chunk(hybrid):
+    """A 200-token prompt prefilled in one chunk leaves snapshots inside it, about every track
+    interval (64 here: at 64, 128 and 192 tokens, where the GDN kernel's 64-token chunks end), so a
+    prompt branching off it at 150 tokens reuses 128 of them, and answers as from scratch."""
+    long_chunks = {**SETTINGS, "chunked_prefill_size": 256, "prefill_token_buckets": [256], "context_length": 288}
+    first = tm.random_ids(200, seed=1201)
+    branch = first[:150] + tm.random_ids(20, seed=1202)
+    with Engine(hybrid, page_size=4, mamba_track_interval=64, transfer_guard="disallow", **long_chunks) as eng:
+        assert eng.generate(input_ids=first, sampling_params=GREEDY)["meta_info"]["cached_tokens"] == 0
+        assert eng.get_server_info()["num_cached_states"] >= 4  # 64, 128, 192 and the chunk's end
+        cached = eng.generate(input_ids=branch, sampling_params=GREEDY, return_logprob=True)
+        assert cached["meta_info"]["cached_tokens"] == 128
+        assert eng.flush_cache()
+        fresh = eng.generate(input_ids=branch, sampling_params=GREEDY, return_logprob=True)
+        assert fresh["meta_info"]["cached_tokens"] == 0 and fresh["output_ids"] == cached["output_ids"]
+        # Logprobs too: greedy tokens of the tiny model survive a state one token off, logprobs do not.
+        for (a, _, _), (b, _, _) in zip(cached["meta_info"]["output_token_logprobs"],
+                                        fresh["meta_info"]["output_token_logprobs"]):
+            assert abs(a - b) < 1e-4, (a, b)
         check_no_leaks(eng)
 
 
