@@ -129,12 +129,20 @@ class PrefixReuse:
         cache, ps, end = self.cache, self.pages.page_size, req.kv_len
         if not cache.stateful:
             return []
-        out, done = [], start // interval  # the last multiple of interval already covered
+        points, done = [], start // interval  # done: the last multiple of interval already covered
         for p in range(start + GDN_CHUNK, end, GDN_CHUNK):
-            if p % ps or p // interval <= done:
-                continue
-            done = p // interval
-            node = cache.path_end(req.all_ids, p)
+            if p % ps == 0 and p // interval > done:
+                points.append(p)
+                done = p // interval
+        if not points:
+            return []
+        nodes, node = [], cache.path_end(req.all_ids, points[-1])  # one walk down, then up by parents
+        for p in reversed(points):
+            while node.depth * ps > p:
+                node = node.parent
+            nodes.append((p, node))
+        out = []
+        for p, node in reversed(nodes):
             if node.depth * ps != p or node.state is not None:
                 continue
             row = cache.alloc_state()

@@ -376,3 +376,29 @@ def test_a_snapshot_is_not_loaded_by_the_step_that_takes_it():
     third = sched.schedule(inflight=False)
     sb = next(s for s in third.reqs if s.req is b)
     assert (sb.start, sb.state_load, sb.num_tokens) == (20, 6, 5)  # loads the one at 20
+
+
+@pytest.mark.parametrize("page_size,start,end,interval,want", [
+    (16, 0, 200, 64, [64, 128, 192]),  # every kernel-chunk end short of the chunk's end
+    (16, 16, 300, 128, [144, 272]),  # chunk ends at start + 64c: the first past 128 and past 256
+    (48, 0, 400, 64, [192, 384]),  # only chunk ends on a page boundary
+    (16, 0, 64, 64, []),  # the chunk's own end is the chunk-end snapshot's, not an inner one
+])
+def test_inner_snapshots_sit_at_kernel_chunk_ends(page_size, start, end, interval, want):
+    """Snapshots inside a prompt chunk (hybrid prefix cache): where a 64-token kernel chunk of this
+    chunk ends on a page boundary, the first such point past each multiple of the interval, each
+    attached to its node with a row of its own."""
+    from jspec.cache.radix_cache import RadixCache
+    from jspec.runtime.prefix_reuse import PrefixReuse
+
+    pages = PageAllocator(64, page_size)
+    cache = RadixCache(pages, state_slots=list(range(10, 20)))
+    req = Request(rid="r", input_ids=list(range(1, end + 2)), sampling=SamplingParams(max_new_tokens=1), seed=0)
+    req.pages = pages.alloc(pages.pages_for(end))
+    req.kv_len = end
+    cache.insert(req.all_ids, req.pages, end)
+    got = PrefixReuse(cache, pages).inner_snapshots(req, start, interval)
+    assert [start + k for k, _ in got] == want
+    assert len({row for _, row in got}) == len(got) and cache.num_cached_states == len(got)
+    for k, row in got:
+        assert cache.path_end(req.all_ids, start + k).state == row
