@@ -153,14 +153,17 @@ def test_hybrid_decode_keeps_the_state_of_what_it_generated(hybrid):
         check_no_leaks(eng)
 
 
-def test_hybrid_snapshots_inside_a_long_prompt_chunk(hybrid):
+@pytest.mark.parametrize("tp", [1, 2])
+def test_hybrid_snapshots_inside_a_long_prompt_chunk(hybrid, tp):
     """A 200-token prompt prefilled in one chunk leaves snapshots inside it, about every track
     interval (64 here: at 64, 128 and 192 tokens, where the GDN kernel's 64-token chunks end), so a
-    prompt branching off it at 150 tokens reuses 128 of them, and answers as from scratch."""
+    prompt branching off it at 150 tokens reuses 128 of them, and answers as from scratch; also
+    with the target split over two devices (the states and conv windows split by heads)."""
     long_chunks = {**SETTINGS, "chunked_prefill_size": 256, "prefill_token_buckets": [256], "context_length": 288}
     first = tm.random_ids(200, seed=1201)
     branch = first[:150] + tm.random_ids(20, seed=1202)
-    with Engine(hybrid, page_size=4, mamba_track_interval=64, transfer_guard="disallow", **long_chunks) as eng:
+    with Engine(hybrid, page_size=4, mamba_track_interval=64, transfer_guard="disallow", tp_size=tp,
+                **long_chunks) as eng:
         assert eng.generate(input_ids=first, sampling_params=GREEDY)["meta_info"]["cached_tokens"] == 0
         assert eng.get_server_info()["num_cached_states"] >= 4  # 64, 128, 192 and the chunk's end
         cached = eng.generate(input_ids=branch, sampling_params=GREEDY, return_logprob=True)
