@@ -9,7 +9,8 @@ used; it needs einops, which is there) and install it first, e.g.
     export PYTHONPATH=/tmp/site:.:$PYTHONPATH
 
 Checks every Pallas GDN kernel against `pallas_kernels/gdn/reference.py` (float32 math on the
-bf16-rounded inputs) on ragged, NaN-poisoned inputs, then times:
+bf16-rounded inputs) on ragged, NaN-poisoned inputs (the chunked prefill also with prefix-cache
+snapshot rows inside a request), then times:
 - chunked prefill vs flash-linear-attention's Triton `chunk_gated_delta_rule` on identical inputs
   (Qwen3-Next heads: Hk=16, Hv=32, dk=dv=128; 1x8192 and 8x2048 tokens; 3 input sets in rotation
   for both), the two Pallas kernels alone, and a sweep of the state-pass launch parameters;
@@ -185,6 +186,16 @@ def check_chunk(res):
         padding_zero=bool(jnp.all(o[int(cu[-1]):] == 0)),
         untouched_slots_kept=bool(np.array_equal(np.asarray(p[untouched]), np.asarray(rp[untouched]), equal_nan=True)))
     log(f"chunk ragged: {res['chunk_ragged']}")
+    # Prefix-cache snapshots inside a chunk: the state after 64-token chunk ends of the 700-token
+    # request (it starts at token 130) also goes to the two free rows.
+    saves = jnp.full((num_tokens,), -1, jnp.int32).at[jnp.asarray([130 + 63, 130 + 511])].set(jnp.asarray([4, 6]))
+    o, p = jax.jit(gdn.gated_delta_rule)(q, k, v, g, beta, pool, cu, slots, has_init, save_rows=saves)
+    ro, rp = jax.jit(ref.gated_delta_rule)(*f32(q, k, v), g, beta.astype(jnp.float32), pool, cu, slots, has_init,
+                                           save_rows=saves)
+    res["chunk_snapshot_rows"] = dict(
+        o_rel_err=rel_err(o, ro), state_rel_err=rel_err(p[touched], rp[touched]),
+        snapshot_rel_err=[rel_err(p[r], rp[r]) for r in (4, 6)])
+    log(f"chunk snapshot rows: {res['chunk_snapshot_rows']}")
 
 
 @section("check decode / verify / conv / commit")
