@@ -27,13 +27,16 @@ from jspec.runtime.scheduler import Scheduler  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
+    ap.add_argument("--track-interval", type=int, default=256,
+                    help="the engine's mamba_track_interval (snapshots inside prompt chunks; 0: none)")
     args = ap.parse_args()
     PS = 16
     rng = random.Random(0)
     pages = PageAllocator(200000, PS)
     cache = RadixCache(pages, state_slots=list(range(600, 1112)))
     sched = Scheduler(pages, SlotAllocator(600), max_running_requests=512, chunked_prefill_size=8192, max_extend_requests=64,
-                      max_decode_requests=512, radix_cache=cache, prefix_pages_per_step=16384)
+                      max_decode_requests=512, radix_cache=cache, prefix_pages_per_step=16384,
+                      track_interval=args.track_interval)
     reqs = []
     for g in range(32):
         system = [rng.randrange(1, 150000) for _ in range(2048)]
@@ -51,8 +54,8 @@ def main() -> None:
         if plan.mode is ForwardMode.EXTEND:
             steps += 1
             computed += sum(s.num_tokens for s in plan.reqs if s.token_ids is not None)
-    rec = {"prompt_steps": steps, "prompt_tokens_computed": computed, "planning_ms": round(t_plan * 1e3, 1),
-           "hit_rate": round(cache.hit_rate, 4)}
+    rec = {"track_interval": args.track_interval, "prompt_steps": steps, "prompt_tokens_computed": computed,
+           "planning_ms": round(t_plan * 1e3, 1), "hit_rate": round(cache.hit_rate, 4)}
     print(json.dumps(rec))
     if args.out:
         append_jsonl(args.out, [{**rec, "env": environment()}])
