@@ -61,7 +61,7 @@ def add_engine_flags(p) -> None:
     g.add_argument("--max-mamba-cache-size", type=int,
                    help="hybrid targets: GDN state rows, running requests + prefix-cache snapshots")
     g.add_argument("--mamba-track-interval", type=int,
-                   help="hybrid targets without speculation: decode keeps the GDN state every this many tokens")
+                   help="hybrid targets: prompt chunks and decode keep the GDN state about every this many tokens")
     g.add_argument("--schedule-policy", choices=("fcfs", "lpm"),
                    help="admission order: arrival (fcfs) or longest cached prefix first (lpm)")
     g.add_argument("--prefill-first", action="store_true", default=None,
