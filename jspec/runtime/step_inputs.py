@@ -209,6 +209,8 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
         if s.inner_snapshots:  # (tokens into the chunk, row): the state after its first k tokens
             assert inner, "inner snapshots planned for a bucket without their fields"
             for k_in, row in s.inner_snapshots:
+                # The chunked GDN kernel keeps states only where its 64-token chunks end.
+                assert 0 < k_in < n and k_in % GDN_CHUNK == 0, (k_in, n)
                 # t is already past this request's n tokens
                 f["snapshot_tokens"][n_inner], f["snapshot_rows"][n_inner] = t - n + k_in - 1, row
                 n_inner += 1
