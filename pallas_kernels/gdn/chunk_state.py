@@ -19,6 +19,10 @@ them back in a separate output kernel).
 The dots take 16-bit operands (the state is rounded to the input dtype for them, as in
 flash-linear-attention) with float32 accumulation; the carried state stays float32.
 
+With `chunk_saves` (a pool row per chunk slot, -1 for none) the state after a chunk is also stored
+into that row as the loop passes it: prefix-cache snapshots inside a prompt chunk, at no cost but
+the store, since the state is in registers there anyway.
+
 An extra row of programs (request index B) writes zeros to the padding tokens past cu_seqlens[B].
 
 BV, warps and stages are chosen by `chunk.ChunkConfig`; the figures behind them: NOTES.md.
