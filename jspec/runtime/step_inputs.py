@@ -25,6 +25,9 @@ from jspec.cache.allocator import SINK_SLOT
 from jspec.cache.pool import Caches
 from jspec.models.batch import ForwardMode
 from jspec.runtime.sampler import SamplingBatch
+# Prompt chunks of a hybrid target take prefix-cache snapshots inside themselves where the chunked GDN
+# kernel's chunks of this many tokens end (at most one per chunk: T // GDN_CHUNK per step).
+from pallas_kernels.gdn.common import CHUNK as GDN_CHUNK
 
 if TYPE_CHECKING:
     from jspec.runtime.scheduler import StepPlan
@@ -42,9 +45,6 @@ MAX_HELD_STOPS = 8
 # fixed size, since the copy gathers that many state rows per GDN layer every step (one per request
 # would move the whole batch's state).
 TRACKS_PER_STEP = 4
-# Prompt chunks of a hybrid target take prefix-cache snapshots inside themselves at the ends of the
-# chunked GDN kernel's chunks of this many tokens (at most one per chunk: T // 64 per step).
-GDN_CHUNK = 64
 FLOAT_FIELDS_B = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 
 

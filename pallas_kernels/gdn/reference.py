@@ -177,18 +177,18 @@ def gated_delta_rule(
     fresh = first & ~has_initial[req_c]
     oob = state_pool.shape[0]
 
-    saves = jnp.full((num_tokens,), -1, jnp.int32) if save_rows is None else save_rows.astype(jnp.int32)
-
     # Token by token, carrying the whole pool: exact and simple, fine for an oracle.
     def body(pool, xs):
-        qt, kt, vt, gt, bt, s, is_valid, is_fresh, sv = xs
+        qt, kt, vt, gt, bt, s, is_valid, is_fresh, *sv = xs
         state = jnp.where(is_fresh, 0.0, pool[s])
         state, out = _step(state, qt, kt, vt, gt, bt)
         pool = pool.at[jnp.where(is_valid, s, oob)].set(state, mode="drop")
-        pool = pool.at[jnp.where(is_valid & (sv >= 0), sv, oob)].set(state, mode="drop")
+        if sv:  # a snapshot row after this token
+            pool = pool.at[jnp.where(is_valid & (sv[0] >= 0), sv[0], oob)].set(state, mode="drop")
         return pool, out
 
-    pool, out = jax.lax.scan(body, state_pool, (qf, kf, vf, gf, bf, slot, valid, fresh, saves))
+    saves = () if save_rows is None else (save_rows.astype(jnp.int32),)
+    pool, out = jax.lax.scan(body, state_pool, (qf, kf, vf, gf, bf, slot, valid, fresh, *saves))
     out = jnp.where(valid[:, None, None], out, 0)
     return out.astype(out_dtype), pool
 
