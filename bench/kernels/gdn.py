@@ -325,10 +325,22 @@ class KernelTimer:
         return ms
 
 
-def time_prefill(cfg, sets, cu, slots, has_init, pool0, **kw):
+def time_prefill(cfg, sets, cu, slots, has_init, pool0, save_rows=None, **kw):
     fn = jax.jit(functools.partial(gdn.gated_delta_rule, config=cfg), donate_argnums=(5,))
-    ms, _ = time_calls(lambda pool, i: fn(*sets[i % ROTATE], pool, cu, slots, has_init)[1], pool0 + 0, **kw)
+    extra = {} if save_rows is None else dict(save_rows=save_rows)
+    ms, _ = time_calls(lambda pool, i: fn(*sets[i % ROTATE], pool, cu, slots, has_init, **extra)[1], pool0 + 0, **kw)
     return ms
+
+
+def snapshot_saves(shape, interval=256):
+    """save_rows `[T]` of a prefix cache's snapshots inside the chunks (the engine's default
+    interval): each request's state after every `interval` tokens goes to a row of its own past the
+    request slots. Returns (save_rows, rows)."""
+    batch, seqlen = shape
+    ends = [r * seqlen + j - 1 for r in range(batch) for j in range(interval, seqlen, interval)]
+    saves = np.full((batch * seqlen,), -1, np.int32)
+    saves[ends] = batch + np.arange(len(ends))
+    return jnp.asarray(saves), len(ends)
 
 
 @section("chunked prefill vs flash-linear-attention")
@@ -371,6 +383,13 @@ def bench_chunk(res, shape):
         out["ours_over_fla"] = out["ours_ms"] / out["fla_ms"]
     # the form the rule does not pick, as a whole prefill (its own default block_v)
     out["other_form_ms"] = time_prefill(other, sets, cu, slots, has_init, pool0)
+    # with the prefix cache's snapshots inside the chunks (every 256 tokens of each request)
+    saves, rows = snapshot_saves(shape)
+    wide = jnp.concatenate([pool0, jnp.zeros((rows,) + pool0.shape[1:], pool0.dtype)])
+    out["snapshots"] = rows
+    out["with_snapshots_ms"] = time_prefill(cfg, sets, cu, slots, has_init, wide, save_rows=saves)
+    out["without_snapshots_same_pool_ms"] = time_prefill(cfg, sets, cu, slots, has_init, wide)
+    del wide
     log(f"{name}: {out}")
 
     # where the time goes: the two kernels alone
@@ -585,7 +604,7 @@ def git_commit():
         return "uncommitted"
 
 
-PREFILL_KEYS = ("chunk_ragged", "chunk_1x8192", "chunk_8x2048")
+PREFILL_KEYS = ("chunk_ragged", "chunk_snapshot_rows", "chunk_1x8192", "chunk_8x2048")
 
 
 STEP_KEYS = ("copy_TBps", "decode", "verify", "conv_verify", "commit", "decode_b32")
@@ -655,7 +674,7 @@ def main(argv=None):
     for step in steps:
         step()
         text = save(res, argv, dev_name, only)
-    for name in PREFILL_KEYS[1:]:
+    for name in PREFILL_KEYS[2:]:
         r = res.get(name, {})
         log(f"{name}: ours {r.get('ours_ms', float('nan')):.4f} ms, fla {r.get('fla_ms', float('nan')):.4f} ms "
             f"(do_bench {r.get('fla_do_bench_ms', float('nan')):.4f}), ours/fla {r.get('ours_over_fla', float('nan')):.4f}, "
