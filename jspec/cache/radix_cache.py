@@ -21,6 +21,10 @@ its last token), kept in extra rows of the state pool (`state_slots`: their indi
 stops at the deepest node with a snapshot; `PrefixMatch.branch` says how far the pages alone
 matched, so the scheduler can take a snapshot there while it recomputes. Snapshots have their own
 LRU: when none is free, the least recently used one of an unlocked node is dropped (its pages stay).
+Snapshots taken inside a prompt chunk on the chance that a later prompt branches there (`inner`)
+go first, locked path or not (a running request reads no snapshot after the step that loaded it),
+until a match loads one; an inner snapshot never takes the row of another kind. So however many a
+prompt leaves, they never cost a later prompt the snapshot at a chunk end or branch point.
 
 Host bookkeeping only (page indices, never device arrays), so it works whatever the sharding.
 """
@@ -35,7 +39,7 @@ from jspec.cache.allocator import PageAllocator
 
 
 class _Node:
-    __slots__ = ("key", "page", "parent", "children", "lock_ref", "last_access", "state", "depth")
+    __slots__ = ("key", "page", "parent", "children", "lock_ref", "last_access", "state", "depth", "unproven")
 
     def __init__(self, key: tuple, page: int | None, parent: _Node | None):
         self.key, self.page, self.parent = key, page, parent
@@ -43,6 +47,7 @@ class _Node:
         self.lock_ref = 0
         self.last_access = 0
         self.state: int | None = None  # a state-pool row holding the GDN state after this node (hybrid)
+        self.unproven = False  # its snapshot was taken inside a chunk and no match has loaded it yet
         self.depth = 0 if parent is None else parent.depth + 1  # pages from the root
 
 
@@ -71,6 +76,7 @@ class RadixCache:
         self.num_state_slots = len(self.free_states)
         self.stateful_nodes: set[_Node] = set()
         self.fresh: set[_Node] = set()  # snapshots taken by the step being planned: not loadable in it
+        self.loading: set[_Node] = set()  # snapshots the step being planned loads: not droppable in it
         self.page_size = pages.page_size
         self.root = _Node((), None, None)
         self.root.lock_ref = 1  # never evicted
@@ -229,28 +235,35 @@ class RadixCache:
         """A new step is being planned: snapshots the previous one takes are loadable from now on
         (steps run in order on the device)."""
         self.fresh.clear()
+        self.loading.clear()
 
-    def alloc_state(self) -> int | None:
-        """A free snapshot row, dropping the least recently used snapshot of an unlocked node if
-        none is free; None when every snapshot is in use."""
+    def alloc_state(self, *, inner: bool = False) -> int | None:
+        """A free snapshot row; when none is free, the row of the least recently used unproven inner
+        snapshot, else (unless the row is for an `inner` snapshot) of the least recently used
+        snapshot of an unlocked node; never one that the step being planned writes or loads. None
+        when no row can be had."""
         if not self.free_states:
-            victims = [n for n in self.stateful_nodes if n.lock_ref == 0 and n not in self.fresh]
-            if not victims:
+            victims = [n for n in self.stateful_nodes
+                       if (n.lock_ref == 0 or n.unproven) and n not in self.fresh and n not in self.loading]
+            pool = [n for n in victims if n.unproven] or ([] if inner else victims)
+            if not pool:
                 return None
-            self._drop_state(min(victims, key=lambda n: n.last_access))
+            self._drop_state(min(pool, key=lambda n: n.last_access))
         return self.free_states.pop()
 
     def release_state(self, row: int) -> None:
         """A snapshot row that no node holds goes back to the free rows."""
         self.free_states.append(row)
 
-    def attach_state(self, node: _Node, row: int) -> bool:
-        """Give `node` the snapshot that the step being planned writes into `row`; False (row
-        freed) when the node has one already or is the root."""
+    def attach_state(self, node: _Node, row: int, *, inner: bool = False) -> bool:
+        """Give `node` the snapshot that the step being planned writes into `row` (`inner`: taken
+        inside a prompt chunk, unproven until a match loads it); False (row freed) when the node has
+        one already or is the root."""
         if node.parent is None or node.state is not None:
             self.release_state(row)
             return False
         node.state = row
+        node.unproven = inner
         self.stateful_nodes.add(node)
         self.fresh.add(node)
         return True
@@ -259,6 +272,7 @@ class RadixCache:
         if node.state is not None:
             self.release_state(node.state)
             node.state = None
+            node.unproven = False
             self.stateful_nodes.discard(node)
             self.fresh.discard(node)
 

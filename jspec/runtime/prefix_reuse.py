@@ -98,6 +98,9 @@ class PrefixReuse:
         req.kv_len = match.num_tokens
         req.cached_tokens = max(req.cached_tokens, match.num_tokens)
         req.cache_node = match.node
+        if match.state is not None:
+            self.cache.loading.add(match.node)  # its row is read by this step: not reassigned in it
+            match.node.unproven = False  # an inner snapshot loaded once is kept like any other
 
     def chunk_dispatched(self, req: Request) -> int:
         """A prompt chunk was planned (the request's kv_len now ends it): its full pages join the
@@ -124,8 +127,8 @@ class PrefixReuse:
         already) takes inside itself, as (k, row): the state after its first k tokens goes to the
         row. Candidates are the ends of the kernel's 64-token chunks of this chunk (k a multiple of
         64, short of its end) that fall on a page boundary; one is taken at the first candidate at or
-        past each multiple of `interval` after start, where its node has no snapshot yet and a row is
-        free (none taken while every row is in use)."""
+        past each multiple of `interval` after start, where its node has no snapshot yet and a row can
+        be had without dropping a snapshot that is not itself an unproven inner one."""
         cache, ps, end = self.cache, self.pages.page_size, req.kv_len
         if not cache.stateful:
             return []
@@ -145,10 +148,10 @@ class PrefixReuse:
         for p, node in reversed(nodes):
             if node.depth * ps != p or node.state is not None:
                 continue
-            row = cache.alloc_state()
+            row = cache.alloc_state(inner=True)
             if row is None:
                 break
-            cache.attach_state(node, row)
+            cache.attach_state(node, row, inner=True)
             out.append((p - start, row))
         return out
 

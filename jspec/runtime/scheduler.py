@@ -188,12 +188,11 @@ class Scheduler:
             return None
         req.kv_len += n
         save = -1 if self.reuse is None else self.reuse.chunk_dispatched(req)
-        inner = self.reuse.inner_snapshots(req, start, self.track_interval) if self.track_interval else []
         out_index = req.scheduled_outputs
         if sample:
             req.scheduled_outputs += 1
         return ScheduledReq(req, start, req.all_ids[start:start + n], sample, reset, out_index,
-                            state_load=load, state_save=save, inner_snapshots=inner)
+                            state_load=load, state_save=save)
 
     def _branch_at(self, req: Request, match) -> int:
         """Hybrid prefix cache: where an admitted request's first chunk ends so that a snapshot is
@@ -271,6 +270,11 @@ class Scheduler:
             chosen.append(s)
             budget -= s.num_tokens
         self.waiting.extendleft(reversed(deferred))
+        if self.track_interval:
+            # Snapshots inside the chunks only after every chunk of the step has its chunk-end and
+            # branch snapshot: they take what rows are left, never one of those.
+            for s in chosen:
+                s.inner_snapshots = self.reuse.inner_snapshots(s.req, s.start, self.track_interval)
         if self.mixed:
             # Mixed chunk: running decodes ride along as one-token rows of the extend step, so a
             # long prefill never stalls them (their input token comes from the device buffer).

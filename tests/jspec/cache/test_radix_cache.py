@@ -103,3 +103,56 @@ def test_a_snapshot_taken_this_step_is_pending_until_the_next():
     cache.begin_step()
     m = cache.match_prefix(a)
     assert (m.num_tokens, m.state, m.branch, m.pending) == (8, 7, 12, 0)
+
+
+def _stateful(rows: list[int]):
+    pages = PageAllocator(64, PS)
+    cache = RadixCache(pages, state_slots=rows)
+    a = list(range(25))
+    cache.insert(a, _request(pages, a))
+    return cache, a
+
+
+def test_an_inner_snapshot_on_a_locked_path_can_go_but_not_one_this_step_loads():
+    """Hybrid: a running request locks its path, which keeps the path's chunk-end snapshots; an
+    unproven inner one there may still go (the request read at most the one it loaded, in the step
+    that admitted it). The snapshot a step loads keeps its row through that step (a save in the
+    same step must not overwrite it)."""
+    cache, a = _stateful([4, 5])
+    end, inner = cache.path_end(a, 24), cache.path_end(a, 8)
+    cache.attach_state(end, cache.alloc_state())
+    cache.attach_state(inner, cache.alloc_state(inner=True), inner=True)
+    cache.lock(end)  # a itself still runs
+    cache.begin_step()
+    m = cache.match_prefix(a, max_tokens=12)  # a prompt that shares 8 tokens with a: loads the inner one
+    cache.lock(m.node)
+    cache.loading.add(m.node)  # (PrefixReuse.reuse)
+    assert m.state == inner.state and cache.alloc_state() is None  # end is locked, inner loads now
+    cache.begin_step()
+    inner.unproven = True  # (as if never loaded) the next step may take its row, locked or not
+    row = inner.state
+    assert cache.alloc_state() == row and inner.state is None and end.state is not None
+    cache.unlock(m.node)
+    cache.unlock(end)
+
+
+def test_inner_snapshots_go_first_and_never_push_out_others():
+    """Snapshots taken inside a prompt chunk are dropped before any other (least recently used
+    first); an inner one takes no row from another kind; one that a match loaded counts as proven."""
+    cache, a = _stateful([1, 2, 3])
+    inner8, inner16, end = (cache.path_end(a, n) for n in (8, 16, 24))
+    cache.attach_state(end, cache.alloc_state())  # a chunk end
+    cache.attach_state(inner8, cache.alloc_state(inner=True), inner=True)
+    cache.attach_state(inner16, cache.alloc_state(inner=True), inner=True)
+    cache.begin_step()
+    end.last_access, inner8.last_access, inner16.last_access = 0, 1, 2  # plain LRU would drop `end`
+    row8 = inner8.state
+    row = cache.alloc_state(inner=True)
+    assert row == row8 and inner8.state is None and inner16.state is not None and end.state is not None
+    cache.attach_state(inner8, row, inner=True)
+    cache.begin_step()
+    inner8.unproven = inner16.unproven = False  # both loaded by later prompts (PrefixReuse.reuse)
+    assert cache.alloc_state(inner=True) is None  # no unproven snapshot left to replace
+    assert {end.state, inner8.state, inner16.state} == {1, 2, 3}
+    row = cache.alloc_state()  # any other snapshot takes the least recently used row
+    assert row is not None and sum(n.state is None for n in (end, inner8, inner16)) == 1
