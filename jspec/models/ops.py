@@ -249,29 +249,35 @@ def vocab_argmax(x, *, tp: int = 1):
     return per_device(local, tp, (TOK2,), R)(_vocab_split(x, tp))
 
 
-def top_k(x, k: int):
+def top_k(x, k: int, rows=None):
     """`lax.top_k(x, k)` over the last axis of x `[R, N]`; on GPU the Pallas kernel: XLA's gives each
-    row one thread block and sorts whole rows when k > 16 (bench/README.md, "top-k")."""
+    row one thread block and sorts whole rows when k > 16 (bench/README.md, "top-k"). `rows` (`[R]`
+    bool): only those rows are wanted; the others come back as zeros, and the kernel skips them."""
     fn, kw = pick("top_k", "top_k", topk_ref.top_k)
-    return fn(x, k=k, **kw)
+    return fn(x, k=k, rows=rows, **kw)
 
 
-def vocab_top_k(x, k: int, *, tp: int = 1):
-    """`lax.top_k` over the vocabulary of x `[B, V]` (through `top_k`). On a vocabulary split tp
-    ways, each device takes the top k of its slice and only the tp x k candidates cross devices
-    (XLA's own top_k over a split axis gathers whole rows first). Same values, ids and tie order
-    (lower id first)."""
+def vocab_top_k(x, k: int, *, tp: int = 1, rows=None):
+    """`lax.top_k` over the vocabulary of x `[B, V]` (through `top_k`; `rows` as there). On a
+    vocabulary split tp ways, each device takes the top k of its slice and only the tp x k
+    candidates cross devices (XLA's own top_k over a split axis gathers whole rows first). Same
+    values, ids and tie order (lower id first)."""
     v = x.shape[-1]
     if tp == 1 or k > v // tp:
-        return top_k(x, k)
+        return top_k(x, k, rows)
 
-    def local(x):
-        vals, ids = top_k(x, k)
+    def local(x, *rows):
+        vals, ids = top_k(x, k, *rows)
         return _all_rows(vals), _all_rows(ids + jax.lax.axis_index(TP) * x.shape[-1])
 
-    vals, ids = per_device(local, tp, (TOK2,), (R, R))(_vocab_split(x, tp))  # [B, tp * k], device-major
+    extra = () if rows is None else (rows,)  # replicated: every device skips the same rows
+    vals, ids = per_device(local, tp, (TOK2,) + (R,) * len(extra), (R, R))(_vocab_split(x, tp), *extra)
+    # vals, ids: [B, tp * k], device-major
     best, pos = jax.lax.top_k(vals, k)
-    return best, jnp.take_along_axis(ids, pos, axis=-1)
+    ids = jnp.take_along_axis(ids, pos, axis=-1)
+    if rows is None:
+        return best, ids
+    return jnp.where(rows[:, None], best, jnp.zeros((), x.dtype)), jnp.where(rows[:, None], ids, 0)
 
 
 def vocab_take(x, ids, *, tp: int = 1):

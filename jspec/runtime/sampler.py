@@ -48,6 +48,9 @@ class SamplingBatch:
     presence_penalty: jax.Array  # f32
     seed: jax.Array  # u32 (or i32)
     step: jax.Array  # i32: index of the token being sampled in the request's output (0 = first)
+    # i32: top logprobs the row's request returns; the top k is taken only for rows with some
+    # (None: every row)
+    top_logprobs_num: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -59,6 +62,11 @@ class SampleOutput:
     logprobs: jax.Array  # f32
     top_ids: jax.Array  # i32
     top_logprobs: jax.Array  # f32
+
+
+def wants_top_logprobs(batch: SamplingBatch) -> jax.Array | None:
+    """`[B]` bool: the rows whose top logprobs are returned (None: every row)."""
+    return None if batch.top_logprobs_num is None else batch.top_logprobs_num > 0
 
 
 def _greedy_rows(batch: SamplingBatch) -> jax.Array:
@@ -213,7 +221,8 @@ def sample(
     chosen = ops.vocab_take(logprobs, tokens[:, None], tp=vocab_shards)[:, 0]
     if num_top_logprobs > 0:
         # lax.top_k lists equal values lower index first, like every other tie here.
-        top_logprobs, top_ids = ops.vocab_top_k(logprobs, num_top_logprobs, tp=vocab_shards)
+        top_logprobs, top_ids = ops.vocab_top_k(logprobs, num_top_logprobs, tp=vocab_shards,
+                                                rows=wants_top_logprobs(batch))
     else:
         top_logprobs = jnp.zeros((logits.shape[0], 0), jnp.float32)
         top_ids = jnp.zeros((logits.shape[0], 0), jnp.int32)

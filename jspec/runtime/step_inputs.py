@@ -38,7 +38,7 @@ TOKEN_PAD, TOKEN_PROMPT, TOKEN_REFED_OUTPUT, TOKEN_FROM_DEVICE = 0, 1, 2, 3
 
 INT_FIELDS_T = ("input_ids", "positions", "token_kind")
 INT_FIELDS_B = ("seq_lens", "req_slots", "has_initial", "sample_mask", "reset_mask", "out_index", "seeds", "top_k",
-                "min_new")
+                "min_new", "top_logprobs_num")
 # min_new_tokens holds back at most this many stop tokens per request (EOS ids and stop_token_ids).
 MAX_HELD_STOPS = 8
 # Decode steps of a hybrid target copy at most this many slots' GDN states into prefix-cache rows: a
@@ -202,6 +202,7 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
         f["seeds"][i] = req.seed
         f["top_k"][i] = sp.top_k
         f["min_new"][i] = sp.min_new_tokens
+        f["top_logprobs_num"][i] = req.top_logprobs_num
         f["held_stops"][i, :len(req.held_stops)] = req.held_stops
         if snapshots:
             f["state_load"][i] = s.state_load
@@ -326,4 +327,5 @@ def sampling_batch(x: dict, step=None) -> SamplingBatch:
         temperature=x["temperature"], top_p=x["top_p"], top_k=x["top_k"], min_p=x["min_p"],
         repetition_penalty=x["repetition_penalty"], frequency_penalty=x["frequency_penalty"],
         presence_penalty=x["presence_penalty"], seed=x["seeds"], step=x["out_index"] if step is None else step,
+        top_logprobs_num=x["top_logprobs_num"],
     )

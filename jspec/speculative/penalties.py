@@ -62,7 +62,7 @@ def path_logprobs(path_logits, emitted, sb: sampling.SamplingBatch, num_top: int
     lp = sampling.processed_logprobs(path_logits.reshape(b * m, v), rep)
     chosen = ops.vocab_take(lp, jnp.clip(emitted.reshape(-1, 1), 0, v - 1), tp=vocab_shards).reshape(b, m)
     if num_top > 0:
-        top_lp, top_ids = ops.vocab_top_k(lp, num_top, tp=vocab_shards)
+        top_lp, top_ids = ops.vocab_top_k(lp, num_top, tp=vocab_shards, rows=sampling.wants_top_logprobs(rep))
     else:
         top_lp, top_ids = jnp.zeros((b * m, 0), jnp.float32), jnp.zeros((b * m, 0), jnp.int32)
     return chosen, top_ids.astype(jnp.int32).reshape(b, m, num_top), top_lp.reshape(b, m, num_top)

@@ -14,13 +14,17 @@ Entries compare as lax.top_k compares them, in the floats' total order (-NaN < -
 0.0 < ... < inf < NaN), through an int32 key with that order (`total_order_key`). Values are read
 back from x by id, so they are x's own.
 
+`rows` (optional, `[R]` bool) names the rows whose top k is wanted: the programs of the other rows
+write no candidates but EMPTY and return, and those rows come back as zeros (ids 0). A sampler
+asks for top logprobs only for the requests that return them, so a batch that wants none pays a
+launch, not a pass over its logits.
+
 Lowering: Triton (reductions over one program's registers; the same kernel runs in CPU interpret
 mode). The measurements behind the block size and against XLA's top-k: NOTES.md.
 """
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -43,8 +47,23 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _select_kernel(key_ref, id_ref, key_out, id_out, *, k, kpad, block, width):
-    r, c = pl.program_id(0), pl.program_id(1)
+def _select_kernel(want_ref, key_ref, id_ref, key_out, id_out, *, k, kpad, block, width):
+    r, c = pl.program_id(0), pl.program_id(1)  # (read outside the branches: interpret mode needs it)
+    select = lambda: _select(r, c, key_ref, id_ref, key_out, id_out, k=k, kpad=kpad, block=block,  # noqa: E731
+                             width=width)
+    if want_ref is None:
+        select()
+        return
+    want = want_ref[r] != 0
+    pl.when(want)(select)
+
+    @pl.when(jnp.logical_not(want))
+    def _():
+        key_out[r, c, :] = jnp.full((kpad,), LOWEST, jnp.int32)
+        id_out[r, c, :] = jnp.full((kpad,), EMPTY, jnp.int32)
+
+
+def _select(r, c, key_ref, id_ref, key_out, id_out, *, k, kpad, block, width):
     cols = pl.ds(c * block, block)
     pos = c * block + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
     inside = pos < width
@@ -68,15 +87,21 @@ def _select_kernel(key_ref, id_ref, key_out, id_out, *, k, kpad, block, width):
     id_out[r, c, :] = best_ids
 
 
-def _round(keys, ids, k: int, block: int, *, interpret: bool, num_warps: int):
-    """One round: the k best of every `block` entries of each row, as `[R, C * kpad]` candidates."""
+def _round(keys, ids, k: int, block: int, want, *, interpret: bool, num_warps: int):
+    """One round: the k best of every `block` entries of each row, as `[R, C * kpad]` candidates
+    (of the rows `want` `[R]` int32 names, when given)."""
     rows, width = keys.shape
     kpad = _pow2(k)
     chunks = -(-width // block)
-    args = (keys,) if ids is None else (keys, ids)
-    kernel = functools.partial(_select_kernel, k=k, kpad=kpad, block=block, width=width)
-    if ids is None:
-        kernel = functools.partial(lambda f, key_ref, *rest: f(key_ref, None, *rest), kernel)
+    args = tuple(a for a in (want, keys, ids) if a is not None)
+
+    def kernel(*refs):
+        refs = list(refs)
+        want_ref = refs.pop(0) if want is not None else None
+        key_ref = refs.pop(0)
+        id_ref = refs.pop(0) if ids is not None else None
+        _select_kernel(want_ref, key_ref, id_ref, *refs, k=k, kpad=kpad, block=block, width=width)
+
     out_keys, out_ids = pl.pallas_call(
         kernel,
         out_shape=(jax.ShapeDtypeStruct((rows, chunks, kpad), jnp.int32),
@@ -91,16 +116,23 @@ def _round(keys, ids, k: int, block: int, *, interpret: bool, num_warps: int):
     return out_keys.reshape(rows, chunks * kpad), out_ids.reshape(rows, chunks * kpad)
 
 
-def top_k(x, k: int, *, block: int = 1024, interpret: bool = False, num_warps: int = 4):
-    """`lax.top_k(x, k)` of x `[R, N]` (k <= N): values `[R, k]` in x's dtype, ids `[R, k]` int32."""
-    rows, width = x.shape
+def top_k(x, k: int, rows=None, *, block: int = 1024, interpret: bool = False, num_warps: int = 4):
+    """`lax.top_k(x, k)` of x `[R, N]` (k <= N): values `[R, k]` in x's dtype, ids `[R, k]` int32;
+    with `rows` (`[R]` bool) zeros for the rows it leaves out."""
+    n_rows, width = x.shape
     if not 0 < k <= width:
         raise ValueError(f"top_k: k={k} must be in [1, {width}] (the row length of x {x.shape})")
+    if rows is not None and rows.shape != (n_rows,):
+        raise ValueError(f"top_k: rows {rows.shape} must be [{n_rows}] (one flag per row of x {x.shape})")
+    want = None if rows is None else rows.astype(jnp.int32)
     # At least two candidate slots per kept one, so every round shrinks the rows (no endless loop).
     block = max(_pow2(min(block, width)), 2 * _pow2(k))
-    keys, ids = _round(x, None, k, block, interpret=interpret, num_warps=num_warps)
+    keys, ids = _round(x, None, k, block, want, interpret=interpret, num_warps=num_warps)
     while keys.shape[1] > _pow2(k):  # more than one block's candidates left: another round
-        keys, ids = _round(keys, ids, k, min(block, _pow2(keys.shape[1])), interpret=interpret,
+        keys, ids = _round(keys, ids, k, min(block, _pow2(keys.shape[1])), want, interpret=interpret,
                            num_warps=num_warps)
     ids = ids[:, :k]
-    return jnp.take_along_axis(x, ids, axis=-1), ids
+    if rows is None:
+        return jnp.take_along_axis(x, ids, axis=-1), ids
+    ids = jnp.where(rows[:, None], ids, 0)
+    return jnp.where(rows[:, None], jnp.take_along_axis(x, ids, axis=-1), jnp.zeros((), x.dtype)), ids

@@ -57,3 +57,22 @@ def test_top_k_of_bfloat16_rows():
 def test_top_k_rejects_k_outside_the_row():
     with pytest.raises(ValueError, match=r"k=9 must be in \[1, 8\]"):
         top_k(jnp.zeros((2, 8)), 9, interpret=True)
+
+
+def test_top_k_of_chosen_rows_only():
+    """`rows` leaves rows out: the kept rows equal lax.top_k's, the others are zeros (ids 0), over
+    one and several rounds; the reference does the same."""
+    from pallas_kernels.top_k import reference
+
+    x = jax.random.normal(jax.random.PRNGKey(1), (5, 9000), jnp.float32)
+    rows = jnp.asarray([True, False, True, False, False])
+    want_vals, want_ids = jax.lax.top_k(x, 20)
+    for block in (1024, 256):
+        vals, ids = jax.jit(lambda x, r, b=block: top_k(x, 20, r, block=b, interpret=True))(x, rows)
+        ref_vals, ref_ids = reference.top_k(x, 20, rows)
+        for got_v, got_i in ((vals, ids), (ref_vals, ref_ids)):
+            np.testing.assert_array_equal(np.asarray(got_i)[[0, 2]], np.asarray(want_ids)[[0, 2]])
+            np.testing.assert_array_equal(np.asarray(got_v)[[0, 2]], np.asarray(want_vals)[[0, 2]])
+            assert not np.asarray(got_i)[[1, 3, 4]].any() and not np.asarray(got_v)[[1, 3, 4]].any()
+    with pytest.raises(ValueError, match=r"rows \(3,\) must be \[5\]"):
+        top_k(x, 20, rows[:3], interpret=True)

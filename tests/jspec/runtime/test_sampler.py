@@ -32,7 +32,7 @@ from jspec.runtime.step_inputs import Bucket, pack, sampling_batch
 
 B, V, K = 8, 64, 4
 DEFAULTS = dict(temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, repetition_penalty=1.0,
-                frequency_penalty=0.0, presence_penalty=0.0, seed=0, step=0)
+                frequency_penalty=0.0, presence_penalty=0.0, seed=0, step=0, top_logprobs_num=K)
 PENALTY_KEYS = ("repetition_penalty", "frequency_penalty", "presence_penalty")
 
 TRACES = []
@@ -51,7 +51,7 @@ apply_penalties_jit = jax.jit(apply_penalties)
 def make_batch(rows: list[dict]) -> SamplingBatch:
     """Raw device rows (not normalised, so top_k = 1 with T > 0 reaches the device as is)."""
     rows = [dict(DEFAULTS, **r) for r in rows]
-    dtypes = dict(top_k=np.int32, seed=np.uint32, step=np.int32)
+    dtypes = dict(top_k=np.int32, seed=np.uint32, step=np.int32, top_logprobs_num=np.int32)
 
     def column(name):
         return jnp.asarray(np.array([r[name] for r in rows], dtypes.get(name, np.float32)))
@@ -208,6 +208,24 @@ def test_logprobs_are_the_processed_distribution_before_filtering():
         top = np.argsort(-lp, kind="stable")[:K]
         np.testing.assert_array_equal(np.asarray(out.top_ids[r]), top)
         np.testing.assert_allclose(np.asarray(out.top_logprobs[r]), lp[top], atol=1e-5)
+
+
+def test_top_logprobs_only_for_rows_that_return_them():
+    """Rows whose request asks for no top logprobs get zeros there (the top-k skips them); the
+    other rows, the tokens and their logprobs are those of a batch where every row asks."""
+    rows = [dict(temperature=0.7, seed=5), dict(temperature=0.0), dict(temperature=1.5, seed=9, step=4),
+            dict(temperature=0.3, seed=1, step=1)] * 2
+    logits, counts, prompt_mask = (jnp.asarray(a) for a in random_inputs(np.random.default_rng(4)))
+    every = sample_jit(logits, make_batch(rows), counts, prompt_mask, num_top_logprobs=K)
+    asks = np.array([1, 0, 0, 1, 0, 1, 1, 0]) * K
+    some = sample_jit(logits, make_batch([dict(r, top_logprobs_num=n) for r, n in zip(rows, asks)]), counts,
+                      prompt_mask, num_top_logprobs=K)
+    np.testing.assert_array_equal(np.asarray(some.tokens), np.asarray(every.tokens))
+    np.testing.assert_array_equal(np.asarray(some.logprobs), np.asarray(every.logprobs))
+    on = asks > 0
+    for got, full in ((some.top_ids, every.top_ids), (some.top_logprobs, every.top_logprobs)):
+        np.testing.assert_array_equal(np.asarray(got)[on], np.asarray(full)[on])
+        assert not np.asarray(got)[~on].any()
 
 
 @jax.jit
