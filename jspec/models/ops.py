@@ -23,17 +23,10 @@ from pallas_kernels.top_k import reference as topk_ref
 # ----------------------------------------------------------------------------- norms
 
 
-# Below this many rows the add and norm stay XLA ops: XLA then fuses them with the reduction of the
-# split-K matmul before them (o_proj, down_proj), which the kernel, a custom call, cannot join.
-ADD_RMS_NORM_KERNEL_MIN_TOKENS = 16
-
-
 def add_rms_norm(x, delta, weight, *, eps: float, zero_centred: bool, tp: int = 1):
     """(x + delta, its RMSNorm by weight) for rows `[T, E]` of the residual stream, which is whole
     on every device of a split target; delta None: (x, its RMSNorm)."""
     fn, kw = pick("rms_norm", "add_rms_norm", norm_ref.add_rms_norm)
-    if backend() == "pallas" and x.shape[0] < ADD_RMS_NORM_KERNEL_MIN_TOKENS:
-        fn, kw = norm_ref.add_rms_norm, {}
     args = (x, weight) if delta is None else (x, delta, weight)
 
     def local(x, *rest):
