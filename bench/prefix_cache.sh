@@ -3,7 +3,7 @@
 # x 16 prompts (2048-token system prompt + 128-token question, 256 out, all at once), cache on and
 # off, one engine per call (each engine is gone before the next starts). Writes JSONL (and the
 # printed tables) under OUT.
-#   bench/prefix_cache.sh OUT eagle3 | next | nextn | lpm | fcfs | multiturn | wide | wide-pf | next-wide | next-wide512
+#   bench/prefix_cache.sh OUT eagle3 | next | nextn | lpm | fcfs | multiturn | wide | wide-pf | wide-eagle3 | next-wide | next-wide512
 #   | next-wide512-pf
 # wide: Qwen3-8B shape, no speculation, --max-running-requests 512 (decode buckets 1/64/256/512):
 #   with the cache every prompt of the workload fits in the pool at once, so none waits for a slot.
@@ -11,6 +11,7 @@
 # next-wide: Qwen3-Next-12L shape, no speculation, 256 running requests (and 256 snapshot rows: at
 #   512 the state rows and the 38 GB of weights leave no KV pool on an H100).
 # wide-pf: wide with --prefill-first (prompt steps before decode whenever a prompt can advance).
+# wide-eagle3: wide with the eagle3 stage's speculation (random EAGLE3 head, simulated accept 3, v2).
 # next-wide512: next-wide at 512 running requests (and 512 snapshot rows), for an H200: every prompt
 #   of the workload runs at once, so none waits for a slot.
 # next-wide512-pf: next-wide512 with --prefill-first (SGLang's order).
@@ -51,6 +52,9 @@ case $stage in
   next-wide512-pf) gsp=("${gsp[@]/1,32,64,128/1,64,256,512}")
         run wide512_prefill_first_qwen3_next_12l --model-path random:qwen3-next-12l --max-running-requests 512 \
             --prefill-first ;;
+  wide-eagle3) gsp=("${gsp[@]/1,32,64,128/1,64,256,512}")
+        run wide_eagle3_qwen3_8b --model-path random:qwen3-8b --max-running-requests 512 \
+            --speculative-algorithm EAGLE3 "${spec[@]}" ;;
   wide-pf) gsp=("${gsp[@]/1,32,64,128/1,64,256,512}")
         run wide_prefill_first_qwen3_8b --model-path random:qwen3-8b --max-running-requests 512 --prefill-first ;;
   nextn) run nextn_qwen3_next_12l --model-path random:qwen3-next-12l --speculative-algorithm NEXTN "${spec[@]}" ;;
