@@ -8,6 +8,7 @@ distribution."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -33,7 +34,7 @@ def _reference(logits, sb, counts, prompt, tokens, anc):
             for i in range(1, N):
                 if anc[b, j, i]:
                     c[tokens[b, i]] += 1
-            one = sampling.SamplingBatch(**{k: getattr(sb, k)[b:b + 1] for k in sb.__dataclass_fields__})
+            one = jax.tree_util.tree_map(lambda f: f[b:b + 1], sb)  # row b (None fields stay None)
             out[b, j] = np.asarray(sampling.apply_penalties(jnp.asarray(logits[b:b + 1, j]), one,
                                                             jnp.asarray(c[None]), jnp.asarray(prompt[b:b + 1])))[0]
     return out
