@@ -229,6 +229,8 @@ def main(argv=None) -> None:
     ap.add_argument("--twins", action="store_true", help="alternate two loaded copies of each step")
     ap.add_argument("--variants", help="comma-separated: plain, twins, stage, arena, or several joined by + (overrides --twins)")
     ap.add_argument("--tp-size", type=int, default=1, help="devices the model is split over")
+    ap.add_argument("--replicate-attention", action="store_true",
+                    help="attention / GDN layers whole on every device (jspec.sharding)")
     ap.add_argument("--out")
     ap.add_argument("--processes", type=int, default=1,
                     help="multi-controller: this many processes, one device each (bench/multiprocess.py)")
@@ -242,7 +244,7 @@ def main(argv=None) -> None:
         args.out = None
     batches = [int(b) for b in args.batch_sizes.split(",")]
     model = random_model(parse_hf_config(preset_config(args.preset)), dtype="bfloat16", seed=0,
-                         tp_size=args.tp_size)
+                         tp_size=args.tp_size, replicate_attention=args.replicate_attention)
     if args.prompt_tokens:
         _write(args.out, prompt_main(args, model))
         return
@@ -261,7 +263,8 @@ def main(argv=None) -> None:
         packed = pack(decode_plan(b, args.context), bucket)
         for variant in variants(args):
             _report(f"=== variant {variant} batch {b}", err=True)
-            rec = {"preset": args.preset, "tp_size": args.tp_size, "processes": args.processes, "batch": b,
+            rec = {"preset": args.preset, "tp_size": args.tp_size, "replicate_attention": args.replicate_attention,
+                   "processes": args.processes, "batch": b,
                    "context": args.context,
                    "xla_flags": os.environ.get("XLA_FLAGS", ""), "variant": variant,
                    **probe(runner, bucket, packed, args.reps, args.profile, "twins" in variant, "stage" in variant,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tensor-parallel benchmarks of bench/README.md ("Tensor parallelism"), one stage per call so each
 # fits a 10-minute device command; results (JSONL / JSON + printed tables) under OUT.
-#   bench/tp_sweep.sh OUT allreduce | allreduce-captured | step-8b-mp | step-8b-graph | collectives | step-8b | step-8b-flags | next80b [ALGOS] | next80b-ep | llama70b
+#   bench/tp_sweep.sh OUT allreduce | allreduce-captured | step-8b-mp | step-8b-graph | collectives | step-8b | step-8b-flags | step-rep [PRESET] | next80b [ALGOS] | next80b-ep | llama70b
 # allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size: XLA's defaults (NCCL)
 #   beside jspec's one-shot Mosaic GPU kernel over peer memory, NCCL's low-latency protocol, and
 #   XLA's one-shot all-reduce kernel over peer memory
@@ -19,6 +19,10 @@
 #   command buffers (+COLLECTIVES): one graph per step if nothing else splits it. Against the defaults.
 # step-8b (any multi-GPU kind): Qwen3-8B decode step at batch 1 / 32, TP1 vs TP2 (XLA's defaults,
 #   profiled and summarised) vs TP2 with collectives in the command buffers (+COLLECTIVES).
+# step-rep [PRESET] (any multi-GPU kind; qwen3-next-80b-a3b needs nvidia-h200-x2): the decode step at
+#   batch 1 / 8 / 32, TP1 (presets that fit one GPU), TP2, and TP2 with the token mixers replicated
+#   (--replicate-attention: one all-reduce per layer instead of two), then the host's launch cost of
+#   TP2 split vs replicated (bench/launch_cost.py). PRESET defaults to qwen3-8b.
 # collectives (any multi-GPU kind): the collectives compiled into every decode bucket of TP engines
 #   (bench/tp_collectives.py): Qwen3-8B plain and EAGLE3, Qwen3-Next plain and NEXTN (4 layers each).
 # step-8b-flags (any multi-GPU kind): the batch-1 step at TP2 under XLA settings that decide how the
@@ -90,6 +94,19 @@ case $stage in
     XLA_FLAGS=$(echo ${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=+COLLECTIVES) PYTHONPATH=. python3 -m jspec.cli \
         bench step --model-path random:qwen3-8b --batch-sizes 1,32 --context-lens 1024 --tp-size 2 \
         --output-file "$out/step_tp.jsonl" ;;
+  step-rep)
+    preset=${3:-qwen3-8b}
+    step=(bench step --model-path "random:$preset" --batch-sizes 1,8,32 --context-lens 1024
+          --output-file "$out/step_rep_$preset.jsonl")
+    [[ $preset == qwen3-8b ]] && PYTHONPATH=. python3 -m jspec.cli "${step[@]}" --tp-size 1
+    PYTHONPATH=. python3 -m jspec.cli "${step[@]}" --tp-size 2
+    PYTHONPATH=. python3 -m jspec.cli "${step[@]}" --tp-size 2 --replicate-attention
+    if [[ $preset == qwen3-8b ]]; then
+      for rep in "" --replicate-attention; do
+        PYTHONPATH=. python3 bench/launch_cost.py --preset "$preset" --tp-size 2 $rep --batch-sizes 1,32 --reps 30 \
+            --variants plain --out "$out/launch_cost_rep_$preset.jsonl" | tail -4
+      done
+    fi ;;
   collectives)
     PYTHONPATH=. python3 bench/tp_collectives.py --preset qwen3-8b --layers 2 --tp-size "$ngpu" \
         --algorithms none,EAGLE3 --out "$out/tp_collectives_qwen3_8b.json"

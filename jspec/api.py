@@ -50,7 +50,8 @@ class Engine:
         self.context_length = cfg.context_length
         self.model = (model_path if isinstance(model_path, Model)
                       else load_model(model_path, dtype=cfg.dtype, tp_size=cfg.tp_size,
-                                      expert_parallel=cfg.ep_size > 1))
+                                      expert_parallel=cfg.ep_size > 1,
+                                      replicate_attention=cfg.replicate_attention))
         self.config = self.model.config
         tokenizer_dir = cfg.tokenizer_path or (self.model.path if isinstance(self.model.path, str) else None)
         self.tokenizer = (None if cfg.skip_tokenizer_init else

@@ -11,7 +11,7 @@ def _cmd_convert(args) -> int:
     from jspec.convert import convert_checkpoint
 
     meta = convert_checkpoint(args.hf, args.out, dtype=args.dtype, progress=not args.quiet, tp_size=args.tp_size,
-                              expert_parallel=args.ep_size > 1)
+                              expert_parallel=args.ep_size > 1, replicate_attention=args.replicate_attention)
     print(f"wrote {meta['num_tensors']} tensors ({meta['dtype']}) to {args.out}")
     return 0
 
@@ -61,6 +61,8 @@ def _cmd_generate(args) -> int:
         kw["tp_size"] = args.tp_size
     if args.ep_size:
         kw["ep_size"] = args.ep_size
+    if args.replicate_attention:
+        kw["replicate_attention"] = True
     if args.disable_radix_cache:
         kw["disable_radix_cache"] = True
     grammar = {k: v for k, v in (("regex", args.regex), ("json_schema", args.json_schema), ("ebnf", args.ebnf))
@@ -133,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tp-size", type=int, default=1,
                    help="store the layout of a target split that many ways (restores straight to its devices)")
     c.add_argument("--ep-size", type=int, default=1, help="= --tp-size: the layout with MoE experts split whole")
+    c.add_argument("--replicate-attention", action="store_true",
+                   help="the layout with attention / GDN layers whole on every device")
     c.set_defaults(func=_cmd_convert)
 
     g = sub.add_parser("generate", help="generate text with the engine")
@@ -155,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cuda-graph-bs", help="comma-separated decode batch buckets")
     g.add_argument("--tp-size", type=int, help="devices the target is split over (tensor parallelism)")
     g.add_argument("--ep-size", type=int, help="= --tp-size: MoE experts split whole (expert parallelism)")
+    g.add_argument("--replicate-attention", action="store_true",
+                   help="with --tp-size: attention / GDN layers whole on every device (one all-reduce per layer)")
     g.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache")
     g.add_argument("--regex", help="structured output: the text matches this regular expression")
     g.add_argument("--json-schema", help="structured output: JSON following this schema (a JSON string)")

@@ -23,23 +23,25 @@ META_FILE = orbax_io.META_FILE
 
 
 def convert_checkpoint(hf_dir: str, out_dir: str, *, dtype: str = "bfloat16", progress: bool = True,
-                       tp_size: int = 1, expert_parallel: bool = False) -> dict:
+                       tp_size: int = 1, expert_parallel: bool = False, replicate_attention: bool = False) -> dict:
     """Read an HF checkpoint as jspec parameters (cast to `dtype`) and write them with orbax.
     tp_size: store the target's tensors in that split's layout (`jspec.sharding.to_tp_layout`), so
     an engine with the same tp_size restores every tensor straight onto its devices, each reading
-    its own slice (any other tp_size still loads it, through host memory)."""
+    its own slice (any other tp_size still loads it, through host memory). expert_parallel /
+    replicate_attention: the split's experts / token mixers kept whole (`jspec.sharding`)."""
     if not is_hf_dir(hf_dir):
         raise CheckpointError("no *.safetensors files here", file=hf_dir)
     config = load_config(hf_dir)
     dt = resolve_dtype(dtype)
-    tp = check_tp(config, tp_size, num_devices=tp_size, ep=expert_parallel)  # the layout only: no devices here
-    ep = expert_parallel and tp > 1
+    # the layout only: no devices here
+    tp = check_tp(config, tp_size, num_devices=tp_size, ep=expert_parallel, replicate_attention=replicate_attention)
+    ep, rep = expert_parallel and tp > 1, replicate_attention and tp > 1
     _, abstract = abstract_model(config, dt)
     bar = tqdm(total=len(flat_names(abstract)), desc="reading", unit="tensor", disable=not progress)
     params, extras, _ = read_params(hf_dir, config, dt, progress=lambda _: bar.update(1))
     bar.close()
     for name in list(params):  # one tensor at a time: the permuted copy replaces the original
-        params[name] = to_tp_layout(name, np.asarray(params[name]), config, tp, ep=ep)
+        params[name] = to_tp_layout(name, np.asarray(params[name]), config, tp, ep=ep, replicate_attention=rep)
     if extras:  # MTP layers and the like: kept (in the chosen dtype) for the drafters that read them
         ckpt = SafetensorsCheckpoint(hf_dir)
         for name, hf_name in extras.items():
@@ -51,7 +53,8 @@ def convert_checkpoint(hf_dir: str, out_dir: str, *, dtype: str = "bfloat16", pr
         if os.path.exists(src):
             shutil.copyfile(src, os.path.join(out_dir, f))
     meta = {"source": os.path.abspath(hf_dir), "dtype": str(np.dtype(dt)), "num_tensors": len(params),
-            "architecture": config.architecture, "tp_size": tp, "expert_parallel": ep}
+            "architecture": config.architecture, "tp_size": tp, "expert_parallel": ep,
+            "replicate_attention": rep}
     with open(os.path.join(out_dir, META_FILE), "w") as f:
         json.dump(meta, f, indent=2)
     return meta

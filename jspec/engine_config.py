@@ -62,6 +62,7 @@ class EngineConfig:
     memory_plan: MemoryPlan | None = None  # set when the pool was sized from the device's memory
     tp_size: int = 1  # devices the target is split over (jspec.sharding)
     ep_size: int = 1  # tp_size: MoE experts split whole over those devices (expert parallelism)
+    replicate_attention: bool = False  # tp_size > 1: attention / GDN layers whole on every device
     disable_radix_cache: bool = False  # the prefix cache (on where supported, see radix_cache_enabled)
     schedule_policy: str = "fcfs"  # admission order: "fcfs" or "lpm" (longest cached prefix first)
     prefill_first: bool = False  # prompt-chunk steps before decode whenever a prompt can advance (else alternate)
@@ -98,7 +99,8 @@ class EngineConfig:
                     disable_overlap_schedule=self.disable_overlap_schedule, random_seed=self.random_seed,
                     context_length=self.context_length, disable_top_k_top_p=self.disable_top_k_top_p,
                     enable_mixed_chunk=self.enable_mixed_chunk, mem_fraction_static=self.mem_fraction_static,
-                    tp_size=self.tp_size, ep_size=self.ep_size, disable_radix_cache=self.disable_radix_cache,
+                    tp_size=self.tp_size, ep_size=self.ep_size,
+                    replicate_attention=self.replicate_attention, disable_radix_cache=self.disable_radix_cache,
                     radix_cache=self.radix_cache_enabled, schedule_policy=self.schedule_policy,
                     prefill_first=self.prefill_first,
                     max_mamba_cache_size=self.layout.num_slots - 1 + self.layout.num_snapshots
@@ -133,6 +135,7 @@ class EngineConfig:
                max_top_logprobs_num: int = 20, skip_tokenizer_init: bool = False, show_progress: bool = True,
                enable_mixed_chunk: bool = False, transfer_guard: str | None = None,
                disable_top_k_top_p: bool = False, tp_size: int | None = None, ep_size: int | None = None,
+               replicate_attention: bool | None = None,
                disable_radix_cache: bool = False, schedule_policy: str = "fcfs", prefill_first: bool = False,
                max_mamba_cache_size: int | None = None, mamba_track_interval: int = 256,
                grammar_backend: str | None = None, tokenizer_path: str | None = None,
@@ -142,7 +145,7 @@ class EngineConfig:
         if unknown:
             raise ConfigError(f"unknown Engine argument(s): {', '.join(unknown)}")
         config = _target_config(model_path, dtype)
-        tp, ep = _tp_size(model_path, config, tp_size, ep_size)
+        tp, ep, rep = _tp_size(model_path, config, tp_size, ep_size, replicate_attention)
         if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
             raise ConfigError(f"page_size must be a positive int, got {page_size!r}")
         on_gpu = jax.default_backend() == "gpu"
@@ -198,7 +201,7 @@ class EngineConfig:
                    max_top_logprobs_num=int(max_top_logprobs_num), skip_tokenizer_init=bool(skip_tokenizer_init),
                    show_progress=bool(show_progress), transfer_guard=transfer_guard, spec=spec, spec_extra=spec_extra,
                    mem_fraction_static=mem_fraction_static, tp_size=tp, ep_size=ep,
-                   disable_radix_cache=bool(disable_radix_cache), schedule_policy=schedule_policy,
+                   replicate_attention=rep, disable_radix_cache=bool(disable_radix_cache), schedule_policy=schedule_policy,
                    prefill_first=bool(prefill_first),
                    max_mamba_cache_size=max_mamba_cache_size, mamba_track_interval=mamba_track_interval,
                    grammar_backend=grammar_backend, tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
@@ -245,22 +248,30 @@ def _target_config(model_path, dtype) -> ModelConfig:
     return load_config(model_path)
 
 
-def _tp_size(model_path, config: ModelConfig, tp_size, ep_size) -> tuple[int, int]:
-    """(tp_size, ep_size) of the target: as asked (checked against the config and the visible
-    devices), or a loaded model's own; a loaded model split otherwise is a ConfigError. ep_size is
-    1 (experts split by their intermediate dimension) or tp_size (split whole)."""
+def _tp_size(model_path, config: ModelConfig, tp_size, ep_size, replicate_attention) -> tuple[int, int, bool]:
+    """(tp_size, ep_size, replicate_attention) of the target: as asked (checked against the config
+    and the visible devices), or a loaded model's own; a loaded model split otherwise is a
+    ConfigError. ep_size is 1 (experts split by their intermediate dimension) or tp_size (split
+    whole); replicate_attention only means something at tp_size > 1 (`jspec.sharding`)."""
+    if replicate_attention is not None and not isinstance(replicate_attention, bool):
+        raise ConfigError(f"replicate_attention must be a bool, got {replicate_attention!r}")
     if isinstance(model_path, Model):
         have_ep = model_path.tp_size if model_path.expert_parallel else 1
-        if (tp_size is not None and tp_size != model_path.tp_size) or (ep_size is not None and ep_size != have_ep):
-            raise ConfigError(f"tp_size={tp_size}, ep_size={ep_size} but the model passed in is split "
-                              f"{model_path.tp_size} ways with ep_size={have_ep} (jspec.models.loader.shard_model / "
-                              "load_model(..., tp_size=N, expert_parallel=True) split a model)")
-        return model_path.tp_size, have_ep
+        have_rep = model_path.replicate_attention
+        if (tp_size is not None and tp_size != model_path.tp_size) or (ep_size is not None and ep_size != have_ep) \
+                or (replicate_attention is not None and replicate_attention != have_rep):
+            raise ConfigError(f"tp_size={tp_size}, ep_size={ep_size}, replicate_attention={replicate_attention} but "
+                              f"the model passed in is split {model_path.tp_size} ways with ep_size={have_ep}, "
+                              f"replicate_attention={have_rep} (jspec.models.loader.shard_model / "
+                              "load_model(..., tp_size=N, expert_parallel=..., replicate_attention=...) split a model)")
+        return model_path.tp_size, have_ep, have_rep
     tp = 1 if tp_size is None else tp_size
     ep = 1 if ep_size is None else ep_size
     if ep not in (1, tp):
         raise ConfigError(f"ep_size={ep_size} must be 1 or equal to tp_size={tp} (experts split over the same devices)")
-    return check_tp(config, tp, ep=ep > 1), ep
+    rep = bool(replicate_attention)
+    tp = check_tp(config, tp, ep=ep > 1, replicate_attention=rep)
+    return tp, ep, rep and tp > 1
 
 
 def _dflash_block(speculative: dict) -> int | None:

@@ -22,6 +22,14 @@ the model splits its outputs with `split_shard_major`. At tp = 1 both are the id
 
 Only the target is split: drafters (one or two layers) are replicated on every device. The pools
 split with the layers that write them (`jspec.cache.pool.pool_specs`).
+
+`replicate_attention` keeps the token mixers (attention and Gated DeltaNet layers, their KV pages
+and state pools) whole on every device, each computing them for every request, and splits the
+feed-forward blocks and the vocabulary only. A split mixer ends in a row-parallel projection and so
+in an all-reduce; a replicated one does not, which halves a decode step's all-reduces (one per layer
+instead of two) for a larger read of mixer weights. At small batches a split step is bound by
+launching its pieces and all-reduces, not by reading weights (bench/README, issue 17), so the trade
+can pay; the KV pool then holds a whole copy per device.
 """
 
 from __future__ import annotations
@@ -58,9 +66,16 @@ def padded_vocab(vocab_size: int, tp_size: int) -> int:
     return -(-vocab_size // tp_size) * tp_size
 
 
-def check_tp(config: ModelConfig, tp_size, num_devices: int | None = None, *, ep: bool = False) -> int:
+def mixer_tp(tp_size: int, replicate_attention: bool) -> int:
+    """The ways the token mixers (attention, Gated DeltaNet) are split: 1 when replicated."""
+    return 1 if replicate_attention else tp_size
+
+
+def check_tp(config: ModelConfig, tp_size, num_devices: int | None = None, *, ep: bool = False,
+             replicate_attention: bool = False) -> int:
     """ConfigError for a split that cannot work, naming the field and the numbers; returns tp_size.
-    ep: experts split whole (expert parallelism) rather than by their intermediate dimension."""
+    ep: experts split whole (expert parallelism) rather than by their intermediate dimension;
+    replicate_attention: the token mixers kept whole, so their head counts need not divide."""
     if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
         raise ConfigError(f"tp_size must be a positive int, got {tp_size!r}")
     num_devices = len(jax.devices()) if num_devices is None else num_devices
@@ -74,7 +89,7 @@ def check_tp(config: ModelConfig, tp_size, num_devices: int | None = None, *, ep
         if value % tp_size:
             raise ConfigError(f"tp_size={tp_size} does not divide {field}={value}")
 
-    if config.attention_layer_ids:
+    if config.attention_layer_ids and not replicate_attention:
         need("num_attention_heads", config.num_attention_heads)
         g = config.num_key_value_heads
         if g % tp_size and tp_size % g:
@@ -88,7 +103,7 @@ def check_tp(config: ModelConfig, tp_size, num_devices: int | None = None, *, ep
         need("moe_intermediate_size", config.moe_intermediate_size)
         if config.shared_expert_intermediate_size:
             need("shared_expert_intermediate_size", config.shared_expert_intermediate_size)
-    if config.gdn_layer_ids:
+    if config.gdn_layer_ids and not replicate_attention:
         need("linear_num_key_heads", config.linear_num_key_heads)
         need("linear_num_value_heads", config.linear_num_value_heads)
     return tp_size
@@ -121,13 +136,16 @@ _COMPILED = tuple((re.compile(p), s) for p, s in _RULES)
 
 
 _EXPERTS = re.compile(r"mlp\.experts\.(gate_up|down)_proj$")
+_MIXERS = re.compile(r"\.(self_attn|linear_attn)\.")
 
 
-def param_spec(name: str, *, ep: bool = False) -> P:
+def param_spec(name: str, *, ep: bool = False, replicate_attention: bool = False) -> P:
     """The PartitionSpec of a target parameter (jspec name, e.g. `model.layers.0.mlp.down_proj.weight`);
-    ep: experts split whole (`[X, ...]` by X)."""
+    ep: experts split whole (`[X, ...]` by X); replicate_attention: the token mixers' parameters whole."""
     if ep and _EXPERTS.search(name):
         return P(TP, None, None)
+    if replicate_attention and _MIXERS.search(name):
+        return _REP
     for pattern, spec in _COMPILED:
         if pattern.search(name):
             return spec
@@ -174,10 +192,16 @@ def _kv_rows(arr: np.ndarray, heads: int, d: int) -> np.ndarray:
     return arr.reshape(heads, d, *arr.shape[1:])
 
 
-def to_tp_layout(name: str, arr: np.ndarray, config: ModelConfig, tp: int, *, ep: bool = False) -> np.ndarray:
+def _kept_whole(name: str, ep: bool, replicate_attention: bool) -> bool:
+    """A parameter a split target stores in its tp = 1 layout (whole experts, replicated mixers)."""
+    return bool((ep and _EXPERTS.search(name)) or (replicate_attention and _MIXERS.search(name)))
+
+
+def to_tp_layout(name: str, arr: np.ndarray, config: ModelConfig, tp: int, *, ep: bool = False,
+                 replicate_attention: bool = False) -> np.ndarray:
     """A checkpoint tensor (tp = 1 layout) in the layout of a tp-way target (see the module doc);
-    ep: experts split whole, so their tensors keep the tp = 1 layout."""
-    if tp == 1 or (ep and _EXPERTS.search(name)):
+    ep / replicate_attention: experts / mixers kept whole, so their tensors keep the tp = 1 layout."""
+    if tp == 1 or _kept_whole(name, ep, replicate_attention):
         return arr
     if _VOCAB.search(name):
         pad = padded_vocab(config.vocab_size, tp) - arr.shape[0]
@@ -193,10 +217,11 @@ def to_tp_layout(name: str, arr: np.ndarray, config: ModelConfig, tp: int, *, ep
     return arr if fused is None else _shard_major(arr, fused[1], tp, axis=fused[0])
 
 
-def from_tp_layout(name: str, arr: np.ndarray, config: ModelConfig, tp: int, *, ep: bool = False) -> np.ndarray:
+def from_tp_layout(name: str, arr: np.ndarray, config: ModelConfig, tp: int, *, ep: bool = False,
+                   replicate_attention: bool = False) -> np.ndarray:
     """The inverse of `to_tp_layout`: a tensor stored in a tp-way layout back in the tp = 1 one
     (a checkpoint converted for one split, loaded at another)."""
-    if tp == 1 or (ep and _EXPERTS.search(name)):
+    if tp == 1 or _kept_whole(name, ep, replicate_attention):
         return arr
     if _VOCAB.search(name):
         return arr[: config.vocab_size]

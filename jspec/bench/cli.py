@@ -57,6 +57,8 @@ def add_engine_flags(p) -> None:
     g.add_argument("--mem-fraction-static", type=float)
     g.add_argument("--tp-size", type=int, help="devices the target is split over (tensor parallelism)")
     g.add_argument("--ep-size", type=int, help="= --tp-size: MoE experts split whole (expert parallelism)")
+    g.add_argument("--replicate-attention", action="store_true", default=None,
+                   help="with --tp-size: attention / GDN layers whole on every device (one all-reduce per layer)")
     g.add_argument("--disable-radix-cache", action="store_true", default=None, help="no prefix cache")
     g.add_argument("--max-mamba-cache-size", type=int,
                    help="hybrid targets: GDN state rows, running requests + prefix-cache snapshots")
@@ -226,7 +228,8 @@ def validate(args) -> None:
 
 # `jspec bench serve` flags that configure an engine: with --backend http the server's settings apply.
 _ENGINE_ONLY = ("dtype", "page_size", "max_running_requests", "max_total_tokens", "context_length",
-                "chunked_prefill_size", "mem_fraction_static", "tp_size", "ep_size", "disable_radix_cache",
+                "chunked_prefill_size", "mem_fraction_static", "tp_size", "ep_size", "replicate_attention",
+                "disable_radix_cache",
                 "max_mamba_cache_size", "mamba_track_interval", "schedule_policy", "prefill_first", "cuda_graph_bs",
                 "prefill_token_buckets", "compilation_cache_dir", "enable_mixed_chunk", "skip_tokenizer_init",
                 "speculative_draft_model_path", "disable_top_k_top_p", "speculative_adaptive",
@@ -339,7 +342,8 @@ def _cmd_step(args) -> int:
     _positive(args, "page_size", "iters")
     model = open_model(args)
     if isinstance(model, str):
-        model = load_model(model, dtype=args.dtype)
+        model = load_model(model, dtype=args.dtype, tp_size=args.tp_size or 1, expert_parallel=(args.ep_size or 1) > 1,
+                           replicate_attention=bool(args.replicate_attention))
     copy = copy_bandwidth()
     points = [(b, c) for c in args.context_lens for b in args.batch_sizes]
     records = roofline(model, points, copy_bps=copy["bytes_per_s"], page_size=args.page_size,

@@ -21,7 +21,7 @@ from jspec.runtime.gil import switch_interval
 ENGINE_FLAGS = ("dtype", "page_size", "max_running_requests", "max_total_tokens", "chunked_prefill_size",
                 "cuda_graph_bs", "prefill_token_buckets", "context_length", "mem_fraction_static",
                 "compilation_cache_dir", "disable_top_k_top_p", "speculative_adaptive",
-                "speculative_disable_by_batch_size", "tp_size", "ep_size", "disable_radix_cache",
+                "speculative_disable_by_batch_size", "tp_size", "ep_size", "replicate_attention", "disable_radix_cache",
                 "schedule_policy", "prefill_first", "max_mamba_cache_size", "mamba_track_interval", "grammar_backend",
                 "tokenizer_path", "enable_input_logprobs")
 # Speculative keywords, passed to the Engine only when an algorithm is set, so that runs without
@@ -172,7 +172,8 @@ def open_model(args):
         raise ConfigError(f"--model-path random:{name}: unknown preset; choose from {', '.join(sorted(PRESETS))}")
     return random_model(parse_hf_config(preset_config(name)), dtype=args.dtype, seed=args.seed,
                         tp_size=getattr(args, "tp_size", None) or 1,
-                        expert_parallel=(getattr(args, "ep_size", None) or 1) > 1)
+                        expert_parallel=(getattr(args, "ep_size", None) or 1) > 1,
+                        replicate_attention=bool(getattr(args, "replicate_attention", None)))
 
 
 def with_draft(kw: dict, model, args) -> dict:

@@ -135,7 +135,18 @@ def bytes_per_step(cfg, model, batch: int, context: int) -> dict:
         state = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
         conv = cfg.gdn_conv_dim * (cfg.linear_conv_kernel_dim - 1) * itemsize
         gdn = 2 * batch * len(cfg.gdn_layer_ids) * (state + conv)
-    return {"weights": float(weights), "kv": float(kv), "gdn_state": float(gdn), "total": float(weights + kv + gdn)}
+    # One device's share when split: mixers (and their KV / state) by mixer_tp_size, the rest by tp.
+    mixer = _mixer_bytes(model)
+    per_device = ((weights - mixer) / model.tp_size + (mixer + kv + gdn) / model.mixer_tp_size)
+    return {"weights": float(weights), "kv": float(kv), "gdn_state": float(gdn), "total": float(weights + kv + gdn),
+            "per_device": float(per_device)}
+
+
+def _mixer_bytes(model) -> int:
+    """Bytes of the target's attention and Gated DeltaNet parameters."""
+    flat = jax.tree_util.tree_leaves_with_path(model.params)
+    return sum(int(x.size * x.dtype.itemsize) for path, x in flat
+               if any(getattr(k, "key", None) in ("self_attn", "linear_attn") for k in path))
 
 
 def check_fits(model, kv_tokens: int, points) -> None:
@@ -144,8 +155,9 @@ def check_fits(model, kv_tokens: int, points) -> None:
     cfg = model.config
     attn_layers = len(cfg.attention_layer_ids)
     kv_bytes = kv_tokens * attn_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * jnp.dtype(model.dtype).itemsize
-    weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
-    kv_bytes, weight_bytes = kv_bytes / model.tp_size, weight_bytes / model.tp_size  # per device when split
+    weight_bytes = sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
+                       for x in jax.tree_util.tree_leaves(model.params))  # per device when split
+    kv_bytes /= model.mixer_tp_size
     stats = jax.devices()[0].memory_stats() or {}
     limit = stats.get("bytes_limit")
     if limit and weight_bytes + kv_bytes > 0.9 * limit:
@@ -177,11 +189,12 @@ def roofline(model, points: list[tuple[int, int]], *, copy_bps: float, page_size
         packed = jax.device_put(pack(decode_plan(b, c), bucket), runner.state.req_to_page.sharding)
         sec = time_step(runner, bucket, packed, iters=iters, reps=reps)
         by = bytes_per_step(cfg, model, b, c)
-        floor = by["total"] / model.tp_size / copy_bps  # split evenly over tp devices, read in parallel
+        floor = by["per_device"] / copy_bps  # each device reads its share, in parallel
         rec = {"batch": b, "context": c, "ms_per_step": sec * 1e3, "bytes": by,
                "achieved_bytes_per_s": by["total"] / sec, "floor_ms": floor * 1e3,
                "fraction_of_copy_bandwidth": floor / sec, "tokens_per_s": b / sec,
                "compile_s": runner.compile_seconds, "tp_size": model.tp_size,
+               "replicate_attention": model.replicate_attention,
                "speculative_split_ms": None}  # a plain decode step has no phases
         if profile_dir:
             with jax.profiler.trace(f"{profile_dir}/b{b}_ctx{c}", create_perfetto_trace=True):

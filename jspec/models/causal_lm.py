@@ -26,19 +26,21 @@ from jspec.models.gdn import GatedDeltaNet
 from jspec.models.layers import Embedding, Linear, RMSNorm
 from jspec.models.mlp import MLP, SparseMoE
 from jspec.models.rope import rope_cos_sin
-from jspec.sharding import padded_vocab
+from jspec.sharding import mixer_tp, padded_vocab
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, *, dtype, tp_size: int = 1, expert_parallel: bool = False):
+    def __init__(self, cfg: ModelConfig, layer_id: int, *, dtype, tp_size: int = 1, expert_parallel: bool = False,
+                 replicate_attention: bool = False):
+        mixer_tp_size = mixer_tp(tp_size, replicate_attention)
         norm = dict(eps=cfg.rms_norm_eps, zero_centred=cfg.zero_centred_norm, dtype=dtype)
         self.is_attention = cfg.layer_types[layer_id] == FULL_ATTENTION
         self.input_layernorm = RMSNorm(cfg.hidden_size, **norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, **norm)
         if self.is_attention:
-            self.self_attn = Attention(cfg, dtype=dtype, tp_size=tp_size)
+            self.self_attn = Attention(cfg, dtype=dtype, tp_size=mixer_tp_size)
         else:
-            self.linear_attn = GatedDeltaNet(cfg, dtype=dtype, tp_size=tp_size)
+            self.linear_attn = GatedDeltaNet(cfg, dtype=dtype, tp_size=mixer_tp_size)
         if cfg.moe_layers[layer_id]:
             self.mlp = SparseMoE(cfg, dtype=dtype, tp_size=tp_size, expert_parallel=expert_parallel)
         else:
@@ -46,10 +48,12 @@ class DecoderLayer(nnx.Module):
 
 
 class DecoderStack(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, dtype, tp_size: int = 1, expert_parallel: bool = False):
+    def __init__(self, cfg: ModelConfig, *, dtype, tp_size: int = 1, expert_parallel: bool = False,
+                 replicate_attention: bool = False):
         self.embed_tokens = Embedding(padded_vocab(cfg.vocab_size, tp_size), cfg.hidden_size, dtype=dtype,
                                       tp_size=tp_size)
-        self.layers = nnx.List([DecoderLayer(cfg, i, dtype=dtype, tp_size=tp_size, expert_parallel=expert_parallel)
+        self.layers = nnx.List([DecoderLayer(cfg, i, dtype=dtype, tp_size=tp_size, expert_parallel=expert_parallel,
+                                             replicate_attention=replicate_attention)
                                 for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, zero_centred=cfg.zero_centred_norm, dtype=dtype)
 
@@ -74,13 +78,17 @@ jax.tree_util.register_dataclass(ForwardOutput, data_fields=["logits", "final_hi
 
 
 class CausalLM(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, tp_size: int = 1, expert_parallel: bool = False):
+    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, tp_size: int = 1, expert_parallel: bool = False,
+                 replicate_attention: bool = False):
         """tp_size: the layout of a target split over that many devices (`jspec.sharding`):
         heads and intermediate dimensions are cut tp ways, the vocabulary padded to a multiple of it;
-        expert_parallel: MoE experts split whole instead."""
+        expert_parallel: MoE experts split whole instead; replicate_attention: the token mixers
+        (attention, Gated DeltaNet) whole on every device."""
         self.config = cfg
         self.tp_size = tp_size
-        self.model = DecoderStack(cfg, dtype=dtype, tp_size=tp_size, expert_parallel=expert_parallel)
+        self.mixer_tp_size = mixer_tp(tp_size, replicate_attention)  # what the KV / state pools split with
+        self.model = DecoderStack(cfg, dtype=dtype, tp_size=tp_size, expert_parallel=expert_parallel,
+                                  replicate_attention=replicate_attention)
         vocab = padded_vocab(cfg.vocab_size, tp_size)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, vocab, bias=False, dtype=dtype)
 

@@ -25,7 +25,7 @@ from checkpoints.safetensors_reader import SafetensorsCheckpoint
 from jspec.config import ModelConfig, load_config
 from jspec.errors import CheckpointError, ConfigError
 from jspec.models.causal_lm import CausalLM
-from jspec.sharding import check_tp, from_tp_layout, make_mesh, param_spec, path_name, to_tp_layout
+from jspec.sharding import check_tp, from_tp_layout, make_mesh, mixer_tp, param_spec, path_name, to_tp_layout
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -46,11 +46,12 @@ def resolve_dtype(dtype) -> jnp.dtype:
     return d
 
 
-def abstract_model(config: ModelConfig, dtype, tp_size: int = 1, expert_parallel: bool = False
-                   ) -> tuple[nnx.GraphDef, nnx.State]:
+def abstract_model(config: ModelConfig, dtype, tp_size: int = 1, expert_parallel: bool = False,
+                   replicate_attention: bool = False) -> tuple[nnx.GraphDef, nnx.State]:
     """Graph definition and abstract (shape-only) parameter state of the target model (split
     tp_size ways: padded vocabulary, replicated KV heads, shard-major fused projections)."""
-    model = nnx.eval_shape(lambda: CausalLM(config, dtype=dtype, tp_size=tp_size, expert_parallel=expert_parallel))
+    model = nnx.eval_shape(lambda: CausalLM(config, dtype=dtype, tp_size=tp_size, expert_parallel=expert_parallel,
+                                            replicate_attention=replicate_attention))
     return nnx.split(model)
 
 
@@ -71,15 +72,16 @@ def _with_leaves(state: nnx.State, leaf) -> nnx.State:
 
 
 def fill_state(state: nnx.State, flat: dict, dtype, *, config: ModelConfig | None = None, mesh=None,
-               ep: bool = False) -> nnx.State:
+               ep: bool = False, replicate_attention: bool = False) -> nnx.State:
     """A copy of `state` with every leaf replaced by `flat[name]` (tp = 1 layout), placed on the
     default device, or, with a mesh, put in the mesh's split layout and placed slice by slice."""
     if mesh is None:
         return _with_leaves(state, lambda name: jnp.asarray(flat[name], dtype=dtype))
 
     def place(name):
-        arr = to_tp_layout(name, np.asarray(flat[name]), config, mesh.size, ep=ep)
-        sharding = NamedSharding(mesh, param_spec(name, ep=ep))
+        arr = to_tp_layout(name, np.asarray(flat[name]), config, mesh.size, ep=ep,
+                           replicate_attention=replicate_attention)
+        sharding = NamedSharding(mesh, param_spec(name, ep=ep, replicate_attention=replicate_attention))
         return jax.make_array_from_callback(arr.shape, sharding, lambda idx: np.asarray(arr[idx], dtype=dtype))
 
     return _with_leaves(state, place)
@@ -93,8 +95,8 @@ def is_hf_dir(path: str) -> bool:
     return os.path.isdir(path) and any(f.endswith(".safetensors") for f in os.listdir(path))
 
 
-def read_params(path: str, config: ModelConfig, dtype, *, progress=None, mesh=None, ep: bool = False
-                ) -> tuple[dict, dict, bool]:
+def read_params(path: str, config: ModelConfig, dtype, *, progress=None, mesh=None, ep: bool = False,
+                replicate_attention: bool = False) -> tuple[dict, dict, bool]:
     """(params: name -> array in `dtype`, extras: names set aside such as `mtp.*`, placed).
 
     Arrays are host arrays in the tp = 1 layout, except for an orbax checkpoint converted for the
@@ -104,9 +106,11 @@ def read_params(path: str, config: ModelConfig, dtype, *, progress=None, mesh=No
     if orbax_io.is_orbax_dir(path):
         meta = orbax_io.read_meta(path)
         stored_tp, stored_ep = int(meta.get("tp_size", 1)), bool(meta.get("expert_parallel", False))
-        placed = mesh is not None and mesh.size == stored_tp > 1 and stored_ep == ep
-        expected = flat_names(abstract_model(config, dtype, stored_tp, stored_ep)[1])
-        shardings = {n: NamedSharding(mesh, param_spec(n, ep=ep)) for n in expected} if placed else None
+        stored_rep = bool(meta.get("replicate_attention", False))
+        placed = mesh is not None and mesh.size == stored_tp > 1 and (stored_ep, stored_rep) == (ep, replicate_attention)
+        expected = flat_names(abstract_model(config, dtype, stored_tp, stored_ep, stored_rep)[1])
+        shardings = {n: NamedSharding(mesh, param_spec(n, ep=ep, replicate_attention=replicate_attention))
+                     for n in expected} if placed else None
         flat = orbax_io.load_params(path, shardings)
         params = {k: v for k, v in flat.items() if not k.startswith(hf_mapping.EXTRA_PREFIXES)}
         extras = {k: k for k in flat if k.startswith(hf_mapping.EXTRA_PREFIXES)}
@@ -121,7 +125,8 @@ def read_params(path: str, config: ModelConfig, dtype, *, progress=None, mesh=No
             if params[name].dtype != np_dtype:
                 params[name] = params[name].astype(np_dtype)
             if not placed:
-                params[name] = from_tp_layout(name, params[name], config, stored_tp, ep=stored_ep)
+                params[name] = from_tp_layout(name, params[name], config, stored_tp, ep=stored_ep,
+                                              replicate_attention=stored_rep)
         return params, extras, placed
     if not is_hf_dir(path):
         raise CheckpointError(f"{path!r} holds neither safetensors files nor an orbax checkpoint", file=path)
@@ -157,6 +162,12 @@ class Model:
     tp_size: int = 1
     mesh: object = None  # the jax.sharding.Mesh the parameters live on when tp_size > 1
     expert_parallel: bool = False  # MoE experts split whole over the mesh (ep_size = tp_size)
+    replicate_attention: bool = False  # attention / GDN layers and their pools whole on every device
+
+    @property
+    def mixer_tp_size(self) -> int:
+        """The ways the token mixers and the KV / state pools are split (`jspec.sharding.mixer_tp`)."""
+        return mixer_tp(self.tp_size, self.replicate_attention)
 
     def module(self) -> CausalLM:
         """Re-merge into a module (inside a traced function, or for inspection)."""
@@ -176,42 +187,46 @@ class Model:
 
 
 def load_model(path: str | os.PathLike, dtype="float32", *, progress=None, tp_size: int = 1,
-               expert_parallel: bool = False) -> Model:
+               expert_parallel: bool = False, replicate_attention: bool = False) -> Model:
     """Load an HF (safetensors) or orbax (`jspec convert`) checkpoint directory, split over the
     first tp_size devices when tp_size > 1 (ConfigError before any tensor is read if it cannot be);
-    expert_parallel: MoE experts split whole rather than by their intermediate dimension."""
+    expert_parallel: MoE experts split whole rather than by their intermediate dimension;
+    replicate_attention: attention and GDN layers kept whole on every device (`jspec.sharding`)."""
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise ConfigError(f"model path {path!r} is not a directory")
     config = load_config(path)
     dt = resolve_dtype(dtype)
-    tp = check_tp(config, tp_size, ep=expert_parallel)
-    ep = expert_parallel and tp > 1
+    tp = check_tp(config, tp_size, ep=expert_parallel, replicate_attention=replicate_attention)
+    ep, rep = expert_parallel and tp > 1, replicate_attention and tp > 1
     mesh = make_mesh(tp) if tp > 1 else None
-    params, extras, placed = read_params(path, config, dt, progress=progress, mesh=mesh, ep=ep)
-    graphdef, abstract = abstract_model(config, dt, tp, ep)
+    params, extras, placed = read_params(path, config, dt, progress=progress, mesh=mesh, ep=ep, replicate_attention=rep)
+    graphdef, abstract = abstract_model(config, dt, tp, ep, rep)
     if placed:
         state = _with_leaves(abstract, lambda name: params[name])
     else:
-        state = fill_state(abstract, params, dt, config=config, mesh=mesh, ep=ep)
+        state = fill_state(abstract, params, dt, config=config, mesh=mesh, ep=ep, replicate_attention=rep)
     return Model(config=config, graphdef=graphdef, params=state, dtype=dt, path=path,
-                 tokenizer=load_tokenizer(path), extras=extras, tp_size=tp, mesh=mesh, expert_parallel=ep)
+                 tokenizer=load_tokenizer(path), extras=extras, tp_size=tp, mesh=mesh, expert_parallel=ep,
+                 replicate_attention=rep)
 
 
-def shard_model(model: Model, tp_size: int, *, expert_parallel: bool = False) -> Model:
+def shard_model(model: Model, tp_size: int, *, expert_parallel: bool = False,
+                replicate_attention: bool = False) -> Model:
     """A copy of an unsplit model split over the first tp_size devices (the original is kept).
     Goes through host memory: for tests and small models; large ones load split (`load_model`)."""
     if model.tp_size != 1:
         raise ConfigError(f"shard_model takes an unsplit model; this one has tp_size={model.tp_size}")
-    tp = check_tp(model.config, tp_size, ep=expert_parallel)
+    tp = check_tp(model.config, tp_size, ep=expert_parallel, replicate_attention=replicate_attention)
     if tp == 1:
         return model
     flat = {k: np.asarray(v) for k, v in state_to_flat(model.params).items()}
     mesh = make_mesh(tp)
-    graphdef, abstract = abstract_model(model.config, model.dtype, tp, expert_parallel)
-    state = fill_state(abstract, flat, model.dtype, config=model.config, mesh=mesh, ep=expert_parallel)
+    graphdef, abstract = abstract_model(model.config, model.dtype, tp, expert_parallel, replicate_attention)
+    state = fill_state(abstract, flat, model.dtype, config=model.config, mesh=mesh, ep=expert_parallel,
+                       replicate_attention=replicate_attention)
     return dataclasses.replace(model, graphdef=graphdef, params=state, tp_size=tp, mesh=mesh,
-                               expert_parallel=expert_parallel)
+                               expert_parallel=expert_parallel, replicate_attention=replicate_attention)
 
 
 def _random_leaf(name: str, shape, dtype, config: ModelConfig, scale: float):
@@ -228,15 +243,15 @@ def _random_leaf(name: str, shape, dtype, config: ModelConfig, scale: float):
 
 
 def random_model(config: ModelConfig, dtype="bfloat16", seed: int = 0, scale: float = 0.02, *,
-                 tp_size: int = 1, expert_parallel: bool = False) -> Model:
+                 tp_size: int = 1, expert_parallel: bool = False, replicate_attention: bool = False) -> Model:
     """A model with random weights (benchmarks of real shapes without a real checkpoint). Split
     tp_size ways, each device draws its own slices (nothing whole passes through one device); the
     weights then differ from the unsplit model's of the same seed."""
     dt = resolve_dtype(dtype)
-    tp = check_tp(config, tp_size, ep=expert_parallel)
-    ep = expert_parallel and tp > 1
+    tp = check_tp(config, tp_size, ep=expert_parallel, replicate_attention=replicate_attention)
+    ep, rep = expert_parallel and tp > 1, replicate_attention and tp > 1
     mesh = make_mesh(tp) if tp > 1 else None
-    graphdef, abstract = abstract_model(config, dt, tp, ep)
+    graphdef, abstract = abstract_model(config, dt, tp, ep, rep)
     key = jax.random.PRNGKey(seed)
     index = {name: i for i, name in enumerate(sorted(flat_names(abstract)))}
     shapes = flat_names(abstract)
@@ -247,7 +262,7 @@ def random_model(config: ModelConfig, dtype="bfloat16", seed: int = 0, scale: fl
         k = jax.random.fold_in(key, index[name])
         if mesh is None:
             return init(k)
-        sharding = NamedSharding(mesh, param_spec(name, ep=ep))
+        sharding = NamedSharding(mesh, param_spec(name, ep=ep, replicate_attention=rep))
         sig = (kind, shapes[name], sharding)  # one compile per kind, shape and split
         if sig not in jitted:
             jitted[sig] = jax.jit(init, out_shardings=sharding)
@@ -255,4 +270,4 @@ def random_model(config: ModelConfig, dtype="bfloat16", seed: int = 0, scale: fl
 
     state = _with_leaves(abstract, make)
     return Model(config=config, graphdef=graphdef, params=state, dtype=dt, path="<random>", tp_size=tp, mesh=mesh,
-                 expert_parallel=ep)
+                 expert_parallel=ep, replicate_attention=rep)

@@ -82,8 +82,9 @@ def score_sequence(model, token_ids) -> np.ndarray:
     padded = _bucket(ids.size)
     batch = single_sequence_batch(ids, page_size=SCORE_PAGE_SIZE, padded_len=padded)
     caches = allocate_caches(cfg, num_pages=padded // SCORE_PAGE_SIZE, page_size=SCORE_PAGE_SIZE,
-                             num_state_slots=1, dtype=model.dtype, tp_size=model.tp_size)
+                             num_state_slots=1, dtype=model.dtype, tp_size=model.mixer_tp_size)
     if model.mesh is not None:
-        caches = jax.device_put(caches, jax.tree.map(lambda s: NamedSharding(model.mesh, s), pool_specs(caches)))
+        specs = pool_specs(caches, split=model.mixer_tp_size > 1)
+        caches = jax.device_put(caches, jax.tree.map(lambda s: NamedSharding(model.mesh, s), specs))
     out, _ = forward(model, caches, batch)
     return np.asarray(out.logits[: ids.size], dtype=np.float32)

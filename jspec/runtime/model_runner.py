@@ -113,7 +113,7 @@ class ModelRunner:
                      num_state_slots=layout.num_slots + layout.num_snapshots)
         num_slots = layout.num_slots
         return DeviceState(
-            caches=allocate_caches(cfg, dtype=model.dtype, tp_size=model.tp_size, **pools),
+            caches=allocate_caches(cfg, dtype=model.dtype, tp_size=model.mixer_tp_size, **pools),
             req_to_page=jnp.zeros((num_slots, layout.pages_per_seq), jnp.int32),
             last_token=jnp.zeros((num_slots,), jnp.int32),
             output_counts=jnp.zeros((num_slots, cfg.vocab_size), jnp.int32),
@@ -129,7 +129,8 @@ class ModelRunner:
         target is, everything else replicated."""
         shardings = jax.tree.map(lambda _: self._replicated, state)
         if self.model.tp_size > 1:
-            split = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), pool_specs(state.caches))
+            split = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec),
+                                 pool_specs(state.caches, split=self.model.mixer_tp_size > 1))
             shardings = dataclasses.replace(shardings, caches=split)
         return shardings
 

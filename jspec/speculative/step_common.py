@@ -226,7 +226,7 @@ def accept_chain(c: SpecStep, *, q=None, simulate_accept_length: float | None = 
                                         tp=c.target.tp_size)
     c.kept = c.drafts
     c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, c.n, -1),
-                             track=snapshot_track(c), tp=c.target.tp_size)
+                             track=snapshot_track(c), tp=c.target.mixer_tp_size)
 
 
 def snapshot_track(c: SpecStep, path=None):

@@ -125,7 +125,7 @@ def phases(*, num_steps: int, topk: int, num_draft_tokens: int,
         c.caches = move_kv(c.caches, c.page_table, c.l0, path, c.n, c.valid, c.page_size)
         last_node = jnp.take_along_axis(path, c.n[:, None], axis=1)[:, 0]
         c.caches = verify.commit(c.caches, c.scratch["out"].gdn_scratch, c.slots, jnp.where(c.valid, last_node, -1),
-                                 parents, track=snapshot_track(c, path), tp=c.target.tp_size)
+                                 parents, track=snapshot_track(c, path), tp=c.target.mixer_tp_size)
         c.kept = jnp.take_along_axis(vt, path, axis=1)[:, 1:]  # [B, S] accepted draft tokens (valid up to n)
         c.scratch["path"] = path
         c.scratch["path_logits"] = jnp.take_along_axis(logits, path[:, :, None], axis=1)  # [B, S+1, V]
