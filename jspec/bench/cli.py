@@ -189,6 +189,9 @@ def add_bench_parser(sub) -> None:
     st.add_argument("--context-lens", type=_list(int, "ints"), default=[1024])
     st.add_argument("--page-size", type=int, default=16)
     st.add_argument("--tp-size", type=int, default=1, help="devices the target is split over")
+    st.add_argument("--ep-size", type=int, help="= --tp-size: MoE experts split whole (expert parallelism)")
+    st.add_argument("--replicate-attention", action="store_true",
+                    help="with --tp-size: attention / GDN layers whole on every device")
     st.add_argument("--iters", type=int, default=20, help="steps per timed repetition")
     st.add_argument("--profile", metavar="DIR", help="also write a jax.profiler trace per point under DIR")
     st.add_argument("--output-file", help="JSONL to append to (default jspec_step_MMDD.jsonl)")
