@@ -253,3 +253,38 @@ def test_convert_for_a_split_restores_straight_to_the_devices(tmp_path, tiny_che
     want = load_model(src, dtype="float32").score(ids)
     for tp in (2, 1):
         np.testing.assert_allclose(load_model(out, dtype="float32", tp_size=tp).score(ids), want, rtol=1e-4, atol=1e-4)
+
+
+def test_replicated_attention_layouts(tmp_path, tiny_checkpoint):
+    """`replicate_attention`: head counts that tp_size does not divide are no error (the mixers are
+    not split); `jspec convert --replicate-attention` stores that layout, which restores straight
+    onto the mesh at the same split and loads through the host at another; a model passed in must
+    match the engine's setting."""
+    from jspec.convert import convert_checkpoint
+    from jspec.models.loader import read_params
+    from jax.sharding import PartitionSpec as P
+
+    from jspec.sharding import make_mesh
+
+    src = tiny_checkpoint("qwen3_next", 3)
+    cfg = load_config(src)
+    with pytest.raises(ConfigError, match="linear_num_key_heads=2"):
+        check_tp(cfg, 4)
+    assert check_tp(cfg, 4, replicate_attention=True) == 4
+    assert param_spec("model.layers.0.linear_attn.out_proj.weight", replicate_attention=True) == P()
+    assert param_spec("model.layers.0.mlp.shared_expert.down_proj.weight", replicate_attention=True) == P(None, "tp")
+
+    out = str(tmp_path / "tp4rep")
+    meta = convert_checkpoint(src, out, dtype="float32", progress=False, tp_size=4, replicate_attention=True)
+    assert meta["tp_size"] == 4 and meta["replicate_attention"]
+    params, _, placed = read_params(out, cfg, np.float32, mesh=make_mesh(4), replicate_attention=True)
+    assert placed
+    ids = tm.random_ids(17, seed=9)
+    want = load_model(src, dtype="float32").score(ids)
+    for tp, rep in ((4, True), (2, False), (1, False)):
+        got = load_model(out, dtype="float32", tp_size=tp, replicate_attention=rep)
+        assert got.replicate_attention == rep
+        np.testing.assert_allclose(got.score(ids), want, rtol=1e-4, atol=1e-4)
+    split = shard_model(load_model(src, dtype="float32"), 2, replicate_attention=True)
+    with pytest.raises(ConfigError, match="replicate_attention=True"):
+        Engine(split, replicate_attention=False, show_progress=False)

@@ -4,11 +4,13 @@ hybrid Gated DeltaNet with fused and split projections), with an odd vocabulary 
 fewer KV heads than devices (replicated), experts split by intermediate dimension or whole
 (expert parallelism); seeded sampling repeats; NGRAM runs on a split target; a repetition penalty
 on a cached prompt gives the uncached output;
-nothing leaks and the loop runs under the transfer guard. Speculative algorithms on split targets:
+nothing leaks and the loop runs under the transfer guard; the token mixers replicated
+(`replicate_attention`) give the same output with one all-reduce per layer fewer. Speculative algorithms on split targets:
 tests/jspec/speculative/test_tp_spec.py. The session has 4 CPU devices (tests/conftest.py)."""
 
 from __future__ import annotations
 
+import jax
 import pytest
 
 from jspec import Engine
@@ -64,5 +66,50 @@ def test_split_target_samples_repeatably_and_runs_ngram(tiny_checkpoint, greedy_
         cached = eng.generate(input_ids=PROMPTS[1], sampling_params=rep)
         assert cached["meta_info"]["cached_tokens"] > 0 and cached["output_ids"] == uncached["output_ids"]
         check_no_leaks(eng)
+    finally:
+        eng.shutdown()
+
+
+def _decode_all_reduces(eng) -> list[int]:
+    return [sum(" all-reduce(" in line or " all-reduce-start(" in line for line in exe.as_text().splitlines())
+            for bucket, exe in eng.runner.compiled.items() if bucket.mode.value == "decode"]
+
+
+def test_replicated_attention_greedy_equals_unsplit(tiny_checkpoint, greedy_reference):
+    """`replicate_attention`: the token mixers (and their KV / GDN pools) whole on every device, the
+    MLP / MoE and the vocabulary split. Greedy output equals the unsplit engine's; a decode step
+    has one all-reduce per layer fewer than the fully split one (no reduction after o_proj); GDN
+    heads that tp_size does not divide (2 key heads, tp 4) are fine since they are not split;
+    device 0 holds every mixer parameter whole and a 1/tp slice of the rest."""
+    llama = tiny_checkpoint("llama", 44)
+    want = greedy_reference(llama, PROMPTS, GREEDY, page_size=4, settings=SPEC_BS4)
+    counts = {}
+    for rep in (False, True):
+        eng = Engine(llama, page_size=4, tp_size=2, replicate_attention=rep, **BASE)
+        try:
+            assert eng.get_server_info()["replicate_attention"] is rep
+            generates(eng, PROMPTS, GREEDY, want)
+            counts[rep] = _decode_all_reduces(eng)
+            check_no_leaks(eng)
+        finally:
+            eng.shutdown()
+    layers = eng.config.num_hidden_layers
+    assert counts[True] == [n - layers for n in counts[False]], counts
+
+    nxt = tiny_checkpoint("qwen3_next", 5)
+    want = greedy_reference(nxt, PROMPTS, GREEDY, page_size=4, settings=SPEC_BS4)
+    eng = Engine(nxt, page_size=4, tp_size=4, replicate_attention=True, **BASE)
+    try:
+        generates(eng, PROMPTS, GREEDY, want)
+        check_no_leaks(eng)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(eng.model.params):
+            name = ".".join(str(getattr(k, "key", k)) for k in path)
+            whole = leaf.sharding.shard_shape(leaf.shape) == leaf.shape
+            if ".self_attn." in name or ".linear_attn." in name:
+                assert whole, name
+            elif name.endswith(("mlp.experts.down_proj", "embed_tokens.weight")):
+                assert not whole, name
+        for pool in jax.tree.leaves(eng.runner.state.caches):
+            assert pool.sharding.shard_shape(pool.shape) == pool.shape
     finally:
         eng.shutdown()

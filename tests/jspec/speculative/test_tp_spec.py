@@ -98,3 +98,21 @@ def test_retraction_on_a_split_target(models, greedy_reference):
         check_no_leaks(eng)
     finally:
         eng.shutdown()
+
+
+def test_speculation_with_replicated_attention(models, greedy_reference):
+    """NEXTN trees (spec v2) on a split target whose attention and GDN layers are whole on every
+    device (`replicate_attention`): the GDN commit of the accepted node runs on the whole state
+    pools, the MoE stays split; greedy output equals the target's and drafts are kept."""
+    want = reference(greedy_reference, models["bigram_next"])
+    eng = Engine(models["bigram_next"], page_size=4, tp_size=2, replicate_attention=True,
+                 speculative_algorithm="NEXTN", speculative_num_steps=3, speculative_eagle_topk=2,
+                 speculative_num_draft_tokens=6, transfer_guard="disallow", **BASE)
+    try:
+        generates(eng, PROMPTS, GREEDY, want)
+        info = eng.get_server_info()
+        assert info["replicate_attention"] and info["last_error"] is None
+        assert max(info["spec_accept_length_histogram"]) >= 3, info["spec_accept_length_histogram"]
+        check_no_leaks(eng)
+    finally:
+        eng.shutdown()
