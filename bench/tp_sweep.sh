@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tensor-parallel benchmarks of bench/README.md ("Tensor parallelism"), one stage per call so each
 # fits a 10-minute device command; results (JSONL / JSON + printed tables) under OUT.
-#   bench/tp_sweep.sh OUT allreduce | allreduce-captured | step-8b-mp | step-8b-graph | collectives | step-8b | step-8b-flags | step-rep [PRESET] | next80b [ALGOS] | next80b-ep | llama70b
+#   bench/tp_sweep.sh OUT allreduce | allreduce-captured | step-8b-mp | step-8b-graph | collectives | step-8b | step-8b-flags | step-rep [PRESET] | next80b [ALGOS] | next80b-ep | next80b-rep | llama70b
 # allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size: XLA's defaults (NCCL)
 #   beside jspec's one-shot Mosaic GPU kernel over peer memory, NCCL's low-latency protocol, and
 #   XLA's one-shot all-reduce kernel over peer memory
@@ -34,6 +34,9 @@
 #   XLA's compilation cache (XLA_CACHE, default /tmp/xla).
 # next80b-ep (nvidia-h200-x2): the same with expert parallelism (256 whole experts per GPU instead of
 #   every expert's half), v2 only: which MoE split serves the 512-expert model faster.
+# next80b-rep (nvidia-h200-x2): NEXTN v2 only, the intermediate split against the token mixers
+#   replicated (--replicate-attention), one machine: whether a third less host launch per step
+#   reaches serving.
 # llama70b (the largest kind lent; on 2 x H200 the 140 GB of weights leave a small KV pool):
 #   Llama-3.1-70B, the batch-1 decode step against its bytes floor, then no spec vs EAGLE3 3/1/4 at
 #   concurrency 1, TP = all visible GPUs.
@@ -130,6 +133,12 @@ case $stage in
     PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:qwen3-next-80b-a3b --tp-size 2 --ep-size 2 \
         "${serve[@]}" --cuda-graph-bs 1,32 --max-concurrency-list 1,32 --speculative-algorithm-list none,NEXTN \
         --overlap-list on --output-file "$out/serve_next80b_tp2_ep2.jsonl" 2>&1 | tee "$out/serve_next80b_tp2_ep2.log" ;;
+  next80b-rep)
+    for rep in "" --replicate-attention; do
+      PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:qwen3-next-80b-a3b --tp-size 2 $rep "${serve[@]}" \
+          --cuda-graph-bs 1,32 --max-concurrency-list 1,32 --speculative-algorithm-list NEXTN --skip-baseline \
+          --overlap-list on --output-file "$out/serve_next80b_tp2_rep.jsonl" 2>&1 | tee -a "$out/serve_next80b_tp2_rep.log" | tail -8
+    done ;;
   llama70b)
     PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:llama-3.1-70b --batch-sizes 1 --context-lens 1024 \
         --tp-size "$ngpu" --output-file "$out/step_llama70b_tp$ngpu.jsonl"
