@@ -27,9 +27,9 @@ split with the layers that write them (`jspec.cache.pool.pool_specs`).
 and state pools) whole on every device, each computing them for every request, and splits the
 feed-forward blocks and the vocabulary only. A split mixer ends in a row-parallel projection and so
 in an all-reduce; a replicated one does not, which halves a decode step's all-reduces (one per layer
-instead of two) for a larger read of mixer weights. At small batches a split step is bound by
-launching its pieces and all-reduces, not by reading weights (bench/README, issue 17), so the trade
-can pay; the KV pool then holds a whole copy per device.
+instead of two) and the pieces the host launches, for a larger read of mixer weights per device and
+whole KV / state pools on each. Off by default: whether it pays depends on the model and the step
+(bench/README.md, "Tensor parallelism").
 """
 
 from __future__ import annotations
