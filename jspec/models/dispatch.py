@@ -73,6 +73,16 @@ def tensor_parallel(mesh):
         _mesh = prev
 
 
+def whole(x):
+    """x kept whole on every device of the traced mesh (a sharding constraint; x itself without a
+    mesh of several devices). For per-slot state that a step updates in place: left to itself,
+    XLA may compute the update split over the vocabulary, as the logits beside it are, and then
+    gather the whole buffer back every step."""
+    if _mesh is None or _mesh.size == 1:
+        return x
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(_mesh, P()))
+
+
 def per_device(fn, tp: int, in_specs, out_specs):
     """fn itself at tp == 1; else fn mapped over the mesh's tp axis with the given specs."""
     if tp == 1:

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.cache.pool import copy_state_rows
-from jspec.models import ops
+from jspec.models import dispatch, ops
 from jspec.models.batch import ForwardBatch, ForwardMode
 from jspec.runtime import sampler as sampling
 from jspec.runtime.step_inputs import (TOKEN_FROM_DEVICE, TOKEN_PAD, TOKEN_PROMPT, TOKEN_REFED_OUTPUT, Bucket,
@@ -151,6 +151,7 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
                                                        jnp.where(x["reset_mask"] > 0, slots, counts.shape[0]))
             prompt_mask = sampling.add_prompt_tokens(prompt_mask, tok_slot, input_ids, kind == TOKEN_PROMPT)
             counts = sampling.update_counts(counts, tok_slot, input_ids, kind == TOKEN_REFED_OUTPUT)
+            counts, prompt_mask = dispatch.whole(counts), dispatch.whole(prompt_mask)
 
         logits = f["logits"] if vocab_mask is None else sampling.apply_bitmask(f["logits"], vocab_mask[:, 0])
         logits = sampling.hold_stops(logits[:, None], x["out_index"][:, None], x["min_new"], x["held_stops"])[:, 0]

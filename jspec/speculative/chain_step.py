@@ -18,6 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jspec.models import dispatch
 from jspec.runtime import sampler as sampling
 from jspec.runtime.step_inputs import Bucket, SpecRows
 from jspec.speculative import ngram, verify
@@ -41,9 +42,13 @@ def phases(*, num_steps: int, simulate_accept_length: float | None = None,
             batch = verify.decode_batch(tok, c.l0 + k, c.valid, c.page_table, c.slots, c.page_size)
             out, c.draft_caches = c.drafter(batch, c.draft_caches, compute_logits=k < s)
             if k < s:
-                q = sampling.filtered_probs(out.logits, c.sb, sort=c.bucket.sort)  # [B, V]
+                # The draft model is whole on every device: so are its logits, or XLA splits them
+                # over the vocabulary as the split target's beside them, and every argmax and draw
+                # here would then gather the devices' partial results.
+                logits = dispatch.whole(out.logits)
+                q = sampling.filtered_probs(logits, c.sb, sort=c.bucket.sort)  # [B, V]
                 drawn = jax.vmap(jax.random.categorical)(c.key_fn(s + 1 + k), jnp.log(q))
-                tok = jnp.where(c.greedy, jnp.argmax(out.logits, axis=-1), drawn).astype(jnp.int32)
+                tok = jnp.where(c.greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
                 drafts.append(tok)
                 qs.append(q)
         c.drafts, c.scratch["q"] = jnp.stack(drafts, axis=1), jnp.stack(qs, axis=1)  # [B, S], [B, S, V]

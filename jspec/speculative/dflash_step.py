@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jspec.models import ops
 from jspec.runtime.step_inputs import Bucket, SpecRows
 from jspec.speculative import verify
 from jspec.speculative.step_common import Phase, SpecStep, accept_chain, begin, compose
@@ -36,7 +37,8 @@ def draft_block(drafter, target, dcaches, first, start, valid, page_table, slots
     batch = verify.verify_batch(tokens, start, valid, page_table, slots, page_size, tree_mask=full)
     rows = (jnp.arange(b)[:, None] * n + jnp.arange(1, n)[None, :]).reshape(-1)
     out, dcaches = drafter(batch, dcaches, target=target, logits_indices=rows)
-    drafts = jnp.argmax(out.logits, axis=-1).astype(jnp.int32).reshape(b, num_drafts)
+    # The target's lm_head: split over the vocabulary at tp > 1, so each device takes its slice's argmax.
+    drafts = ops.vocab_argmax(out.logits, tp=drafter.vocab_shards(target)).astype(jnp.int32).reshape(b, num_drafts)
     return drafts, dcaches
 
 

@@ -18,6 +18,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jspec.models import ops
 from jspec.speculative import verify
 
 
@@ -29,10 +30,13 @@ def init_spec_state(num_slots: int, hidden_size: int, dtype, topk: int = 1) -> d
     }
 
 
-def proposals(drafter, out, topk: int):
-    """Top-K draft proposals (target ids) and their log-probabilities from a DraftOutput."""
+def proposals(drafter, out, topk: int, target):
+    """Top-K draft proposals (target ids) and their log-probabilities from a DraftOutput. Logits
+    from a split target's lm_head stay split: each device ranks its own slice and only the
+    candidates cross devices (`ops.vocab_top_k`), never whole rows."""
     logp = jax.nn.log_softmax(out.logits, axis=-1)
-    lp, ids = jax.lax.top_k(logp, topk)
+    tp = drafter.vocab_shards(target)
+    lp, ids = jax.lax.top_k(logp, topk) if tp == 1 else ops.vocab_top_k(logp, topk, tp=tp)
     return drafter.to_target_ids(ids.astype(jnp.int32)).astype(jnp.int32), lp
 
 
@@ -54,7 +58,7 @@ def prefill_draft(drafter, target, dcaches, batch, target_out, next_ids, rows_do
     shifted = dataclasses.replace(batch, input_ids=next_ids)
     out, dcaches = drafter(shifted, dcaches, drafter.target_hidden(target_out), target=target,
                            logits_indices=logits_indices)
-    tokens, logp = proposals(drafter, out, topk)
+    tokens, logp = proposals(drafter, out, topk, target)
     return dcaches, store(spec_state, batch.state_slots, rows_done, tokens, logp, out.hidden)
 
 
@@ -73,5 +77,5 @@ def catch_up(drafter, target, dcaches, spec, kept, n, bonus, hidden, l0, valid, 
     ebatch = verify.extend_batch(ext_tokens, l0, valid, page_table, slots, page_size)
     rows = jnp.arange(b) * (s + 1) + n
     dout, dcaches = drafter(ebatch, dcaches, hidden, target=target, logits_indices=rows)
-    tokens, logp = proposals(drafter, dout, spec["tokens"].shape[1])
+    tokens, logp = proposals(drafter, dout, spec["tokens"].shape[1], target)
     return dcaches, store(spec, slots, valid, tokens, logp, dout.hidden)

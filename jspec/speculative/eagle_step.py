@@ -31,7 +31,7 @@ def phases(*, num_steps: int, simulate_accept_length: float | None = None) -> li
         for i in range(1, s):
             batch = verify.decode_batch(tok, c.l0 + i - 1, c.valid, c.page_table, c.slots, c.page_size)
             out, c.draft_caches = c.drafter(batch, c.draft_caches, hidden, target=c.target)
-            tok = proposals(c.drafter, out, 1)[0][:, 0]
+            tok = proposals(c.drafter, out, 1, c.target)[0][:, 0]
             hidden = out.hidden
             drafts.append(tok)
         c.drafts = jnp.stack(drafts, axis=1)  # [B, S]

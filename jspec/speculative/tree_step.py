@@ -81,7 +81,7 @@ def phases(*, num_steps: int, topk: int, num_draft_tokens: int,
             rows_new = (jnp.arange(b_cap)[:, None] * m + (m - k) + jnp.arange(k)[None, :]).reshape(-1)
             out, c.draft_caches = c.drafter(batch, c.draft_caches, h_all.reshape(b_cap * m, -1), target=c.target,
                                             logits_indices=rows_new)
-            c_tok, c_lp = proposals(c.drafter, out, k)  # [B*K, K]
+            c_tok, c_lp = proposals(c.drafter, out, k, c.target)  # [B*K, K]
             c_tok, c_lp = c_tok.reshape(b_cap, k * k), c_lp.reshape(b_cap, k, k)
             c_score = (kept_score[:, :, None] + c_lp).reshape(b_cap, k * k)
             c_from = jnp.repeat(jnp.arange(k), k)[None, :]  # which kept node each child expands

@@ -55,6 +55,12 @@ class Drafter(nnx.Module):
         """Draft-vocabulary ids -> target ids (identity unless the draft vocabulary is reduced)."""
         return ids
 
+    def vocab_shards(self, target: CausalLM) -> int:
+        """How many ways DraftOutput.logits is split over the vocabulary: the target's split when
+        they come from the target's lm_head (a tensor-parallel target's is vocabulary-parallel),
+        1 from a head of the drafter's own (replicated, like every drafter weight)."""
+        return 1 if getattr(self, "lm_head", None) is not None else target.tp_size
+
     def __call__(self, batch: ForwardBatch, caches: Caches, hidden, *, target: CausalLM,
                  logits_indices=None, compute_logits: bool = True) -> tuple[DraftOutput, Caches]:
         """The interface every kind implements (eagle.py, eagle3.py, mtp.py); the base has no forward."""
