@@ -107,7 +107,8 @@ def read_params(path: str, config: ModelConfig, dtype, *, progress=None, mesh=No
         meta = orbax_io.read_meta(path)
         stored_tp, stored_ep = int(meta.get("tp_size", 1)), bool(meta.get("expert_parallel", False))
         stored_rep = bool(meta.get("replicate_attention", False))
-        placed = mesh is not None and mesh.size == stored_tp > 1 and (stored_ep, stored_rep) == (ep, replicate_attention)
+        same_split = (stored_ep, stored_rep) == (ep, replicate_attention)
+        placed = mesh is not None and mesh.size == stored_tp > 1 and same_split
         expected = flat_names(abstract_model(config, dtype, stored_tp, stored_ep, stored_rep)[1])
         shardings = {n: NamedSharding(mesh, param_spec(n, ep=ep, replicate_attention=replicate_attention))
                      for n in expected} if placed else None
