@@ -58,12 +58,10 @@ def copy_state_rows(caches: Caches, src, dst) -> Caches:
     return Caches(kv=caches.kv, conv=[copy(c) for c in caches.conv], ssm=[copy(s) for s in caches.ssm])
 
 
-def pool_specs(caches: Caches, *, split: bool = True) -> Caches:
+def pool_specs(caches: Caches) -> Caches:
     """PartitionSpecs of a split target's pools: KV pages by KV head, GDN conv windows by channel,
-    recurrent states by value head (the splits of the layers that write them); split=False: all
-    whole on every device (a target whose token mixers are replicated)."""
-    if not split:
-        return jax.tree.map(lambda _: P(), caches)
+    recurrent states by value head (the splits of the layers that write them). A target whose
+    token mixers are replicated keeps its pools whole instead."""
     return Caches(kv=[(P(None, None, TP, None), P(None, None, TP, None)) for _ in caches.kv],
                   conv=[P(None, TP, None) for _ in caches.conv],
                   ssm=[P(None, TP, None, None) for _ in caches.ssm])

@@ -128,9 +128,8 @@ class ModelRunner:
         """NamedShardings of a (possibly abstract) device state: the target's pools split as the
         target is, everything else replicated."""
         shardings = jax.tree.map(lambda _: self._replicated, state)
-        if self.model.tp_size > 1:
-            split = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec),
-                                 pool_specs(state.caches, split=self.model.mixer_tp_size > 1))
+        if self.model.mixer_tp_size > 1:
+            split = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), pool_specs(state.caches))
             shardings = dataclasses.replace(shardings, caches=split)
         return shardings
 

@@ -36,6 +36,7 @@ def proposals(drafter, out, topk: int, target):
     candidates cross devices (`ops.vocab_top_k`), never whole rows."""
     logp = jax.nn.log_softmax(out.logits, axis=-1)
     tp = drafter.vocab_shards(target)
+    # Unsplit logits keep XLA's top_k (k is small here; ops.top_k's kernel is tuned for the sampler).
     lp, ids = jax.lax.top_k(logp, topk) if tp == 1 else ops.vocab_top_k(logp, topk, tp=tp)
     return drafter.to_target_ids(ids.astype(jnp.int32)).astype(jnp.int32), lp
 
