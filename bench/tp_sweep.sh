@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tensor-parallel benchmarks of bench/README.md ("Tensor parallelism"), one stage per call so each
 # fits a 10-minute device command; results (JSONL / JSON + printed tables) under OUT.
-#   bench/tp_sweep.sh OUT allreduce | allreduce-captured | step-8b-mp | step-8b-graph | collectives | step-8b | step-8b-flags | step-rep [PRESET] | next80b [ALGOS] | next80b-ep | next80b-rep | llama70b
+#   bench/tp_sweep.sh OUT allreduce | allreduce-captured | step-8b-mp | step-8b-graph | collectives | step-8b | step-8b-flags | step-rep [PRESET] | next80b [ALGOS] | next80b-ep | next80b-rep | llama70b | qwen397b
 # allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size: XLA's defaults (NCCL)
 #   beside jspec's one-shot Mosaic GPU kernel over peer memory, NCCL's low-latency protocol, and
 #   XLA's one-shot all-reduce kernel over peer memory
@@ -40,6 +40,10 @@
 # llama70b (the largest kind lent; on 2 x H200 the 140 GB of weights leave a small KV pool):
 #   Llama-3.1-70B, the batch-1 decode step against its bytes floor, then no spec vs EAGLE3 3/1/4 at
 #   concurrency 1, TP = all visible GPUs.
+# qwen397b (8 x H200 for the whole model: 793 GB of bf16 weights; with fewer GPUs its 12-layer cut,
+#   qwen3.5-397b-12l, 161 GB, which 2 x H200 hold): Qwen3.5-397B-A17B, the decode step at batch 1 / 32
+#   against its bytes floor, then no spec vs NEXTN 3/1/4 v2 (random MTP layer, simulated accept 3) at
+#   concurrency 1 / 32, TP = all visible GPUs.
 set -euo pipefail
 out=$1; stage=$2
 oneshot=--xla_gpu_unsupported_use_all_reduce_one_shot_kernel=true
@@ -145,5 +149,12 @@ case $stage in
     PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:llama-3.1-70b --tp-size "$ngpu" "${serve[@]}" \
         --cuda-graph-bs 1 --max-concurrency-list 1 --speculative-algorithm-list none,EAGLE3 --overlap-list on \
         --context-length 4096 --output-file "$out/serve_llama70b_tp$ngpu.jsonl" 2>&1 | tee "$out/serve_llama70b.log" ;;
+  qwen397b)
+    preset=qwen3.5-397b-a17b; (( ngpu >= 8 )) || preset=qwen3.5-397b-12l
+    PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:$preset --batch-sizes 1,32 --context-lens 1024 \
+        --tp-size "$ngpu" --output-file "$out/step_${preset}_tp$ngpu.jsonl"
+    PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:$preset --tp-size "$ngpu" "${serve[@]}" \
+        --cuda-graph-bs 1,32 --max-concurrency-list 1,32 --speculative-algorithm-list none,NEXTN --overlap-list on \
+        --output-file "$out/serve_${preset}_tp$ngpu.jsonl" 2>&1 | tee "$out/serve_${preset}.log" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

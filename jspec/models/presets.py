@@ -70,6 +70,9 @@ PRESETS["qwen3.5-397b-a17b"] = dict(
     linear_num_key_heads=16, linear_num_value_heads=64, linear_key_head_dim=128, linear_value_head_dim=128,
     linear_conv_kernel_dim=4, rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25),
     tie_word_embeddings=False, bos_token_id=248044, eos_token_id=248046)
+# The same with its depth cut to 12 layers (3 GDN : 1 attention kept; 161 GB of bf16 weights): its
+# layers at tensor parallelism on machines that cannot hold all 60 (2 x H200).
+PRESETS["qwen3.5-397b-12l"] = dict(PRESETS["qwen3.5-397b-a17b"], num_hidden_layers=12)
 
 
 def preset_config(name: str) -> dict:

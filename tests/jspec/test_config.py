@@ -98,3 +98,21 @@ def test_unsupported_fields_are_named(change, field):
 def test_hybrid_needs_gdn_fields():
     with pytest.raises(UnsupportedModelError, match="linear_num_key_heads"):
         parse_hf_config(dict(BASE, architectures=["Qwen3NextForCausalLM"], num_experts=0))
+
+
+@pytest.mark.parametrize("name, billions, tp", [("qwen3-8b", 8.19, 2), ("llama-3.1-70b", 70.6, 4),
+                                                ("qwen3-next-80b-a3b", 79.7, 2), ("qwen3.5-397b-a17b", 396.3, 8),
+                                                ("qwen3.5-397b-12l", 80.9, 2)])
+def test_benchmark_presets_have_their_models_size(name, billions, tp):
+    """The random-weight benchmark shapes hold the parameters their names promise (counted from the
+    abstract model, nothing allocated), and split the tensor-parallel way their bench stages run them."""
+    import jax
+
+    from jspec.models.loader import abstract_model
+    from jspec.sharding import check_tp
+
+    config = parse_hf_config(preset_config(name))
+    _, state = abstract_model(config, "bfloat16")
+    count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(state))
+    assert count / 1e9 == pytest.approx(billions, rel=0.01)
+    assert check_tp(config, tp, num_devices=tp) == tp
