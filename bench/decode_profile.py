@@ -7,7 +7,7 @@ The page table is as wide as the context unless `--table-tokens` widens it, as a
 length does (the paged attention's KV split count follows the table's width).
 
 Usage: python bench/decode_profile.py --out profile.json [--cases qwen3-8b:1:pallas,qwen3-8b:1:reference]
-       [--table-tokens 8192]
+       [--table-tokens 8192] [--layers 4]
 """
 
 from __future__ import annotations
@@ -73,8 +73,11 @@ def gpu_kernel_times(trace_dir: str, steps: int) -> dict:
             "all_processes": sorted(set(pid_name.values()))[:40]}
 
 
-def run_case(preset, batch, backend, context, copy_bps, models, table_tokens=0):
-    cfg = parse_hf_config(preset_config(preset))
+def run_case(preset, batch, backend, context, copy_bps, models, table_tokens=0, layers=0):
+    cfg = preset_config(preset)
+    if layers:
+        cfg["num_hidden_layers"] = layers
+    cfg = parse_hf_config(cfg)
     if preset not in models:
         models.clear()
         models[preset] = random_model(cfg, dtype="bfloat16", seed=0, scale=0.02)
@@ -93,7 +96,7 @@ def run_case(preset, batch, backend, context, copy_bps, models, table_tokens=0):
     packed = jax.device_put(pack(decode_plan(batch, context), bucket))
     sec = time_step(runner, bucket, packed)
     floor = bytes_per_step(cfg, model, batch, context)["total"] / copy_bps
-    res = {"preset": preset, "batch": batch, "context": context, "table_tokens": pages_per_seq * page_size,
+    res = {"preset": preset, "layers": cfg.num_hidden_layers, "batch": batch, "context": context, "table_tokens": pages_per_seq * page_size,
            "backend": backend,
            "compile_s": runner.compile_seconds, "ms_per_step": sec * 1e3, "floor_ms": floor * 1e3,
            "fraction_of_floor": floor / sec}
@@ -125,6 +128,8 @@ def main(argv=None):
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--table-tokens", type=int, default=0,
                     help="page table width in tokens (an engine's context length); default: the context")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="cut every preset to this many layers (a large model's layers on one GPU)")
     args = ap.parse_args(argv)
     results = {"device": jax.devices()[0].device_kind, "jax_version": jax.__version__, "commit": commit(),
                "command": "python " + " ".join(sys.argv), "cases": []}
@@ -135,7 +140,7 @@ def main(argv=None):
         preset, b, backend = case.split(":")
         try:
             results["cases"].append(run_case(preset, int(b), backend, args.context, cp["bytes_per_s"], models,
-                                           args.table_tokens))
+                                           args.table_tokens, args.layers))
         except Exception as e:  # noqa: BLE001
             import traceback
 

@@ -150,6 +150,8 @@ case $stage in
         --cuda-graph-bs 1 --max-concurrency-list 1 --speculative-algorithm-list none,EAGLE3 --overlap-list on \
         --context-length 4096 --output-file "$out/serve_llama70b_tp$ngpu.jsonl" 2>&1 | tee "$out/serve_llama70b.log" ;;
   qwen397b)
+    # JAX takes 75% of each GPU by default: too little beside 81 GB of weights per GPU and the MTP layer.
+    export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
     preset=qwen3.5-397b-a17b; (( ngpu >= 8 )) || preset=qwen3.5-397b-12l
     PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:$preset --batch-sizes 1,32 --context-lens 1024 \
         --tp-size "$ngpu" --output-file "$out/step_${preset}_tp$ngpu.jsonl"

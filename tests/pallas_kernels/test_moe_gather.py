@@ -124,6 +124,19 @@ def test_unsupported_shapes_take_the_reference():
                                   np.asarray(ref.moe_gather(x, experts, w, gate_up, down)))
 
 
+def test_stacks_past_int32_offsets_take_the_kernels():
+    # Qwen3.5-397B's gate_up stack (2**32 bf16 elements): the Triton lowering switches to 64-bit
+    # offsets past 2**32 bytes, so size alone never sends a model to the reference (checked on a
+    # GPU by bench/kernels/moe_large_stack_probe.py).
+    from pallas_kernels.moe import gather_gemv
+
+    x = jax.ShapeDtypeStruct((1, 4096), jnp.bfloat16)
+    gate_up = jax.ShapeDtypeStruct((512, 4096, 2048), jnp.bfloat16)
+    down = jax.ShapeDtypeStruct((512, 1024, 4096), jnp.bfloat16)
+    assert gate_up.size == 2**32 and gather_gemv.supported(x, gate_up, down)
+    assert not gather_gemv.supported(jax.ShapeDtypeStruct((1, 4100), jnp.bfloat16), gate_up, down)
+
+
 def test_ops_dispatch_and_module_path():
     # jspec's SparseMoE gather path goes through ops.moe_gather; the interpret backend runs the kernels.
     from jspec.models import dispatch, ops
