@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,32")
     ap.add_argument("--algorithms", default="none",
                     help="comma-separated: none (plain decode), EAGLE3, NEXTN, ... (a random drafter each)")
+    ap.add_argument("--replicate-attention", action="store_true", help="token mixers whole on every device")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -69,10 +70,11 @@ def main() -> None:
     cfg["num_hidden_layers"] = args.layers
     if cfg.get("full_attention_interval"):  # keep one attention layer among the hybrid's GDN layers
         cfg["num_hidden_layers"] = max(args.layers, cfg["full_attention_interval"])
-    model = random_model(parse_hf_config(cfg), dtype="bfloat16", tp_size=args.tp_size)
+    model = random_model(parse_hf_config(cfg), dtype="bfloat16", tp_size=args.tp_size,
+                         replicate_attention=args.replicate_attention)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     res = {"env": environment(), "preset": args.preset, "layers": cfg["num_hidden_layers"], "tp_size": args.tp_size,
-           "buckets": []}
+           "replicate_attention": args.replicate_attention, "buckets": []}
     for algo in args.algorithms.split(","):
         eng = engine(model, None if algo.lower() == "none" else algo.upper(), batches)
         try:
