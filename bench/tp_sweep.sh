@@ -41,7 +41,8 @@
 #   Llama-3.1-70B, the batch-1 decode step against its bytes floor, then no spec vs EAGLE3 3/1/4 at
 #   concurrency 1, TP = all visible GPUs.
 # qwen397b (8 x H200 for the whole model: 793 GB of bf16 weights; with fewer GPUs its 12-layer cut,
-#   qwen3.5-397b-12l, 161 GB, which 2 x H200 hold): Qwen3.5-397B-A17B, the decode step at batch 1 / 32
+#   qwen3.5-397b-12l, 161 GB, which 2 x H200 hold beside its MTP layer with 92% of each GPU for JAX,
+#   jspec's default): Qwen3.5-397B-A17B, the decode step at batch 1 / 32
 #   against its bytes floor, then no spec vs NEXTN 3/1/4 v2 (random MTP layer, simulated accept 3) at
 #   concurrency 1 / 32, TP = all visible GPUs.
 set -euo pipefail
@@ -150,8 +151,6 @@ case $stage in
         --cuda-graph-bs 1 --max-concurrency-list 1 --speculative-algorithm-list none,EAGLE3 --overlap-list on \
         --context-length 4096 --output-file "$out/serve_llama70b_tp$ngpu.jsonl" 2>&1 | tee "$out/serve_llama70b.log" ;;
   qwen397b)
-    # JAX takes 75% of each GPU by default: too little beside 81 GB of weights per GPU and the MTP layer.
-    export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
     preset=qwen3.5-397b-a17b; (( ngpu >= 8 )) || preset=qwen3.5-397b-12l
     PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:$preset --batch-sizes 1,32 --context-lens 1024 \
         --tp-size "$ngpu" --output-file "$out/step_${preset}_tp$ngpu.jsonl"

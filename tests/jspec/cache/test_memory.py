@@ -3,6 +3,10 @@ device's memory statistics stood in: the arithmetic, the error, and an engine si
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import jax
 import pytest
 
@@ -101,3 +105,14 @@ def test_max_total_tokens_overrides_device_memory(monkeypatch, model):
     with Engine(model, max_total_tokens=320, **SETTINGS) as eng:
         assert eng.get_server_info()["num_total_pages"] == 20
         assert eng.engine_config.memory_plan is None
+
+
+@pytest.mark.parametrize("preset, expect", [({}, "0.92"), ({"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}, "0.5"),
+                                            ({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, None)])
+def test_import_sizes_the_allocator_unless_the_user_did(preset, expect):
+    # mem_fraction_static is a share of the allocator's limit, so JAX's 75% default would leave a
+    # quarter of every GPU unused; importing jspec takes 92% unless an allocator setting is given.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_PYTHON_CLIENT_")} | preset
+    code = "import os, jspec; print(os.environ.get('XLA_PYTHON_CLIENT_MEM_FRACTION'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(expect)
