@@ -104,6 +104,21 @@ def log(*a):
     print(f"[{time.perf_counter() - T0:6.1f}s]", *a, flush=True)
 
 
+def f32_oracle(x, experts, weights, gate_up, down):
+    """The routed experts in float32 on the gathered experts' weights (what every path is checked against)."""
+    import jax
+    import jax.numpy as jnp
+
+    flat = experts.reshape(-1)
+    rows = jnp.repeat(x.astype(jnp.float32), experts.shape[1], axis=0)
+    hi = jax.lax.Precision.HIGHEST
+    h = jnp.einsum("ne,nei->ni", rows, gate_up[flat].astype(jnp.float32), precision=hi)
+    g, u = jnp.split(h, 2, axis=-1)
+    y = jnp.einsum("ni,nie->ne", jax.nn.silu(g) * u, down[flat].astype(jnp.float32), precision=hi)
+    y = y.reshape(*experts.shape, -1) * weights[..., None].astype(jnp.float32)
+    return y.sum(1)
+
+
 def slab_bytes(shape, itemsize=2):
     """One expert's gate_up + down weights."""
     return 3 * shape["E"] * shape["I"] * itemsize
@@ -325,17 +340,7 @@ class Bench:
     # ------------------------------------------------------------------------- sections
 
     def section_correctness(self):
-        jax, jnp = self.jax, self.jax.numpy
-
-        def oracle(x, experts, weights, gate_up, down):  # float32 on the gathered experts
-            flat = experts.reshape(-1)
-            rows = jnp.repeat(x.astype(jnp.float32), experts.shape[1], axis=0)
-            hi = jax.lax.Precision.HIGHEST
-            h = jnp.einsum("ne,nei->ni", rows, gate_up[flat].astype(jnp.float32), precision=hi)
-            g, u = jnp.split(h, 2, axis=-1)
-            y = jnp.einsum("ni,nie->ne", jax.nn.silu(g) * u, down[flat].astype(jnp.float32), precision=hi)
-            y = y.reshape(*experts.shape, -1) * weights[..., None].astype(jnp.float32)
-            return y.sum(1)
+        oracle = f32_oracle
 
         def rel(a, b):
             a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)

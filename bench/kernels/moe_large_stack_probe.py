@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.kernels.moe import f32_oracle as oracle
 from pallas_kernels.moe import gather_gemv as gg
 from pallas_kernels.moe import reference as ref
 
@@ -33,17 +34,6 @@ SHAPES = (("qwen3.5-397b_tp1", 512, 10, 4096, 1024), ("qwen3.5-397b_tp2", 512, 1
 
 def log(*a):
     print(f"[{time.perf_counter() - T0:7.1f}s]", *a, file=sys.stderr, flush=True)
-
-
-def oracle(x, experts, weights, gate_up, down):
-    """float32 on the gathered experts."""
-    flat = experts.reshape(-1)
-    rows = jnp.repeat(x.astype(jnp.float32), experts.shape[1], axis=0)
-    hi = jax.lax.Precision.HIGHEST
-    h = jnp.einsum("ne,nei->ni", rows, gate_up[flat].astype(jnp.float32), precision=hi)
-    g, u = jnp.split(h, 2, axis=-1)
-    y = jnp.einsum("ni,nie->ne", jax.nn.silu(g) * u, down[flat].astype(jnp.float32), precision=hi)
-    return (y.reshape(*experts.shape, -1) * weights[..., None].astype(jnp.float32)).sum(1)
 
 
 def rel(a, b) -> float:
