@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tensor-parallel benchmarks of bench/README.md ("Tensor parallelism"), one stage per call so each
 # fits a 10-minute device command; results (JSONL / JSON + printed tables) under OUT.
-#   bench/tp_sweep.sh OUT allreduce | allreduce-captured | step-8b-mp | step-8b-graph | collectives | step-8b | step-8b-flags | step-rep [PRESET] | next80b [ALGOS] | next80b-ep | next80b-rep | llama70b | qwen397b
+#   bench/tp_sweep.sh OUT allreduce | allreduce-captured | step-8b-mp | step-8b-graph | collectives | step-8b | step-8b-flags | step-rep [PRESET] | next80b [ALGOS] | next80b-ep | next80b-rep | llama70b | qwen397b | graph-rows [ROWS]
 # allreduce (any multi-GPU kind): latency of 72 chained all-reduces per size: XLA's defaults (NCCL)
 #   beside jspec's one-shot Mosaic GPU kernel over peer memory, NCCL's low-latency protocol, and
 #   XLA's one-shot all-reduce kernel over peer memory
@@ -45,6 +45,9 @@
 #   jspec's default): Qwen3.5-397B-A17B, the decode step at batch 1 / 32
 #   against its bytes floor, then no spec vs NEXTN 3/1/4 v2 (random MTP layer, simulated accept 3) at
 #   concurrency 1 / 32, TP = all visible GPUs.
+# graph-rows [ROWS] (any multi-GPU kind): the Qwen3-8B TP2 decode step at batch 1 / 8 / 32 with NCCL
+#   all-reduces recorded into the command buffers of decode steps from ROWS target rows (default 32;
+#   JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS, per bucket) against the defaults, alternated twice.
 set -euo pipefail
 out=$1; stage=$2
 oneshot=--xla_gpu_unsupported_use_all_reduce_one_shot_kernel=true
@@ -157,5 +160,14 @@ case $stage in
     PYTHONPATH=. python3 -m jspec.cli bench sweep --model-path random:$preset --tp-size "$ngpu" "${serve[@]}" \
         --cuda-graph-bs 1,32 --max-concurrency-list 1,32 --speculative-algorithm-list none,NEXTN --overlap-list on \
         --output-file "$out/serve_${preset}_tp$ngpu.jsonl" 2>&1 | tee "$out/serve_${preset}.log" ;;
+  graph-rows)
+    for round in 1 2; do
+      for rows in "" "${3:-32}"; do
+        echo "== JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS=$rows"
+        JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS=$rows PYTHONPATH=. python3 -m jspec.cli bench step --model-path random:qwen3-8b \
+            --tp-size 2 --batch-sizes 1,8,32 --output-file "$out/step_tp2_graph_rows${rows:-_default}.jsonl" 2>&1 \
+            | grep -E "^ *(batch|[0-9]+ +[0-9]+)"
+      done
+    done ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -18,16 +18,27 @@ cannot be queued early: the host launches it only after reading the drafts and w
 grammar, with the device idle. That part is compiled without command buffers, so its kernels start as the host
 queues them one by one (bench/README.md, "Structured output"). A user who names
 `xla_gpu_enable_command_buffer` in XLA_FLAGS keeps that choice.
+
+Split across GPUs, a step's all-reduces are by default XLA's own collective kernels, which end a
+command buffer each. With `JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS=N`, tensor-parallel decode steps of
+at least N target rows are compiled with those kernels off and NCCL all-reduces recorded into the
+graphs (`graph_collectives_options`); off by default: measured as XLA_FLAGS for a whole process,
+that made a wide TP2 step faster and a batch-1 step slower (bench/README.md, "Tensor
+parallelism"), and the per-bucket setting is not yet measured.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 
+from jspec.errors import ConfigError
 from jspec.models.batch import ForwardMode
 from jspec.runtime.step_inputs import Bucket
 
 CUBLAS_FROM_ROWS = 24
+GRAPH_COLLECTIVES_ENV = "JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS"
 
 
 def autotunes_matmuls(platform: str) -> bool:
@@ -44,11 +55,44 @@ def target_rows(bucket: Bucket, drafting) -> int:
     return bucket.batch_size * drafting.grammar_nodes(bucket.draft_steps)[0]
 
 
-def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0) -> dict:
+@functools.lru_cache(maxsize=None)
+def _default_debug_options() -> str:
+    from jax._src import compiler
+
+    options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
+    build = options.executable_build_options  # each a view into `options`: all kept alive while read
+    return str(build.debug_options)
+
+
+def graph_collectives_options() -> dict:
+    """Options that record a step's NCCL all-reduces into its command buffers: COLLECTIVES added
+    to this XLA's default command-buffer types, graphs of any size, and XLA's own collective
+    kernels off where this XLA has them (a thunk kind the command-buffer conversion does not take)."""
+    text = _default_debug_options()
+    types = set(re.findall(r"^xla_gpu_enable_command_buffer: (\w+)$", text, re.M)) | {"COLLECTIVES"}
+    options = {"xla_gpu_enable_command_buffer": ",".join(sorted(types)), "xla_gpu_graph_min_graph_size": 1}
+    kernels = re.search(r"^xla_gpu_experimental_use_collective_kernels: (\w+)$", text, re.M)
+    if kernels:  # a list of collective kinds (empty clears it) or, in some versions, a switch
+        options["xla_gpu_experimental_use_collective_kernels"] = \
+            False if kernels.group(1) in ("true", "false") else ""
+    return options
+
+
+def graph_collectives_from_rows() -> int | None:
+    """`JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS` as an int, or None when unset."""
+    value = os.environ.get(GRAPH_COLLECTIVES_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        raise ConfigError(f"{GRAPH_COLLECTIVES_ENV} must be a row count, got {value!r}")
+    return int(value)
+
+
+def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0, tp: int = 1) -> dict:
     """The XLA options to compile bucket's step with on `platform` (a jax device's platform);
     part: which compiled part of a split step (`split_step.lower`'s order: 0 the first; then a
     pipelined step's forward, the part after the host's grammar walk, the fused twin; a one-part
-    step is part 0)."""
+    step is part 0); tp: devices the target is split over."""
     if platform != "gpu":
         return {}
     flags = os.environ.get("XLA_FLAGS", "")
@@ -59,4 +103,9 @@ def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0
     if (part == 1 and bucket.grammar_split and not bucket.grammar_pipeline and drafting is not None
             and bucket.speculate and "xla_gpu_enable_command_buffer" not in flags):
         options["xla_gpu_enable_command_buffer"] = ""  # a repeated option: empty clears every type
+    from_rows = graph_collectives_from_rows()
+    if (tp > 1 and from_rows is not None and bucket.mode is ForwardMode.DECODE
+            and target_rows(bucket, drafting) >= from_rows and "xla_gpu_enable_command_buffer" not in options
+            and "xla_gpu_enable_command_buffer" not in flags):
+        options.update(graph_collectives_options())
     return options

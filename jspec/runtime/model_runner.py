@@ -250,7 +250,8 @@ class ModelRunner:
         if parts is None:
             lowered = self._lower(bucket, state) if lowered is None else lowered
             served, platform = xla_cache_hits(), self.mesh.devices.flat[0].platform
-            parts = [p.compile(compile_options.step_compiler_options(platform, bucket, self.drafting, i) or None)
+            parts = [p.compile(compile_options.step_compiler_options(platform, bucket, self.drafting, i,
+                                                                     tp=self.model.tp_size) or None)
                      for i, p in enumerate(lowered if isinstance(lowered, tuple) else (lowered,))]
             if key is not None:  # on CPU fresh compiles only: see executable_cache.stores_served
                 if xla_cache_hits() == served or stores_served(platform):

@@ -65,3 +65,35 @@ def test_the_verify_part_of_a_constrained_speculative_step_runs_without_command_
     assert step_compiler_options("cpu", split, Chain(3), part=1) == {}
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION")  # the user's choice stands
     assert step_compiler_options("gpu", split, Chain(3), part=1) == {}
+
+
+def test_nccl_all_reduces_enter_the_graphs_of_wide_split_decode_steps_when_asked(monkeypatch):
+    """`JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS=N`: tensor-parallel decode steps of N target rows or
+    more get COLLECTIVES added to this XLA's command-buffer types (off by default; never for one
+    device, narrower steps, or a part that runs without graphs)."""
+    import jax
+    import jax.numpy as jnp
+    import pytest
+
+    from jspec.errors import ConfigError
+    from jspec.runtime.compile_options import GRAPH_COLLECTIVES_ENV, graph_collectives_options
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.delenv(GRAPH_COLLECTIVES_ENV, raising=False)
+    assert step_compiler_options("gpu", decode(32), None, tp=2) == OFF
+    monkeypatch.setenv(GRAPH_COLLECTIVES_ENV, "32")
+    graphs = graph_collectives_options()
+    types = graphs["xla_gpu_enable_command_buffer"].split(",")
+    assert "COLLECTIVES" in types and "FUSION" in types and graphs["xla_gpu_graph_min_graph_size"] == 1
+    assert step_compiler_options("gpu", decode(32), None, tp=2) == {**OFF, **graphs}
+    assert step_compiler_options("gpu", decode(8), Chain(3), tp=2) == {**OFF, **graphs}  # 32 verified rows
+    assert step_compiler_options("gpu", decode(16), None, tp=2) == {}
+    assert step_compiler_options("gpu", decode(32), None, tp=1) == OFF
+    split = decode(32, grammar_split=True, grammar_nodes=4, mask_words=8)
+    assert step_compiler_options("gpu", split, Chain(3), part=1, tp=2) == {"xla_gpu_enable_command_buffer": "",
+                                                                        **OFF}
+    # Every option is one this XLA knows (a misspelt name or value fails the compile).
+    jax.jit(lambda x: x + 1).lower(jnp.ones(4)).compile(graphs)
+    monkeypatch.setenv(GRAPH_COLLECTIVES_ENV, "wide")
+    with pytest.raises(ConfigError, match=GRAPH_COLLECTIVES_ENV):
+        step_compiler_options("gpu", decode(32), None, tp=2)
