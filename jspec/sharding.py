@@ -139,12 +139,17 @@ _EXPERTS = re.compile(r"mlp\.experts\.(gate_up|down)_proj$")
 _MIXERS = re.compile(r"\.(self_attn|linear_attn)\.")
 
 
+def is_mixer(name: str) -> bool:
+    """Whether a target parameter (jspec name) belongs to a token mixer (attention, Gated DeltaNet)."""
+    return bool(_MIXERS.search(name))
+
+
 def param_spec(name: str, *, ep: bool = False, replicate_attention: bool = False) -> P:
     """The PartitionSpec of a target parameter (jspec name, e.g. `model.layers.0.mlp.down_proj.weight`);
     ep: experts split whole (`[X, ...]` by X); replicate_attention: the token mixers' parameters whole."""
     if ep and _EXPERTS.search(name):
         return P(TP, None, None)
-    if replicate_attention and _MIXERS.search(name):
+    if replicate_attention and is_mixer(name):
         return _REP
     for pattern, spec in _COMPILED:
         if pattern.search(name):
@@ -194,7 +199,7 @@ def _kv_rows(arr: np.ndarray, heads: int, d: int) -> np.ndarray:
 
 def _kept_whole(name: str, ep: bool, replicate_attention: bool) -> bool:
     """A parameter a split target stores in its tp = 1 layout (whole experts, replicated mixers)."""
-    return bool((ep and _EXPERTS.search(name)) or (replicate_attention and _MIXERS.search(name)))
+    return bool((ep and _EXPERTS.search(name)) or (replicate_attention and is_mixer(name)))
 
 
 def to_tp_layout(name: str, arr: np.ndarray, config: ModelConfig, tp: int, *, ep: bool = False,

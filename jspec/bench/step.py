@@ -25,6 +25,7 @@ from jspec.runtime.request import Request
 from jspec.runtime.sampling_params import SamplingParams
 from jspec.runtime.scheduler import ScheduledReq, StepPlan
 from jspec.runtime.step_inputs import pack
+from jspec.sharding import is_mixer, path_name
 
 
 def copy_bandwidth(num_bytes: int = 1 << 30) -> dict:
@@ -145,8 +146,7 @@ def bytes_per_step(cfg, model, batch: int, context: int) -> dict:
 def _mixer_bytes(model) -> int:
     """Bytes of the target's attention and Gated DeltaNet parameters."""
     flat = jax.tree_util.tree_leaves_with_path(model.params)
-    return sum(int(x.size * x.dtype.itemsize) for path, x in flat
-               if any(getattr(k, "key", None) in ("self_attn", "linear_attn") for k in path))
+    return sum(int(x.size * x.dtype.itemsize) for path, x in flat if is_mixer(path_name(path)))
 
 
 def check_fits(model, kv_tokens: int, points) -> None:

@@ -15,7 +15,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jspec.errors import ConfigError
 from jspec.sharding import TP, kv_heads
@@ -60,11 +60,17 @@ def copy_state_rows(caches: Caches, src, dst) -> Caches:
 
 def pool_specs(caches: Caches) -> Caches:
     """PartitionSpecs of a split target's pools: KV pages by KV head, GDN conv windows by channel,
-    recurrent states by value head (the splits of the layers that write them). A target whose
-    token mixers are replicated keeps its pools whole instead."""
+    recurrent states by value head (the splits of the layers that write them)."""
     return Caches(kv=[(P(None, None, TP, None), P(None, None, TP, None)) for _ in caches.kv],
                   conv=[P(None, TP, None) for _ in caches.conv],
                   ssm=[P(None, TP, None, None) for _ in caches.ssm])
+
+
+def pool_shardings(caches: Caches, mesh, mixer_tp_size: int) -> Caches:
+    """NamedShardings of a target's pools on mesh: split as `pool_specs` says when its token mixers
+    are split (mixer_tp_size > 1), else whole on every device (replicated mixers, or one device)."""
+    specs = pool_specs(caches) if mixer_tp_size > 1 else jax.tree.map(lambda _: P(), caches)
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, P))
 
 
 @dataclasses.dataclass(frozen=True)

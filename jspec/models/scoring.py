@@ -13,13 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax.sharding import NamedSharding
-
 from jspec.errors import InvalidRequestError
-from jspec.cache.pool import Caches, allocate_caches, pool_specs
+from jspec.cache.pool import Caches, allocate_caches, pool_shardings
 from jspec.models import dispatch
 from jspec.models.batch import ForwardBatch, ForwardMode
-from jspec.sharding import replicated
 
 SCORE_PAGE_SIZE = 16
 
@@ -84,9 +81,7 @@ def score_sequence(model, token_ids) -> np.ndarray:
     batch = single_sequence_batch(ids, page_size=SCORE_PAGE_SIZE, padded_len=padded)
     caches = allocate_caches(cfg, num_pages=padded // SCORE_PAGE_SIZE, page_size=SCORE_PAGE_SIZE,
                              num_state_slots=1, dtype=model.dtype, tp_size=model.mixer_tp_size)
-    if model.mixer_tp_size > 1:
-        caches = jax.device_put(caches, jax.tree.map(lambda s: NamedSharding(model.mesh, s), pool_specs(caches)))
-    elif model.mesh is not None:  # whole on every device of the mesh
-        caches = jax.device_put(caches, replicated(model.mesh))
+    if model.mesh is not None:
+        caches = jax.device_put(caches, pool_shardings(caches, model.mesh, model.mixer_tp_size))
     out, _ = forward(model, caches, batch)
     return np.asarray(out.logits[: ids.size], dtype=np.float32)

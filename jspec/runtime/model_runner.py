@@ -6,7 +6,7 @@ Which buckets an engine has: `bucket_set.step_buckets`. A speculative engine's D
 its algorithm's speculative step (`Drafting`).
 
 Everything lives on one mesh (`jspec.sharding`; one device unless the target is split): the
-target's parameters as loaded, its pools split with them (`pool_specs`), everything else (drafter,
+target's parameters as loaded, its pools split with them (`pool_shardings`), everything else (drafter,
 page table, sampler buffers, packed inputs, outputs) replicated. A step is one program; XLA inserts
 the collectives.
 """
@@ -26,7 +26,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
-from jspec.cache.pool import PoolLayout, allocate_caches, pool_specs
+from jspec.cache.pool import PoolLayout, allocate_caches, pool_shardings
 from jspec.models import dispatch
 from jspec.models.batch import ForwardMode
 from jspec.runtime import compile_options, grammar, sampler, split_step
@@ -128,10 +128,7 @@ class ModelRunner:
         """NamedShardings of a (possibly abstract) device state: the target's pools split as the
         target is, everything else replicated."""
         shardings = jax.tree.map(lambda _: self._replicated, state)
-        if self.model.mixer_tp_size > 1:
-            split = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), pool_specs(state.caches))
-            shardings = dataclasses.replace(shardings, caches=split)
-        return shardings
+        return dataclasses.replace(shardings, caches=pool_shardings(state.caches, self.mesh, self.model.mixer_tp_size))
 
     def _abstract_state(self, layout: PoolLayout) -> DeviceState:
         shapes = jax.eval_shape(lambda: self.allocate_state(layout))
