@@ -1,6 +1,8 @@
 """Where a profiled step's GPU time goes, per device: busy time (kernel intervals merged), the span
 from first to last kernel, idle = span - busy, kernel count, collective kernels, and the top kernels;
-and the host's busiest events (what it does while the GPU idles).
+and the host's busiest events (what it does while the GPU idles); and where the idle time falls:
+the gaps between consecutive kernels, summed by the pair of kernels around each gap (a graph
+boundary, a host round trip or a launch shows as the same pair every step).
 
 Reads the perfetto traces that `jspec bench step --profile DIR` writes (one folder per point) and
 prints one block per trace; `--json` also writes the figures.
@@ -64,10 +66,30 @@ def summarise(trace_dir: str, steps: int) -> dict:
             "collective_calls_per_step": sum(count[n] for n in coll) / steps,
             "collective_kernels": sorted(coll, key=coll.get, reverse=True)[:5],
             "top": [{"name": n[:100], "us_per_step": us / steps, "calls_per_step": count[n] / steps}
-                    for n, us in by_name.most_common(15)]})
+                    for n, us in by_name.most_common(15)],
+            "gaps": idle_gaps(evs, steps)})
     if not devices:
         return {"trace_dir": trace_dir, "error": f"no GPU kernels; processes: {sorted(set(pid_name.values()))[:20]}"}
     return {"trace_dir": trace_dir, "steps": steps, "devices": devices, "host": host_summary(events, gpu_pids, steps)}
+
+
+def idle_gaps(evs: list[dict], steps: int, top: int = 12, min_us: float = 2.0) -> list[dict]:
+    """Idle time between consecutive kernels of one device (gaps of min_us or more), summed per
+    (kernel before, kernel after) pair, the largest first."""
+    evs = sorted(evs, key=lambda e: e["ts"])
+    total, count = collections.Counter(), collections.Counter()
+    end = evs[0]["ts"] + evs[0]["dur"]
+    before = evs[0]["name"]
+    for e in evs[1:]:
+        gap = e["ts"] - end
+        if gap >= min_us:
+            pair = (before[:60], e["name"][:60])
+            total[pair] += gap
+            count[pair] += 1
+        if e["ts"] + e["dur"] >= end:
+            end, before = e["ts"] + e["dur"], e["name"]
+    return [{"before": b, "after": a, "us_per_step": us / steps, "gaps_per_step": count[(b, a)] / steps}
+            for (b, a), us in total.most_common(top)]
 
 
 def host_summary(events, gpu_pids, steps: int, top: int = 25) -> list[dict]:
@@ -110,6 +132,9 @@ def show(s: dict) -> None:
               f"({', '.join(k[:40] for k in d['collective_kernels'][:2])})")
         for k in d["top"][:8]:
             print(f"      {k['us_per_step']:8.1f} us  x{k['calls_per_step']:5.1f}  {k['name'][:80]}")
+        print("    idle between kernels, by the pair around it:")
+        for g in d["gaps"][:8]:
+            print(f"      {g['us_per_step']:8.1f} us  x{g['gaps_per_step']:5.1f}  {g['before'][:45]} -> {g['after'][:45]}")
     print("  host, by self time (all threads):")
     for k in s["host"][:15]:
         print(f"      {k['self_us_per_step']:8.1f} us self {k['us_per_step']:8.1f} total  x{k['calls_per_step']:5.1f}  "

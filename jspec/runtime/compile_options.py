@@ -5,7 +5,12 @@ Triton tiling by compiling and timing many candidate configurations (autotuning)
 matmuls of a decode step with few token rows the Triton fusions are faster; from about two dozen
 rows cuBLAS is as fast or faster, and the Triton autotuning is most of such a step's compile time.
 So a decode step whose target sees at least `CUBLAS_FROM_ROWS` token rows is compiled with Triton
-GEMM fusions off (measurements: bench/README.md, "Start-up").
+GEMM fusions off (measurements: bench/README.md, "Start-up"), and with XLA's autotuning off
+(`xla_gpu_autotune_level` 0), so that each cuBLAS call runs the algorithm cuBLAS's own heuristic
+picks: XLA times the candidates one call at a time, and from one compile to the next it chose
+algorithms that look fast alone but cost the captured step more (a memset before every call, or a
+split-K reduce kernel after it); the heuristic's choice has fewer kernels and a faster step, and
+the compile skips the timing (bench/README.md, "the B32 step's cuBLAS choices").
 
 Prompt-chunk steps keep XLA's default. A user who names `xla_gpu_enable_triton_gemm` in XLA_FLAGS
 keeps that choice for every step.
@@ -100,6 +105,8 @@ def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0
     if (bucket.mode is ForwardMode.DECODE and target_rows(bucket, drafting) >= CUBLAS_FROM_ROWS
             and "xla_gpu_enable_triton_gemm" not in flags):
         options["xla_gpu_enable_triton_gemm"] = False
+        if "xla_gpu_autotune_level" not in flags:
+            options["xla_gpu_autotune_level"] = 0
     if (part == 1 and bucket.grammar_split and not bucket.grammar_pipeline and drafting is not None
             and bucket.speculate and "xla_gpu_enable_command_buffer" not in flags):
         options["xla_gpu_enable_command_buffer"] = ""  # a repeated option: empty clears every type

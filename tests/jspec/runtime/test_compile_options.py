@@ -1,5 +1,6 @@
-"""Per-step XLA options (`jspec.runtime.compile_options`): Triton GEMM fusions off for GPU decode
-steps whose target sees many token rows, XLA's default everywhere else."""
+"""Per-step XLA options (`jspec.runtime.compile_options`): Triton GEMM fusions and XLA's autotuning
+off for GPU decode steps whose target sees many token rows (cuBLAS's heuristic picks each
+algorithm), XLA's default everywhere else."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from jspec.models.batch import ForwardMode
 from jspec.runtime.compile_options import CUBLAS_FROM_ROWS, step_compiler_options, target_rows
 from jspec.runtime.step_inputs import Bucket
 
-OFF = {"xla_gpu_enable_triton_gemm": False}
+OFF = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}
 
 
 class Chain:
@@ -44,6 +45,8 @@ def test_triton_gemm_is_off_only_for_wide_gpu_decode_steps(monkeypatch):
     assert step_compiler_options("cpu", decode(128), None) == {}
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=true")  # the user's choice stands
     assert step_compiler_options("gpu", decode(128), None) == {}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=4")  # and so does an autotuning level
+    assert step_compiler_options("gpu", decode(128), None) == {"xla_gpu_enable_triton_gemm": False}
 
 
 def test_the_verify_part_of_a_constrained_speculative_step_runs_without_command_buffers(monkeypatch):
