@@ -10,7 +10,7 @@ GEMM fusions off (measurements: bench/README.md, "Start-up"), and with XLA's aut
 picks: XLA times the candidates one call at a time, and from one compile to the next it chose
 algorithms that look fast alone but cost the captured step more (a memset before every call, or a
 split-K reduce kernel after it); the heuristic's choice has fewer kernels and a faster step, and
-the compile skips the timing (bench/README.md, "the B32 step's cuBLAS choices").
+the compile skips the timing (bench/README.md, "wide decode steps with XLA's autotuning off").
 
 Prompt-chunk steps keep XLA's default. A user who names `xla_gpu_enable_triton_gemm` in XLA_FLAGS
 keeps that choice for every step.
