@@ -1,8 +1,9 @@
 """Where a profiled step's GPU time goes, per device: busy time (kernel intervals merged), the span
 from first to last kernel, idle = span - busy, kernel count, collective kernels, and the top kernels;
-and the host's busiest events (what it does while the GPU idles); and where the idle time falls:
-the gaps between consecutive kernels, summed by the pair of kernels around each gap (a graph
-boundary, a host round trip or a launch shows as the same pair every step).
+and the host's busiest events; and where the idle time falls: the gaps between consecutive kernels,
+summed by the pair of kernels around each gap (a graph boundary, a host round trip or a launch
+shows as the same pair every step), and the host events that overlap the long gaps (what the host
+was doing while the GPU waited).
 
 Reads the perfetto traces that `jspec bench step --profile DIR` writes (one folder per point) and
 prints one block per trace; `--json` also writes the figures.
@@ -13,6 +14,7 @@ prints one block per trace; `--json` also writes the figures.
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import json
 import os
@@ -70,7 +72,8 @@ def summarise(trace_dir: str, steps: int) -> dict:
             "gaps": idle_gaps(evs, steps)})
     if not devices:
         return {"trace_dir": trace_dir, "error": f"no GPU kernels; processes: {sorted(set(pid_name.values()))[:20]}"}
-    return {"trace_dir": trace_dir, "steps": steps, "devices": devices, "host": host_summary(events, gpu_pids, steps)}
+    return {"trace_dir": trace_dir, "steps": steps, "devices": devices, "host": host_summary(events, gpu_pids, steps),
+            "host_in_gaps": idle_host_work(events, gpu_pids, steps)}
 
 
 def idle_gaps(evs: list[dict], steps: int, top: int = 12, min_us: float = 2.0) -> list[dict]:
@@ -90,6 +93,33 @@ def idle_gaps(evs: list[dict], steps: int, top: int = 12, min_us: float = 2.0) -
             end, before = e["ts"] + e["dur"], e["name"]
     return [{"before": b, "after": a, "us_per_step": us / steps, "gaps_per_step": count[(b, a)] / steps}
             for (b, a), us in total.most_common(top)]
+
+
+def idle_host_work(events, gpu_pids, steps: int, top: int = 15, min_gap_us: float = 20.0) -> list[dict]:
+    """What the host was doing while the GPU idled: for every gap of min_gap_us or more between the
+    kernels of the first GPU, the host events (any thread) that overlap it, their overlap summed
+    per event name (nested events count for each of their names: a parent covers its children)."""
+    gpu = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                 if e.get("ph") == "X" and e.get("pid") == min(gpu_pids) and "dur" in e)
+    gaps, end = [], float("-inf")
+    for s, e in gpu:
+        if end > float("-inf") and s - end >= min_gap_us:
+            gaps.append((end, s))
+        end = max(end, e)
+    if not gaps:
+        return []
+    gap_starts, gap_ends = [g[0] for g in gaps], [g[1] for g in gaps]
+    overlap = collections.Counter()
+    for e in events:
+        if e.get("ph") != "X" or e.get("pid") in gpu_pids or "dur" not in e:
+            continue
+        h0, h1 = e["ts"], e["ts"] + e["dur"]
+        # the gaps this event overlaps: those ending after it starts and starting before it ends
+        for i in range(bisect.bisect_right(gap_ends, h0), bisect.bisect_left(gap_starts, h1)):
+            overlap[e["name"]] += min(h1, gap_ends[i]) - max(h0, gap_starts[i])
+    idle = sum(g1 - g0 for g0, g1 in gaps)
+    return [{"name": n[:100], "us_per_step": us / steps, "share_of_gaps": us / idle}
+            for n, us in overlap.most_common(top)]
 
 
 def host_summary(events, gpu_pids, steps: int, top: int = 25) -> list[dict]:
@@ -135,6 +165,10 @@ def show(s: dict) -> None:
         print("    idle between kernels, by the pair around it:")
         for g in d["gaps"][:8]:
             print(f"      {g['us_per_step']:8.1f} us  x{g['gaps_per_step']:5.1f}  {g['before'][:45]} -> {g['after'][:45]}")
+    if s.get("host_in_gaps"):
+        print("  host work during the first GPU's gaps of 20 us or more (overlap per step):")
+        for k in s["host_in_gaps"][:10]:
+            print(f"      {k['us_per_step']:8.1f} us  {100 * k['share_of_gaps']:5.1f}% of the gaps  {k['name'][:70]}")
     print("  host, by self time (all threads):")
     for k in s["host"][:15]:
         print(f"      {k['self_us_per_step']:8.1f} us self {k['us_per_step']:8.1f} total  x{k['calls_per_step']:5.1f}  "
