@@ -16,13 +16,13 @@ def host(name, ts, dur):
     return {"ph": "X", "pid": HOST, "tid": 7, "name": name, "ts": ts, "dur": dur}
 
 
-# Two steps: a -> b back to back except a 40 us wait before b in step 1, 30 us in step 2; a short
-# 1 us launch gap b -> c; c overlaps b (another stream), so b -> c is no gap at all in step 2.
+# Two steps: a 40 us wait between a and b in step 1, 30 us in step 2; a 1 us launch gap b -> c in
+# step 1, none in step 2 (c overlaps b: another stream) and none between the steps.
 KERNELS = [kernel("a", 0, 10), kernel("b", 50, 20), kernel("c", 71, 5),
-           kernel("a", 100, 10), kernel("b", 140, 20), kernel("c", 150, 15)]
+           kernel("a", 77, 10), kernel("b", 117, 20), kernel("c", 127, 15)]
 HOSTS = [host("update", 5, 30), host("walk", 12, 10),  # walk nested in update; update ends inside the gap
-         host("launch", 105, 50),  # covers the whole second gap
-         host("unrelated", 72, 20)]  # only under kernels and the 1 us gap
+         host("launch", 82, 50),  # covers the whole second gap
+         host("unrelated", 55, 20)]  # only under kernels and the 1 us gap
 
 
 def test_gaps_are_summed_by_the_kernels_around_them():
@@ -33,7 +33,7 @@ def test_gaps_are_summed_by_the_kernels_around_them():
 
 def test_host_work_is_what_overlaps_the_long_gaps():
     work = {w["name"]: w for w in idle_host_work(KERNELS + HOSTS, {GPU}, steps=2)}
-    # gaps: [10, 50) and [110, 140), 70 us in all
+    # gaps: [10, 50) and [87, 117), 70 us in all
     assert work["update"]["us_per_step"] == 25 / 2  # [10, 35)
     assert work["walk"]["us_per_step"] == 10 / 2  # [12, 22), also inside update
     assert work["launch"]["us_per_step"] == 30 / 2
