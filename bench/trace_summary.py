@@ -76,21 +76,28 @@ def summarise(trace_dir: str, steps: int) -> dict:
             "host_in_gaps": idle_host_work(events, gpu_pids, steps)}
 
 
+def kernel_gaps(evs: list[dict], min_us: float) -> list[tuple[float, float, str, str]]:
+    """The gaps of min_us or more between one device's kernels, in time order: (start, end, kernel
+    before, kernel after); a kernel running beside a longer one (another stream) opens no gap."""
+    evs = sorted(evs, key=lambda e: e["ts"])
+    gaps = []
+    end, before = evs[0]["ts"] + evs[0]["dur"], evs[0]["name"]
+    for e in evs[1:]:
+        if e["ts"] - end >= min_us:
+            gaps.append((end, e["ts"], before, e["name"]))
+        if e["ts"] + e["dur"] >= end:
+            end, before = e["ts"] + e["dur"], e["name"]
+    return gaps
+
+
 def idle_gaps(evs: list[dict], steps: int, top: int = 12, min_us: float = 2.0) -> list[dict]:
     """Idle time between consecutive kernels of one device (gaps of min_us or more), summed per
     (kernel before, kernel after) pair, the largest first."""
-    evs = sorted(evs, key=lambda e: e["ts"])
     total, count = collections.Counter(), collections.Counter()
-    end = evs[0]["ts"] + evs[0]["dur"]
-    before = evs[0]["name"]
-    for e in evs[1:]:
-        gap = e["ts"] - end
-        if gap >= min_us:
-            pair = (before[:60], e["name"][:60])
-            total[pair] += gap
-            count[pair] += 1
-        if e["ts"] + e["dur"] >= end:
-            end, before = e["ts"] + e["dur"], e["name"]
+    for g0, g1, before, after in kernel_gaps(evs, min_us):
+        pair = (before[:60], after[:60])
+        total[pair] += g1 - g0
+        count[pair] += 1
     return [{"before": b, "after": a, "us_per_step": us / steps, "gaps_per_step": count[(b, a)] / steps}
             for (b, a), us in total.most_common(top)]
 
@@ -99,13 +106,8 @@ def idle_host_work(events, gpu_pids, steps: int, top: int = 15, min_gap_us: floa
     """What the host was doing while the GPU idled: for every gap of min_gap_us or more between the
     kernels of the first GPU, the host events (any thread) that overlap it, their overlap summed
     per event name (nested events count for each of their names: a parent covers its children)."""
-    gpu = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                 if e.get("ph") == "X" and e.get("pid") == min(gpu_pids) and "dur" in e)
-    gaps, end = [], float("-inf")
-    for s, e in gpu:
-        if end > float("-inf") and s - end >= min_gap_us:
-            gaps.append((end, s))
-        end = max(end, e)
+    first = [e for e in events if e.get("ph") == "X" and e.get("pid") == min(gpu_pids) and "dur" in e]
+    gaps = kernel_gaps(first, min_gap_us) if first else []
     if not gaps:
         return []
     gap_starts, gap_ends = [g[0] for g in gaps], [g[1] for g in gaps]
@@ -117,7 +119,7 @@ def idle_host_work(events, gpu_pids, steps: int, top: int = 15, min_gap_us: floa
         # the gaps this event overlaps: those ending after it starts and starting before it ends
         for i in range(bisect.bisect_right(gap_ends, h0), bisect.bisect_left(gap_starts, h1)):
             overlap[e["name"]] += min(h1, gap_ends[i]) - max(h0, gap_starts[i])
-    idle = sum(g1 - g0 for g0, g1 in gaps)
+    idle = sum(g1 - g0 for g0, g1 in zip(gap_starts, gap_ends))
     return [{"name": n[:100], "us_per_step": us / steps, "share_of_gaps": us / idle}
             for n, us in overlap.most_common(top)]
 

@@ -62,6 +62,8 @@ def target_rows(bucket: Bucket, drafting) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _default_debug_options() -> str:
+    # JAX's private compiler module (no public accessor for the default options), imported only by
+    # the opt-in path that needs it, so a JAX that moves it breaks that knob and nothing else.
     from jax._src import compiler
 
     options = compiler.get_compile_options(num_replicas=1, num_partitions=1)

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-ANY = pl.BlockSpec(memory_space=pl.ANY)
-MMA_ROWS = 16  # the smallest tensor-core tile height
+# The MoE kernels' launch-shape arithmetic and operand conventions, shared rather than copied.
+from pallas_kernels.moe.gather_gemv import ANY, MMA_ROWS, block_for, num_sms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,31 +43,18 @@ class Config:
     num_stages: int = 4
 
 
-def num_sms() -> int:
-    dev = jax.devices()[0]
-    return int(getattr(dev, "core_count", 0) or 132) if dev.platform == "gpu" else 132
-
-
-def _pow2_divisor(dim: int, want: int) -> int:
-    """Largest power of two <= want that divides dim."""
-    b = 1
-    while b * 2 <= want and dim % (b * 2) == 0:
-        b *= 2
-    return b
-
-
 def choose(n: int, k: int, *, block_n: int = 64, block_k: int = 128, programs_per_sm: int = 2,
            splits: int | None = None, num_warps: int = 4, num_stages: int = 4) -> Config:
     """A launch shape for w `[N, K]` from static shapes: the fewest splits (powers of two) that give
     every SM `programs_per_sm` programs, keeping at least two `block_k` steps per program."""
-    block_n = _pow2_divisor(n, block_n)
+    block_n = block_for(n, block_n)
     if splits is None:
         splits, target = 1, programs_per_sm * num_sms()
         while (n // block_n) * splits < target and k % (2 * splits) == 0 and k // (2 * splits) >= 2 * block_k:
             splits *= 2
     if k % splits:
         raise ValueError(f"splits={splits} must divide K={k}")
-    return Config(block_n, _pow2_divisor(k // splits, block_k), splits, num_warps, num_stages)
+    return Config(block_n, block_for(k // splits, block_k), splits, num_warps, num_stages)
 
 
 def _kernel(x_ref, w_ref, o_ref, *, cfg: Config, rows: int, padded: int):
