@@ -8,8 +8,11 @@ work a constrained row needs overlaps the device.
   the step is pipelined (`Bucket.grammar_pipeline`): the target's forward over the drafts is a
   part of its own, queued right behind the draft part, so the host walks the grammar while it runs
   and what it launches afterwards (masking, acceptance, the drafter's catch-up) is small: launching
-  a whole step costs the host milliseconds (bench/README.md, "Structured output"). Without overlap
-  the forward waits for the walk, which may replace a row's drafts by the grammar's forced run.
+  a whole step costs the host milliseconds (bench/README.md, "Structured output"). That launch
+  itself runs on a worker thread (`queue_forward`; JAX releases the GIL while it launches), so the
+  host reads the previous step and walks the grammar while the forward's graph is updated and
+  launched rather than after. Without overlap the forward waits for the walk, which may replace a
+  row's drafts by the grammar's forced run.
 - Plain decode (`jspec.runtime.step.SplitSample`): the forward runs first; the sampling half takes
   the masks (`jspec.runtime.grammar.step_inputs`). A speculative engine's plain step
   (`jspec.speculative.plain_step`) splits the same way, after its target forward, as a
@@ -29,6 +32,8 @@ serves unconstrained requests.
 from __future__ import annotations
 
 import dataclasses
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +44,20 @@ from jspec.runtime import grammar
 from jspec.runtime.step import SplitSample
 from jspec.runtime.step_inputs import Bucket
 from jspec.sharding import TP
+
+
+_launcher: ThreadPoolExecutor | None = None
+_launcher_lock = threading.Lock()
+
+
+def launcher() -> ThreadPoolExecutor:
+    """The process's one thread that launches pipelined forwards: one, so that launches reach the
+    device's stream in the order they were queued."""
+    global _launcher
+    with _launcher_lock:
+        if _launcher is None:
+            _launcher = ThreadPoolExecutor(1, thread_name_prefix="jspec-launch")
+        return _launcher
 
 
 class SplitExecutable:
@@ -64,7 +83,11 @@ class SplitExecutable:
         buffers, rest, view = carry
         if self._no_decisions is None:  # nothing replaced, every node walkable: kept on the device
             self._no_decisions = jax.device_put(np.zeros((self.bucket.grammar_size,), np.int32), self.sharding)
-        return *self.forward(params, buffers, rest, self._no_decisions), view
+        return self.queue_forward(params, buffers, rest, self._no_decisions), None, view
+
+    def queue_forward(self, params, buffers, rest, decisions) -> Future:
+        """Launch the forward part on the launcher thread -> a future of its (buffers, rest)."""
+        return launcher().submit(self.forward, params, buffers, rest, decisions)
 
     def complete(self, params, packed, carry, plan):
         """Fill the plan's grammar inputs now (the grammars have consumed every earlier token) and
@@ -74,7 +97,7 @@ class SplitExecutable:
             state, logits = carry
             return self.second(params, state, packed, logits, self._put(grammar.step_inputs(plan, b)))
         buffers, rest, view = carry
-        queued = self.forward is not None and not self._replace  # its forward runs on the drafts already
+        queued = isinstance(buffers, Future)  # its forward was launched on the drafts already
         # Named in profiler traces: the host's wait for the drafts, then its walk over them.
         with jax.profiler.TraceAnnotation("jspec.wait_drafts"):
             view = jax.device_get(view)
@@ -85,8 +108,9 @@ class SplitExecutable:
             # A forced run seen now is likely still being followed next step: that step's forward
             # then waits for the walk and verifies the run (accepted whole) instead of the drafts.
             self._replace = forced
-            if not queued:
-                buffers, rest = self.forward(params, buffers, rest, decisions)
+            # The forward's launch finishes (or, after a forced run, starts) only now: the second
+            # part consumes its outputs and must reach the stream after it.
+            buffers, rest = (buffers if queued else self.queue_forward(params, buffers, rest, decisions)).result()
         return self.second(params, buffers, rest, decisions, self._put(masks))
 
     def _put(self, masks):

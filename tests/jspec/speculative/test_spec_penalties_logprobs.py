@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
+from collections import deque
 
 import numpy as np
 import pytest
@@ -72,12 +75,15 @@ def _engine(dirs, target, **kw):
                   tokenizer_path=dirs["tokenizer"], **kw, **SPEC_BS4)
 
 
-def _split_parts_run(eng, forwards: list | None = None) -> list[int]:
+def _split_parts_run(eng, forwards: list | None = None, launches: list | None = None) -> list[int]:
     """Records each first part (drafts, or a plain step's forward) that split steps launch: whether
     the step before it was still unread then (overlap: the host fills grammar inputs meanwhile);
-    and in `forwards`, the same for each target forward a pipelined step launches as a part of its
-    own (unread: queued behind the drafts before the walk; read: after a walk that replaced drafts)."""
-    runs = []
+    and in `forwards`, the same for each target forward a pipelined step queues as a part of its
+    own (unread: queued behind the drafts before the walk; read: after a walk that replaced drafts).
+    In `launches`, per forward launch: its thread, and whether a launch queued before the loop reads
+    the last step saw that read happen while it waited to start (it would wait forever were the
+    launch on the loop's thread)."""
+    runs, reads = [], deque()
     for exe in eng.runner.compiled.values():
         if isinstance(exe, SplitExecutable):
             def counted(*a, _first=exe.first):
@@ -85,16 +91,31 @@ def _split_parts_run(eng, forwards: list | None = None) -> list[int]:
                 return _first(*a)
             exe.first = counted
             if exe.forward is not None and forwards is not None:
-                def forward(*a, _forward=exe.forward):
+                def queue(*a, _queue=exe.queue_forward):  # on the loop's thread, when it queues the launch
                     forwards.append(eng.core.pending is not None)
+                    reads.append(eng.core._grammar_waits())  # the loop reads the last step after this
+                    return _queue(*a)
+
+                def launch(*a, _forward=exe.forward):  # on the launcher thread
+                    read = not reads.popleft() or _until(lambda: eng.core.pending is None)
+                    launches.append((threading.current_thread().name, read))
                     return _forward(*a)
-                exe.forward = forward
+                exe.queue_forward, exe.forward = queue, launch
     return runs
 
 
+def _until(done, seconds: float = 30.0) -> bool:
+    end = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 def _run(eng):
-    forwards = []
-    split_runs = _split_parts_run(eng, forwards)
+    forwards, launches = [], []
+    split_runs = _split_parts_run(eng, forwards, launches)
     outs = eng.generate(input_ids=[p for p in PROMPTS for _ in SAMPLING], sampling_params=SAMPLING * len(PROMPTS),
                         return_logprob=True, top_logprobs_num=TOP)
     # No row is constrained: every step ran fused, never in parts.
@@ -109,6 +130,9 @@ def _run(eng):
         # while the last step is unread, except after a walk that met a forced run ("-fixed-tail-"),
         # when it waits for the walk and verifies the run; without overlap it is not a part of its own.
         assert (True in forwards and False in forwards) if eng.core.overlap else not forwards, forwards
+        # Each forward launches on the launcher thread, beside the loop's read of the last step.
+        assert len(launches) == len(forwards) and all(
+            name.startswith("jspec-launch") and read for name, read in launches), launches
     return outs, constrained
 
 
