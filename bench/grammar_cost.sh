@@ -4,13 +4,17 @@
 # 1 and 32, a byte-level tokenizer of the whole 151,936-token vocabulary (bench/vocab_tokenizer.py:
 # the machine has no model hub, and random drafters propose anywhere in it), one stage per call.
 # Writes JSONL under OUT.
-#   bench/grammar_cost.sh OUT nogrammar | off | open | json
+#   bench/grammar_cost.sh OUT nogrammar | off | open | json | graph-parts
 # nogrammar: an engine without grammar_backend (fused steps), the baseline;
 # off: the grammar engine (split steps), no request constrained: the cost of the split alone;
 # open: every request under a regex that allows any text: the host's mid-step drafts read, grammar
 #   walk and mask upload at the simulated acceptance;
 # json: every request under a JSON schema with free string fields (random weights: most random
 #   drafts break the JSON and are cut, so this shows the path, not a real model's acceptance).
+# graph-parts: `open` at concurrency 32 only (256 out, no baseline), once per setting of
+#   JSPEC_GRAMMAR_UNCAPTURED_PARTS in PARTS (default: "default forward draft,forward
+#   draft,forward,verify"; "default" leaves it unset): which parts of the pipelined constrained
+#   step should run without command buffers (jspec/runtime/compile_options.py). One JSONL per setting.
 # WHEELS: a folder holding the llguidance wheel (the GPU machine has no network). SKIP_BASELINE=1: no
 # no-speculation column (the stages compare EAGLE3 engines; each baseline costs an engine build).
 # EXTRA: more `jspec bench sweep` flags, after the stage's (later flags win), e.g.
@@ -31,11 +35,22 @@ common=(--model-path random:qwen3-8b --speculative-algorithm-list EAGLE3 --overl
         --dataset-name random --random-input-len 1024 --random-output-len 512 --random-range-ratio 1
         --prompts-per-concurrency 2 --max-concurrency-list 1,32 --tokenizer-path "$tok" ${SKIP_BASELINE:+--skip-baseline})
 schema='{"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}}}'
+open=(--grammar-backend llguidance --regex '[\s\S]*')
 case $stage in
   nogrammar) extra=() ;;
   off) extra=(--grammar-backend llguidance) ;;
-  open) extra=(--grammar-backend llguidance --regex '[\s\S]*') ;;
+  open) extra=("${open[@]}") ;;
   json) extra=(--grammar-backend llguidance --json-schema "$schema") ;;
+  graph-parts)
+    for parts in ${PARTS:-default forward draft,forward draft,forward,verify}; do
+      name=${parts//,/_}
+      [[ $parts == default ]] && setting=() || setting=("JSPEC_GRAMMAR_UNCAPTURED_PARTS=$parts")
+      echo "== uncaptured parts: $parts"
+      env "${setting[@]}" python3 -m jspec.cli bench sweep "${common[@]}" "${open[@]}" --skip-baseline \
+          --max-concurrency-list 32 --random-output-len 256 ${EXTRA:-} \
+          --output-file "$out/serve_grammar_parts_$name.jsonl" 2>&1 | tee "$out/serve_grammar_parts_$name.log" | grep -E "^ +EAGLE3"
+    done
+    exit 0 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
 python3 -m jspec.cli bench sweep "${common[@]}" "${extra[@]}" ${EXTRA:-} \

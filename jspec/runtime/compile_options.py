@@ -21,8 +21,14 @@ a decode step, before the device starts on any of it. A step queued while the st
 runs hides that. The verify part of a grammar-constrained speculative step without overlap (`split_step.py`)
 cannot be queued early: the host launches it only after reading the drafts and walking the
 grammar, with the device idle. That part is compiled without command buffers, so its kernels start as the host
-queues them one by one (bench/README.md, "Structured output"). A user who names
-`xla_gpu_enable_command_buffer` in XLA_FLAGS keeps that choice.
+queues them one by one (bench/README.md, "Structured output"). With
+`JSPEC_GRAMMAR_UNCAPTURED_PARTS=draft,forward,verify` (any of the three, or `none`) exactly the
+named parts of every constrained speculative split step compile without command buffers instead,
+pipelined or not: a pipelined step's parts, too, are launched while the device waits for them (the
+draft part behind a short verify part, the forward behind the draft part), and each captured part's
+graph is updated before every launch; which parts should run uncaptured is measured by
+`bench/grammar_cost.sh OUT graph-parts`. A user who names `xla_gpu_enable_command_buffer` in
+XLA_FLAGS keeps that choice.
 
 Split across GPUs, a step's all-reduces are by default XLA's own collective kernels, which end a
 command buffer each. With `JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS=N`, tensor-parallel decode steps of
@@ -44,6 +50,8 @@ from jspec.runtime.step_inputs import Bucket
 
 CUBLAS_FROM_ROWS = 24
 GRAPH_COLLECTIVES_ENV = "JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS"
+UNCAPTURED_PARTS_ENV = "JSPEC_GRAMMAR_UNCAPTURED_PARTS"
+SPLIT_PARTS = ("draft", "forward", "verify")
 
 
 def autotunes_matmuls(platform: str) -> bool:
@@ -95,6 +103,26 @@ def graph_collectives_from_rows() -> int | None:
     return int(value)
 
 
+def uncaptured_parts() -> frozenset[str] | None:
+    """The split-step parts `JSPEC_GRAMMAR_UNCAPTURED_PARTS` names (empty for `none`), or None when
+    unset; a name outside SPLIT_PARTS is a ConfigError naming the variable."""
+    value = os.environ.get(UNCAPTURED_PARTS_ENV, "").strip()
+    if not value:
+        return None
+    names = frozenset(n.strip() for n in value.split(",") if n.strip()) - {"none"}
+    unknown = sorted(names - set(SPLIT_PARTS))
+    if unknown:
+        raise ConfigError(f"{UNCAPTURED_PARTS_ENV}: unknown part(s) {unknown}; give any of {list(SPLIT_PARTS)} "
+                          f"or none, comma separated, got {value!r}")
+    return names
+
+
+def split_part_name(bucket: Bucket, part: int) -> str | None:
+    """Which part of a split step `part` is in `split_step.lower`'s order; None for the fused twin."""
+    names = ("draft", "forward", "verify") if bucket.grammar_pipeline else ("draft", "verify")
+    return names[part] if part < len(names) else None
+
+
 def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0, tp: int = 1) -> dict:
     """The XLA options to compile bucket's step with on `platform` (a jax device's platform);
     part: which compiled part of a split step (`split_step.lower`'s order: 0 the first; then a
@@ -109,9 +137,12 @@ def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0
         options["xla_gpu_enable_triton_gemm"] = False
         if "xla_gpu_autotune_level" not in flags:
             options["xla_gpu_autotune_level"] = 0
-    if (part == 1 and bucket.grammar_split and not bucket.grammar_pipeline and drafting is not None
-            and bucket.speculate and "xla_gpu_enable_command_buffer" not in flags):
-        options["xla_gpu_enable_command_buffer"] = ""  # a repeated option: empty clears every type
+    if (bucket.grammar_split and drafting is not None and bucket.speculate
+            and "xla_gpu_enable_command_buffer" not in flags):
+        chosen = uncaptured_parts()
+        name = split_part_name(bucket, part)
+        if (name == "verify" and not bucket.grammar_pipeline) if chosen is None else name in chosen:
+            options["xla_gpu_enable_command_buffer"] = ""  # a repeated option: empty clears every type
     from_rows = graph_collectives_from_rows()
     if (tp > 1 and from_rows is not None and bucket.mode is ForwardMode.DECODE
             and target_rows(bucket, drafting) >= from_rows and "xla_gpu_enable_command_buffer" not in options

@@ -4,6 +4,9 @@ algorithm), XLA's default everywhere else."""
 
 from __future__ import annotations
 
+import pytest
+
+from jspec.errors import ConfigError
 from jspec.models.batch import ForwardMode
 from jspec.runtime.compile_options import CUBLAS_FROM_ROWS, step_compiler_options, target_rows
 from jspec.runtime.step_inputs import Bucket
@@ -70,17 +73,51 @@ def test_the_verify_part_of_a_constrained_speculative_step_runs_without_command_
     assert step_compiler_options("gpu", split, Chain(3), part=1) == {}
 
 
+def test_the_named_split_parts_run_without_command_buffers_when_asked(monkeypatch):
+    """JSPEC_GRAMMAR_UNCAPTURED_PARTS names exactly the parts of constrained speculative split steps
+    (pipelined or not) that compile uncaptured, in place of the default; the fused twin, plain
+    steps and a user's XLA_FLAGS are untouched; a part it does not know is a ConfigError."""
+    from jspec.runtime.compile_options import UNCAPTURED_PARTS_ENV
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    no_graph = {"xla_gpu_enable_command_buffer": ""}
+    split = decode(1, grammar_split=True, grammar_nodes=4, mask_words=8)
+    piped = decode(1, grammar_split=True, grammar_pipeline=True, grammar_nodes=4, mask_words=8)
+
+    def parts(bucket, n):
+        return [step_compiler_options("gpu", bucket, Chain(3), part=i) == no_graph for i in range(n)]
+
+    monkeypatch.setenv(UNCAPTURED_PARTS_ENV, "forward")
+    assert parts(piped, 4) == [False, True, False, False]  # draft, forward, verify, fused twin
+    assert parts(split, 3) == [False, False, False]  # no forward part of its own; its verify keeps its graph
+    monkeypatch.setenv(UNCAPTURED_PARTS_ENV, " draft , verify ")
+    assert parts(piped, 4) == [True, False, True, False]
+    assert parts(split, 3) == [True, True, False]
+    monkeypatch.setenv(UNCAPTURED_PARTS_ENV, "none")
+    assert parts(split, 3) == [False, False, False]
+    monkeypatch.setenv(UNCAPTURED_PARTS_ENV, "draft,forward,verify")
+    assert parts(piped, 4) == [True, True, True, False]
+    assert step_compiler_options("gpu", decode(1, grammar_split=True, speculate=False), Chain(3), part=0) == {}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION")
+    assert parts(piped, 4) == [False] * 4
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setenv(UNCAPTURED_PARTS_ENV, "forward,sample")
+    with pytest.raises(ConfigError, match=UNCAPTURED_PARTS_ENV + r".*'sample'"):
+        step_compiler_options("gpu", piped, Chain(3), part=1)
+
+
 def test_nccl_all_reduces_enter_the_graphs_of_wide_split_decode_steps_when_asked(monkeypatch):
     """`JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS=N`: tensor-parallel decode steps of N target rows or
     more get COLLECTIVES added to this XLA's command-buffer types (off by default; never for one
     device, narrower steps, or a part that runs without graphs)."""
     import jax
     import jax.numpy as jnp
-    import pytest
 
-    from jspec.errors import ConfigError
     from jspec.runtime.compile_options import GRAPH_COLLECTIVES_ENV, graph_collectives_options
 
+    # JAX's backend reads XLA_FLAGS once, when it starts: start it under the session's flags (four
+    # CPU devices), as later tests in this process need, before they are cleared here.
+    jax.devices()
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     monkeypatch.delenv(GRAPH_COLLECTIVES_ENV, raising=False)
     assert step_compiler_options("gpu", decode(32), None, tp=2) == OFF
