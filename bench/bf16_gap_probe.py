@@ -7,7 +7,7 @@ error and argmax agreement. One GPU.
 
     PYTHONPATH=. python3 bench/bf16_gap_probe.py
 """
-import numpy as np, jax
+import numpy as np
 from jspec.config import parse_hf_config
 from jspec.models import dispatch
 from jspec.models.loader import random_model, state_to_flat, fill_state, abstract_model

@@ -29,7 +29,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jspec.api import Engine
 from jspec.cli import main
-from jspec.errors import InvalidRequestError
 from jspec.server.app import build_app
 from jspec.tiny import tiny_dir
 from tests.support.engines import check_no_leaks
