@@ -13,10 +13,12 @@ work a constrained row needs overlaps the device.
   host reads the previous step and walks the grammar while the forward's graph is updated and
   launched rather than after. Without overlap the forward waits for the walk, which may replace a
   row's drafts by the grammar's forced run.
-- Plain decode (`jspec.runtime.step.SplitSample`): the forward runs first; the sampling half takes
-  the masks (`jspec.runtime.grammar.step_inputs`). A speculative engine's plain step
-  (`jspec.speculative.plain_step`) splits the same way, after its target forward, as a
-  `SplitStep` with no drafts (the host walks each constrained row's root only).
+- Plain decode (`jspec.runtime.step.SplitSample`): the forward runs first, launched on the same
+  worker thread (`queue_first`), so the host reads the previous step and fills the masks while the
+  forward's graph is updated and launched; the sampling half takes the masks
+  (`jspec.runtime.grammar.step_inputs`). A speculative engine's plain step
+  (`jspec.speculative.plain_step`) splits as a `SplitStep` with no drafts, after its target
+  forward, which it launches itself (the host walks each constrained row's root only).
 
 With overlap, the loop launches the first part before it reads the previous step, whose tokens
 the grammars must consume before they can answer (`ModelRunner.dispatch`'s `between`), so the
@@ -51,8 +53,8 @@ _launcher_lock = threading.Lock()
 
 
 def launcher() -> ThreadPoolExecutor:
-    """The process's one thread that launches pipelined forwards: one, so that launches reach the
-    device's stream in the order they were queued."""
+    """The process's one thread that launches split steps' target forwards: one, so that launches
+    reach the device's stream in the order they were queued."""
     global _launcher
     with _launcher_lock:
         if _launcher is None:
@@ -75,8 +77,11 @@ class SplitExecutable:
         self._no_decisions = None
 
     def begin(self, params, state, packed):
-        """Launch the first part (it needs nothing from the host) -> its carry; a pipelined step
-        also queues its forward now, unless the last walk found a forced run (`_replace`)."""
+        """Launch the first part (it needs nothing from the host) -> its carry (a plain step's: a
+        future of it, launched on the launcher thread); a pipelined step also queues its forward
+        now, unless the last walk found a forced run (`_replace`)."""
+        if self.plain:
+            return self.queue_first(params, state, packed)
         carry = self.first(params, state, packed)
         if self.forward is None or self._replace:
             return carry
@@ -84,6 +89,10 @@ class SplitExecutable:
         if self._no_decisions is None:  # nothing replaced, every node walkable: kept on the device
             self._no_decisions = jax.device_put(np.zeros((self.bucket.grammar_size,), np.int32), self.sharding)
         return self.queue_forward(params, buffers, rest, self._no_decisions), None, view
+
+    def queue_first(self, params, state, packed) -> Future:
+        """Launch a plain step's forward on the launcher thread -> a future of its (state, logits)."""
+        return launcher().submit(self.first, params, state, packed)
 
     def queue_forward(self, params, buffers, rest, decisions) -> Future:
         """Launch the forward part on the launcher thread -> a future of its (buffers, rest)."""
@@ -94,8 +103,9 @@ class SplitExecutable:
         launch the rest -> (state, out)."""
         b = self.bucket
         if self.plain:
-            state, logits = carry
-            return self.second(params, state, packed, logits, self._put(grammar.step_inputs(plan, b)))
+            masks = self._put(grammar.step_inputs(plan, b))  # while the forward may still be launching
+            state, logits = carry.result()
+            return self.second(params, state, packed, logits, masks)
         buffers, rest, view = carry
         queued = isinstance(buffers, Future)  # its forward was launched on the drafts already
         # Named in profiler traces: the host's wait for the drafts, then its walk over them.

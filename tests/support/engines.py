@@ -1,7 +1,10 @@
 """Engine settings and checks shared by the engine tests (plain and speculative): the small settings
-every test engine starts from, the no-leak check, the plain greedy reference, greedy equality."""
+every test engine starts from, the no-leak check, the plain greedy reference, greedy equality, a
+wait for the engine loop's thread."""
 
 from __future__ import annotations
+
+import time
 
 # The one definition of a test engine's settings; suites override fields as {**SMALL, "field": v}.
 # Speculative engines speculate at every step here (their checks count accepted drafts; no plain
@@ -56,3 +59,14 @@ def generates(eng, prompts, sampling_params, want: list[list[int]]):
     bad = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
     assert len(got) == len(want) and not bad, f"prompts {bad} differ: {[(got[i], want[i]) for i in bad[:2]]}"
     return outs
+
+
+def until(done, seconds: float = 30.0) -> bool:
+    """Whether `done()` became true within `seconds`, polled every millisecond: for a test thread
+    that waits for the engine loop's thread to reach a point."""
+    end = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.001)
+    return True

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
+from collections import deque
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +26,7 @@ from jspec.runtime.split_step import SplitExecutable
 from jspec.speculative import accept
 from tests.support import models as tm
 from tests.support.compiles import compilations
-from tests.support.engines import SMALL, check_no_leaks
+from tests.support.engines import SMALL, check_no_leaks, until
 
 # Compact JSON (llguidance's x-guidance option): a random model left free to add whitespace adds nothing else.
 SCHEMA = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
@@ -271,20 +273,34 @@ def test_masks_are_filled_while_the_next_forward_runs(engine):
     before it (whose token the grammar must consume before it can give the next mask), and the
     text is that of the loop without overlap on the target split over 2 devices (its split step
     hands the vocabulary-split logits from the forward to the sampling part)."""
-    unread = []  # per launched forward: whether the step before it was still unread
-    core, firsts = engine.core, {}
+    unread = []  # per queued forward: whether the step before it was still unread
+    launches = []  # per forward launch: its thread, and whether it saw the loop read the last step
+    core, saved, reads = engine.core, [], deque()
     for exe in engine.runner.compiled.values():
         if isinstance(exe, SplitExecutable):
-            firsts[exe] = exe.first
-            exe.first = lambda *a, _f=exe.first: (unread.append(core.pending is not None), _f(*a))[1]
+            saved.append((exe, exe.queue_first, exe.first))
+
+            def queue(*a, _queue=exe.queue_first):  # on the loop's thread
+                unread.append(core.pending is not None)
+                reads.append(core._grammar_waits())  # the loop reads the last step after this
+                return _queue(*a)
+
+            def launch(*a, _first=exe.first):  # on the launcher thread: it waits for that read (on
+                read = not reads.popleft() or until(lambda: core.pending is None)  # the loop's, forever)
+                launches.append((threading.current_thread().name, read))
+                return _first(*a)
+            exe.queue_first, exe.first = queue, launch
     sp = {"max_new_tokens": 24, "temperature": 0, "regex": REGEX}
     try:
         out = engine.generate(input_ids=_ids("go"), sampling_params=sp)
     finally:
-        for exe, first in firsts.items():
-            exe.first = first
+        for exe, queue, first in saved:
+            exe.queue_first, exe.first = queue, first
     assert re.fullmatch(REGEX, out["text"])
     assert len(unread) >= len(out["output_ids"]) - 2 and all(unread), unread  # each launched with the last unread
+    # Each launched on the launcher thread, beside the loop's read of the step before it. (The
+    # output arrives during that read, so the loop may still be launching the last one.)
+    assert until(lambda: len(launches) == len(unread)) and all(n.startswith("jspec-launch") and r for n, r in launches), launches
     with Engine(engine.model.path, page_size=4, chunked_prefill_size=16, context_length=96, tp_size=2,
                 grammar_backend="llguidance", disable_overlap_schedule=True, disable_top_k_top_p=True,  # greedy only
                 **SMALL) as v1:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from collections import deque
 
 import numpy as np
@@ -22,7 +21,7 @@ import pytest
 from jspec import Engine
 from jspec.runtime.split_step import SplitExecutable
 from tests.support import models as tm
-from tests.support.engines import SPEC_BS4, check_no_leaks, output_ids
+from tests.support.engines import SPEC_BS4, check_no_leaks, output_ids, until
 from tests.support.spec_eagle import build_models, case_kwargs
 
 PS = 4
@@ -97,20 +96,11 @@ def _split_parts_run(eng, forwards: list | None = None, launches: list | None = 
                     return _queue(*a)
 
                 def launch(*a, _forward=exe.forward):  # on the launcher thread
-                    read = not reads.popleft() or _until(lambda: eng.core.pending is None)
+                    read = not reads.popleft() or until(lambda: eng.core.pending is None)
                     launches.append((threading.current_thread().name, read))
                     return _forward(*a)
                 exe.queue_forward, exe.forward = queue, launch
     return runs
-
-
-def _until(done, seconds: float = 30.0) -> bool:
-    end = time.monotonic() + seconds
-    while not done():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 def _run(eng):
@@ -131,7 +121,8 @@ def _run(eng):
         # when it waits for the walk and verifies the run; without overlap it is not a part of its own.
         assert (True in forwards and False in forwards) if eng.core.overlap else not forwards, forwards
         # Each forward launches on the launcher thread, beside the loop's read of the last step.
-        assert len(launches) == len(forwards) and all(
+        # (The output arrives during that read, so the loop may still be launching the last one.)
+        assert until(lambda: len(launches) == len(forwards)) and all(
             name.startswith("jspec-launch") and read for name, read in launches), launches
     return outs, constrained
 
