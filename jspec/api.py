@@ -93,6 +93,7 @@ class Engine:
                                   shorter_chains=self.spec is not None and self.spec.adaptive,
                                   prefix_pages=cfg.prefix_pages_per_step, grammar=cfg.grammar_backend is not None,
                                   grammar_pipeline=not cfg.disable_overlap_schedule,
+                                  transfer_guard=cfg.transfer_guard,
                                   input_logprobs=cfg.enable_input_logprobs,
                                   executables=open_executable_cache(cache_dir, cfg.cache_context()))
         tokenizer_json = None if tokenizer_dir is None else os.path.join(tokenizer_dir, "tokenizer.json")

@@ -60,11 +60,14 @@ class ModelRunner:
                  drafting: Drafting | None = None, top_k_top_p: bool = True, compile: bool = True,
                  plain_decode: bool = False, shorter_chains: bool = False, prefix_pages: int = 0,
                  grammar: bool = False, grammar_pipeline: bool = False, input_logprobs: bool = False,
-                 executables: ExecutableCache | None = None):
+                 executables: ExecutableCache | None = None, transfer_guard: str | None = None):
         """The bucket settings (decode_batch_sizes ... input_logprobs): see `bucket_set.step_buckets`;
-        executables: compiled steps are loaded from / stored to this cache (warm starts)."""
+        executables: compiled steps are loaded from / stored to this cache (warm starts);
+        transfer_guard: the loop's `jax.transfer_guard` level, for the split steps' launches on
+        their own thread."""
         self.model = model
         self.drafting = drafting
+        self.transfer_guard = transfer_guard
         self.page_size = layout.page_size
         self.pages_per_seq = layout.pages_per_seq
         self.num_top = num_top_logprobs
@@ -271,8 +274,8 @@ class ModelRunner:
                 after.result()
             t = time.perf_counter()
             parts = self._compiled_parts(b, self.state, lowered)
-            exe = parts[0] if not b.grammar_split else SplitExecutable(parts, b, self._replicated,
-                                                                      plain=self.drafting is None)
+            exe = parts[0] if not b.grammar_split else SplitExecutable(
+                parts, b, self._replicated, plain=self.drafting is None, guard=self.transfer_guard)
             return b, exe, time.perf_counter() - t
 
         # Tracing holds the GIL and runs here, one bucket after another; XLA's compilation releases

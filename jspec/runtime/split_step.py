@@ -62,17 +62,27 @@ def launcher() -> ThreadPoolExecutor:
         return _launcher
 
 
+def _launch(guard: str | None, part, *args):
+    """Run `part` on the launcher thread under the loop's `jax.transfer_guard` level (a setting of
+    each thread: the loop's does not reach this one)."""
+    if guard is None:
+        return part(*args)
+    with jax.transfer_guard(guard):
+        return part(*args)
+
+
 class SplitExecutable:
     """The compiled parts of one bucket's split step (first, [forward,] second) and its fused twin."""
 
-    def __init__(self, parts: list, bucket: Bucket, sharding, *, plain: bool):
+    def __init__(self, parts: list, bucket: Bucket, sharding, *, plain: bool, guard: str | None = None):
         """parts: as `lower` returns them, compiled; plain: a plain engine's step (a SplitSample:
         the carry is the state and the logits); else a speculative engine's
-        (`step_common.SplitStep`, its plain steps included)."""
+        (`step_common.SplitStep`, its plain steps included); guard: the loop's transfer guard
+        level, which launches on the launcher thread run under too."""
         self.first, *forward, self.second, self.fused = parts
         self.forward = forward[0] if forward else None
         self.bucket, self.sharding = bucket, sharding
-        self.plain = plain
+        self.plain, self.guard = plain, guard
         self._replace = False  # pipelined: the next step's forward waits for the walk (a forced run)
         self._no_decisions = None
 
@@ -92,11 +102,11 @@ class SplitExecutable:
 
     def queue_first(self, params, state, packed) -> Future:
         """Launch a plain step's forward on the launcher thread -> a future of its (state, logits)."""
-        return launcher().submit(self.first, params, state, packed)
+        return launcher().submit(_launch, self.guard, self.first, params, state, packed)
 
     def queue_forward(self, params, buffers, rest, decisions) -> Future:
         """Launch the forward part on the launcher thread -> a future of its (buffers, rest)."""
-        return launcher().submit(self.forward, params, buffers, rest, decisions)
+        return launcher().submit(_launch, self.guard, self.forward, params, buffers, rest, decisions)
 
     def complete(self, params, packed, carry, plan):
         """Fill the plan's grammar inputs now (the grammars have consumed every earlier token) and

@@ -15,6 +15,7 @@ import re
 import threading
 from collections import deque
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -97,10 +98,20 @@ def _split_parts_run(eng, forwards: list | None = None, launches: list | None = 
 
                 def launch(*a, _forward=exe.forward):  # on the launcher thread
                     read = not reads.popleft() or until(lambda: eng.core.pending is None)
-                    launches.append((threading.current_thread().name, read))
+                    launches.append((threading.current_thread().name, read, _refuses_implicit_transfers()))
                     return _forward(*a)
                 exe.queue_forward, exe.forward = queue, launch
     return runs
+
+
+def _refuses_implicit_transfers() -> bool:
+    """Whether this thread runs under `jax.transfer_guard("disallow")`: an implicit host-to-device
+    transfer (a numpy operand) raises."""
+    try:
+        (jnp.ones(2) + np.ones(2)).block_until_ready()
+    except Exception:  # noqa: BLE001 - the guard's error type differs between JAX versions
+        return True
+    return False
 
 
 def _run(eng):
@@ -122,8 +133,10 @@ def _run(eng):
         assert (True in forwards and False in forwards) if eng.core.overlap else not forwards, forwards
         # Each forward launches on the launcher thread, beside the loop's read of the last step.
         # (The output arrives during that read, so the loop may still be launching the last one.)
+        # They run under the loop's transfer guard ("disallow" for v2 here: no implicit transfer).
+        guarded = eng.engine_config.transfer_guard == "disallow"
         assert until(lambda: len(launches) == len(forwards)) and all(
-            name.startswith("jspec-launch") and read for name, read in launches), launches
+            name.startswith("jspec-launch") and read and refused == guarded for name, read, refused in launches), launches
     return outs, constrained
 
 
