@@ -101,7 +101,7 @@ class EngineCore:
                 n = len(plan.reqs)
                 k = self.policy.choose(self.runner.decode_batch_size(n), n)
                 plan.speculate, plan.draft_steps = k > 0, (k if 0 < k < self.policy.max_drafts else 0)
-            handle = self.runner.dispatch(plan, between=self._read_pending if self._grammar_waits() else None)
+            handle = self.runner.dispatch(plan, between=self._read_pending if self._grammar_waits(plan) else None)
             self.num_steps[self._step_kind(handle)] += 1
         if self.overlap:
             if self.pending is not None:
@@ -110,11 +110,15 @@ class EngineCore:
         elif handle is not None:
             self._process(handle)
 
-    def _grammar_waits(self) -> bool:
-        """Whether the step in flight samples for a constrained request: the next masks of such a
-        request depend on its token, so the runner reads it (`_read_pending`) before it fills them,
-        after launching whatever of the next step does not need them."""
-        return self.pending is not None and any(s.sample and s.req.grammar is not None for s in self.pending.plan.reqs)
+    def _grammar_waits(self, plan) -> bool:
+        """Whether a constrained request samples in plan after sampling in the step in flight: its
+        masks depend on that token (its grammar must consume it first), so the runner reads that
+        step (`_read_pending`) before it fills them, after launching whatever of plan does not need
+        them. A prompt chunk's first token depends on nothing in flight, and launches at once."""
+        if self.pending is None:
+            return False
+        inflight = {id(s.req) for s in self.pending.plan.reqs if s.sample and s.req.grammar is not None}
+        return any(s.sample and id(s.req) in inflight for s in plan.reqs)
 
     def _read_pending(self) -> None:
         self._process(self.pending)

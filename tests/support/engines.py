@@ -1,6 +1,6 @@
 """Engine settings and checks shared by the engine tests (plain and speculative): the small settings
 every test engine starts from, the no-leak check, the plain greedy reference, greedy equality, a
-wait for the engine loop's thread."""
+wait for the engine loop's thread, a watch on the loop's reads of the step in flight."""
 
 from __future__ import annotations
 
@@ -70,3 +70,19 @@ def until(done, seconds: float = 30.0) -> bool:
             return False
         time.sleep(0.001)
     return True
+
+
+def watch_reads(eng):
+    """Wraps `eng.runner.dispatch` -> a function telling, while a step is being dispatched, whether
+    the loop gave that dispatch its read of the step in flight (`between`: the runner reads that
+    step between the launches it can make at once and the grammar inputs that need it). `del
+    eng.runner.dispatch` unwraps."""
+    box = {"reads": False}
+    dispatch = eng.runner.dispatch
+
+    def recorded(plan, between=None):
+        box["reads"] = between is not None
+        return dispatch(plan, between=between)
+
+    eng.runner.dispatch = recorded
+    return lambda: box["reads"]

@@ -19,6 +19,7 @@ from scipy import stats
 
 from jspec import Engine
 from jspec.errors import ConfigError, InvalidRequestError
+from jspec.models.batch import ForwardMode
 from jspec.runtime import sampler as sampling
 from jspec.runtime.grammar import GrammarBackend, mask_words
 from jspec.runtime.sampling_params import SamplingParams
@@ -26,7 +27,7 @@ from jspec.runtime.split_step import SplitExecutable
 from jspec.speculative import accept
 from tests.support import models as tm
 from tests.support.compiles import compilations
-from tests.support.engines import SMALL, check_no_leaks, until
+from tests.support.engines import SMALL, check_no_leaks, until, watch_reads
 
 # Compact JSON (llguidance's x-guidance option): a random model left free to add whitespace adds nothing else.
 SCHEMA = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
@@ -275,14 +276,14 @@ def test_masks_are_filled_while_the_next_forward_runs(engine):
     hands the vocabulary-split logits from the forward to the sampling part)."""
     unread = []  # per queued forward: whether the step before it was still unread
     launches = []  # per forward launch: its thread, and whether it saw the loop read the last step
-    core, saved, reads = engine.core, [], deque()
+    core, saved, reads, will_read = engine.core, [], deque(), watch_reads(engine)
     for exe in engine.runner.compiled.values():
         if isinstance(exe, SplitExecutable):
             saved.append((exe, exe.queue_first, exe.first))
 
             def queue(*a, _queue=exe.queue_first):  # on the loop's thread
                 unread.append(core.pending is not None)
-                reads.append(core._grammar_waits())  # the loop reads the last step after this
+                reads.append(will_read())  # the loop reads the last step after this
                 return _queue(*a)
 
             def launch(*a, _first=exe.first):  # on the launcher thread: it waits for that read (on
@@ -294,6 +295,7 @@ def test_masks_are_filled_while_the_next_forward_runs(engine):
     try:
         out = engine.generate(input_ids=_ids("go"), sampling_params=sp)
     finally:
+        del engine.runner.dispatch
         for exe, queue, first in saved:
             exe.queue_first, exe.first = queue, first
     assert re.fullmatch(REGEX, out["text"])
@@ -306,6 +308,35 @@ def test_masks_are_filled_while_the_next_forward_runs(engine):
                 **SMALL) as v1:
         assert any(isinstance(e, SplitExecutable) for e in v1.runner.compiled.values())
         assert v1.generate(input_ids=_ids("go"), sampling_params=sp)["output_ids"] == out["output_ids"]
+
+
+def test_a_constrained_prompt_launches_before_the_step_in_flight_is_read(engine):
+    """A constrained request's last prompt chunk samples under the grammar's first mask, which no
+    step in flight changes: it launches before the loop reads a step in flight that sampled for
+    another constrained request (which the loop reads for that request's next decode step), and
+    each text equals that of its request run alone."""
+    sp = {"max_new_tokens": 20, "temperature": 0, "regex": REGEX}
+    # Prompts no other test sends (the prefix cache would serve them whole): the long one's last
+    # chunk is scheduled after the short one has started decoding.
+    prompts = [_ids("hi"), _ids("a longer prompt, in three chunks of sixteen.")]
+    core, dispatch, seen = engine.core, engine.runner.dispatch, []
+
+    def recorded(plan, between=None):  # per step sampling for a constrained request
+        if any(s.sample and s.req.grammar is not None for s in plan.reqs):
+            inflight = core.pending is not None and any(s.sample and s.req.grammar is not None
+                                                        for s in core.pending.plan.reqs)
+            seen.append((plan.mode, inflight, between is not None))
+        return dispatch(plan, between=between)
+
+    engine.runner.dispatch = recorded
+    try:
+        outs = engine.generate(input_ids=prompts, sampling_params=[sp, sp])
+    finally:
+        del engine.runner.dispatch
+    assert [o["output_ids"] for o in outs] == [engine.generate(input_ids=p, sampling_params=sp)["output_ids"]
+                                               for p in prompts]
+    assert (ForwardMode.EXTEND, True, False) in seen, seen  # launched with a constrained token unread
+    assert (ForwardMode.DECODE, True, True) in seen, seen
 
 
 def test_a_speculative_engines_plain_steps_fill_masks_while_the_forward_runs(engine):

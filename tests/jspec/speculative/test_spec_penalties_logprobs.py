@@ -22,7 +22,7 @@ import pytest
 from jspec import Engine
 from jspec.runtime.split_step import SplitExecutable
 from tests.support import models as tm
-from tests.support.engines import SPEC_BS4, check_no_leaks, output_ids, until
+from tests.support.engines import SPEC_BS4, check_no_leaks, output_ids, until, watch_reads
 from tests.support.spec_eagle import build_models, case_kwargs
 
 PS = 4
@@ -83,7 +83,7 @@ def _split_parts_run(eng, forwards: list | None = None, launches: list | None = 
     In `launches`, per forward launch: its thread, and whether a launch queued before the loop reads
     the last step saw that read happen while it waited to start (it would wait forever were the
     launch on the loop's thread)."""
-    runs, reads = [], deque()
+    runs, reads, will_read = [], deque(), watch_reads(eng)
     for exe in eng.runner.compiled.values():
         if isinstance(exe, SplitExecutable):
             def counted(*a, _first=exe.first):
@@ -93,7 +93,7 @@ def _split_parts_run(eng, forwards: list | None = None, launches: list | None = 
             if exe.forward is not None and forwards is not None:
                 def queue(*a, _queue=exe.queue_forward):  # on the loop's thread, when it queues the launch
                     forwards.append(eng.core.pending is not None)
-                    reads.append(eng.core._grammar_waits())  # the loop reads the last step after this
+                    reads.append(will_read())  # the loop reads the last step after this
                     return _queue(*a)
 
                 def launch(*a, _forward=exe.forward):  # on the launcher thread
