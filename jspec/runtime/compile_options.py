@@ -119,7 +119,7 @@ def uncaptured_parts() -> frozenset[str] | None:
 
 def split_part_name(bucket: Bucket, part: int) -> str | None:
     """Which part of a split step `part` is in `split_step.lower`'s order; None for the fused twin."""
-    names = ("draft", "forward", "verify") if bucket.grammar_pipeline else ("draft", "verify")
+    names = SPLIT_PARTS if bucket.grammar_pipeline else ("draft", "verify")  # no forward part of its own
     return names[part] if part < len(names) else None
 
 
