@@ -1,10 +1,13 @@
 """Engine settings and checks shared by the engine tests (plain and speculative): the small settings
 every test engine starts from, the no-leak check, the plain greedy reference, greedy equality, a
-wait for the engine loop's thread, a watch on the loop's reads of the step in flight."""
+wait for the engine loop's thread, watches on the loop's reads of the step in flight and on the
+split steps' launches."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 
 # The one definition of a test engine's settings; suites override fields as {**SMALL, "field": v}.
 # Speculative engines speculate at every step here (their checks count accepted drafts; no plain
@@ -86,3 +89,44 @@ def watch_reads(eng):
 
     eng.runner.dispatch = recorded
     return lambda: box["reads"]
+
+
+def refuses_implicit_transfers() -> bool:
+    """Whether this thread runs under `jax.transfer_guard("disallow")`: an implicit host-to-device
+    transfer (a numpy operand) raises."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    try:
+        (jnp.ones(2) + np.ones(2)).block_until_ready()
+    except Exception:  # noqa: BLE001 - the guard's error type differs between JAX versions
+        return True
+    return False
+
+
+def watch_launches(eng, exe, queue: str, part: str, will_read, queued: list, launches: list):
+    """Wraps a split step's launch on the launcher thread -> a function that unwraps it. `exe.<queue>`
+    (the loop's thread) records in `queued` whether the step in flight was still unread;
+    `exe.<part>` (the launcher thread) records in `launches` its thread's name, whether a launch
+    queued before the loop's read of that step (`will_read`, from `watch_reads`) saw the read happen
+    while it waited to start (on the loop's own thread it would wait forever), and whether implicit
+    transfers are refused there."""
+    reads, saved = deque(), (getattr(exe, queue), getattr(exe, part))
+
+    def queue_wrapped(*a):
+        queued.append(eng.core.pending is not None)
+        reads.append(will_read())
+        return saved[0](*a)
+
+    def part_wrapped(*a):
+        read = not reads.popleft() or until(lambda: eng.core.pending is None)
+        launches.append((threading.current_thread().name, read, refuses_implicit_transfers()))
+        return saved[1](*a)
+
+    setattr(exe, queue, queue_wrapped)
+    setattr(exe, part, part_wrapped)
+
+    def unwrap():
+        setattr(exe, queue, saved[0])
+        setattr(exe, part, saved[1])
+    return unwrap

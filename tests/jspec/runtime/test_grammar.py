@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
-from collections import deque
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +25,7 @@ from jspec.runtime.split_step import SplitExecutable
 from jspec.speculative import accept
 from tests.support import models as tm
 from tests.support.compiles import compilations
-from tests.support.engines import SMALL, check_no_leaks, until, watch_reads
+from tests.support.engines import SMALL, check_no_leaks, until, watch_launches, watch_reads
 
 # Compact JSON (llguidance's x-guidance option): a random model left free to add whitespace adds nothing else.
 SCHEMA = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
@@ -274,35 +272,23 @@ def test_masks_are_filled_while_the_next_forward_runs(engine):
     before it (whose token the grammar must consume before it can give the next mask), and the
     text is that of the loop without overlap on the target split over 2 devices (its split step
     hands the vocabulary-split logits from the forward to the sampling part)."""
-    unread = []  # per queued forward: whether the step before it was still unread
-    launches = []  # per forward launch: its thread, and whether it saw the loop read the last step
-    core, saved, reads, will_read = engine.core, [], deque(), watch_reads(engine)
-    for exe in engine.runner.compiled.values():
-        if isinstance(exe, SplitExecutable):
-            saved.append((exe, exe.queue_first, exe.first))
-
-            def queue(*a, _queue=exe.queue_first):  # on the loop's thread
-                unread.append(core.pending is not None)
-                reads.append(will_read())  # the loop reads the last step after this
-                return _queue(*a)
-
-            def launch(*a, _first=exe.first):  # on the launcher thread: it waits for that read (on
-                read = not reads.popleft() or until(lambda: core.pending is None)  # the loop's, forever)
-                launches.append((threading.current_thread().name, read))
-                return _first(*a)
-            exe.queue_first, exe.first = queue, launch
+    unread, launches, will_read = [], [], watch_reads(engine)  # per queued forward, per launch
+    unwrap = [watch_launches(engine, exe, "queue_first", "first", will_read, unread, launches)
+              for exe in engine.runner.compiled.values() if isinstance(exe, SplitExecutable)]
     sp = {"max_new_tokens": 24, "temperature": 0, "regex": REGEX}
     try:
         out = engine.generate(input_ids=_ids("go"), sampling_params=sp)
     finally:
         del engine.runner.dispatch
-        for exe, queue, first in saved:
-            exe.queue_first, exe.first = queue, first
+        for undo in unwrap:
+            undo()
     assert re.fullmatch(REGEX, out["text"])
     assert len(unread) >= len(out["output_ids"]) - 2 and all(unread), unread  # each launched with the last unread
-    # Each launched on the launcher thread, beside the loop's read of the step before it. (The
-    # output arrives during that read, so the loop may still be launching the last one.)
-    assert until(lambda: len(launches) == len(unread)) and all(n.startswith("jspec-launch") and r for n, r in launches), launches
+    # Each launched on the launcher thread, beside the loop's read of the step before it, under the
+    # loop's transfer guard. (The output arrives during that read, so the loop may still be
+    # launching the last one.)
+    assert until(lambda: len(launches) == len(unread)) and all(
+        n.startswith("jspec-launch") and read and refused for n, read, refused in launches), launches
     with Engine(engine.model.path, page_size=4, chunked_prefill_size=16, context_length=96, tp_size=2,
                 grammar_backend="llguidance", disable_overlap_schedule=True, disable_top_k_top_p=True,  # greedy only
                 **SMALL) as v1:

@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from collections import deque
-
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jspec import Engine
 from jspec.runtime.split_step import SplitExecutable
 from tests.support import models as tm
-from tests.support.engines import SPEC_BS4, check_no_leaks, output_ids, until, watch_reads
+from tests.support.engines import SPEC_BS4, check_no_leaks, output_ids, until, watch_launches, watch_reads
 from tests.support.spec_eagle import build_models, case_kwargs
 
 PS = 4
@@ -83,7 +79,7 @@ def _split_parts_run(eng, forwards: list | None = None, launches: list | None = 
     In `launches`, per forward launch: its thread, and whether a launch queued before the loop reads
     the last step saw that read happen while it waited to start (it would wait forever were the
     launch on the loop's thread)."""
-    runs, reads, will_read = [], deque(), watch_reads(eng)
+    runs, will_read = [], watch_reads(eng)
     for exe in eng.runner.compiled.values():
         if isinstance(exe, SplitExecutable):
             def counted(*a, _first=exe.first):
@@ -91,27 +87,8 @@ def _split_parts_run(eng, forwards: list | None = None, launches: list | None = 
                 return _first(*a)
             exe.first = counted
             if exe.forward is not None and forwards is not None:
-                def queue(*a, _queue=exe.queue_forward):  # on the loop's thread, when it queues the launch
-                    forwards.append(eng.core.pending is not None)
-                    reads.append(will_read())  # the loop reads the last step after this
-                    return _queue(*a)
-
-                def launch(*a, _forward=exe.forward):  # on the launcher thread
-                    read = not reads.popleft() or until(lambda: eng.core.pending is None)
-                    launches.append((threading.current_thread().name, read, _refuses_implicit_transfers()))
-                    return _forward(*a)
-                exe.queue_forward, exe.forward = queue, launch
+                watch_launches(eng, exe, "queue_forward", "forward", will_read, forwards, launches)
     return runs
-
-
-def _refuses_implicit_transfers() -> bool:
-    """Whether this thread runs under `jax.transfer_guard("disallow")`: an implicit host-to-device
-    transfer (a numpy operand) raises."""
-    try:
-        (jnp.ones(2) + np.ones(2)).block_until_ready()
-    except Exception:  # noqa: BLE001 - the guard's error type differs between JAX versions
-        return True
-    return False
 
 
 def _run(eng):
