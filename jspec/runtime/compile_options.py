@@ -18,17 +18,20 @@ keeps that choice for every step.
 XLA records a step's kernels into a CUDA graph (a command buffer) and launches the graph whole: the
 host queues it in one call, which on the GPU machines measured takes milliseconds of host time for
 a decode step, before the device starts on any of it. A step queued while the step before still
-runs hides that. The verify part of a grammar-constrained speculative step without overlap (`split_step.py`)
-cannot be queued early: the host launches it only after reading the drafts and walking the
-grammar, with the device idle. That part is compiled without command buffers, so its kernels start as the host
-queues them one by one (bench/README.md, "Structured output"). With
-`JSPEC_GRAMMAR_UNCAPTURED_PARTS=draft,forward,verify` (any of the three, or `none`) exactly the
-named parts of every constrained speculative split step compile without command buffers instead,
-pipelined or not: a pipelined step's parts, too, are launched while the device waits for them (the
-draft part behind a short verify part, the forward behind the draft part), and each captured part's
-graph is updated before every launch; which parts should run uncaptured is measured by
-`bench/grammar_cost.sh OUT graph-parts`. A user who names `xla_gpu_enable_command_buffer` in
-XLA_FLAGS keeps that choice.
+runs hides that. A grammar-constrained speculative step runs in parts (`split_step.py`), and which
+of them compile without command buffers (kernels queued one by one, each starting at once) is
+chosen per bucket (`default_uncaptured_parts`; bench/README.md, "Structured output"):
+- without overlap, the verify part: the host launches it only after reading the drafts and
+  walking the grammar, with the device idle;
+- with overlap (pipelined: draft, forward, verify), every part once the target sees at least
+  `UNCAPTURED_FROM_ROWS` token rows. The host launches the three parts one after another each
+  step, and a captured part's graph is updated before every launch; served end to end, the
+  uncaptured parts ran as fast or faster from that width on, and the graphs faster at batch 1,
+  where each part's device time is too short to hide kernels queued one by one.
+`JSPEC_GRAMMAR_UNCAPTURED_PARTS=draft,forward,verify` (any of the three, or `none`) names exactly
+the parts of every constrained speculative split step, pipelined or not, that compile uncaptured,
+in place of that choice (measured by `bench/grammar_cost.sh OUT graph-parts`). A user who names
+`xla_gpu_enable_command_buffer` in XLA_FLAGS keeps that choice.
 
 Split across GPUs, a step's all-reduces are by default XLA's own collective kernels, which end a
 command buffer each. With `JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS=N`, tensor-parallel decode steps of
@@ -49,6 +52,7 @@ from jspec.models.batch import ForwardMode
 from jspec.runtime.step_inputs import Bucket
 
 CUBLAS_FROM_ROWS = 24
+UNCAPTURED_FROM_ROWS = 32
 GRAPH_COLLECTIVES_ENV = "JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS"
 UNCAPTURED_PARTS_ENV = "JSPEC_GRAMMAR_UNCAPTURED_PARTS"
 SPLIT_PARTS = ("draft", "forward", "verify")
@@ -123,6 +127,17 @@ def split_part_name(bucket: Bucket, part: int) -> str | None:
     return names[part] if part < len(names) else None
 
 
+def default_uncaptured_parts(bucket: Bucket, drafting) -> frozenset[str]:
+    """The parts of a constrained speculative split step that compile without command buffers when
+    JSPEC_GRAMMAR_UNCAPTURED_PARTS is unset: a non-pipelined step's verify part (launched with the
+    device idle); every part of a pipelined step of at least UNCAPTURED_FROM_ROWS target rows."""
+    if not bucket.grammar_pipeline:
+        return frozenset({"verify"})
+    if target_rows(bucket, drafting) >= UNCAPTURED_FROM_ROWS:
+        return frozenset(SPLIT_PARTS)
+    return frozenset()
+
+
 def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0, tp: int = 1) -> dict:
     """The XLA options to compile bucket's step with on `platform` (a jax device's platform);
     part: which compiled part of a split step (`split_step.lower`'s order: 0 the first; then a
@@ -140,8 +155,9 @@ def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0
     if (bucket.grammar_split and drafting is not None and bucket.speculate
             and "xla_gpu_enable_command_buffer" not in flags):
         chosen = uncaptured_parts()
-        name = split_part_name(bucket, part)
-        if (name == "verify" and not bucket.grammar_pipeline) if chosen is None else name in chosen:
+        if chosen is None:
+            chosen = default_uncaptured_parts(bucket, drafting)
+        if split_part_name(bucket, part) in chosen:
             options["xla_gpu_enable_command_buffer"] = ""  # a repeated option: empty clears every type
     from_rows = graph_collectives_from_rows()
     if (tp > 1 and from_rows is not None and bucket.mode is ForwardMode.DECODE

@@ -55,7 +55,7 @@ def test_triton_gemm_is_off_only_for_wide_gpu_decode_steps(monkeypatch):
 def test_the_verify_part_of_a_constrained_speculative_step_runs_without_command_buffers(monkeypatch):
     """Without overlap it is launched with the device idle (after the host's grammar walk): kernels
     queued one by one start at once, a captured graph only once the whole of it is queued. A
-    pipelined step's forward (part 1) is mostly queued early and keeps its graph."""
+    narrow pipelined step keeps every part's graph."""
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     split = decode(1, grammar_split=True, grammar_nodes=4, mask_words=8)
     no_graph = {"xla_gpu_enable_command_buffer": ""}
@@ -65,12 +65,38 @@ def test_the_verify_part_of_a_constrained_speculative_step_runs_without_command_
     piped = decode(1, grammar_split=True, grammar_pipeline=True, grammar_nodes=4, mask_words=8)
     assert [step_compiler_options("gpu", piped, Chain(3), part=i) for i in range(4)] == [{}] * 4
     assert step_compiler_options("gpu", decode(8, grammar_split=True), Chain(3), part=1) == {**OFF, **no_graph}
+    assert step_compiler_options("gpu", decode(8, grammar_split=True), Chain(3), part=0) == OFF
     # The plain step of a speculative engine and a plain engine's split: their second part is the sampler.
     assert step_compiler_options("gpu", decode(1, grammar_split=True, speculate=False), Chain(3), part=1) == {}
     assert step_compiler_options("gpu", decode(1, grammar_split=True), None, part=1) == {}
     assert step_compiler_options("cpu", split, Chain(3), part=1) == {}
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION")  # the user's choice stands
     assert step_compiler_options("gpu", split, Chain(3), part=1) == {}
+
+
+def test_every_part_of_a_wide_pipelined_constrained_step_runs_without_command_buffers(monkeypatch):
+    """From UNCAPTURED_FROM_ROWS target rows a pipelined step's draft, forward and verify parts all
+    compile uncaptured; its fused twin keeps its graph, and a non-pipelined step of any width
+    uncaptures only its verify part."""
+    from jspec.runtime.compile_options import UNCAPTURED_FROM_ROWS
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.delenv("JSPEC_GRAMMAR_UNCAPTURED_PARTS", raising=False)
+    no_graph = {"xla_gpu_enable_command_buffer": ""}
+
+    def uncaptured(b, pipeline=True, chain=Chain(3), n=4):
+        bucket = decode(b, grammar_split=True, grammar_pipeline=pipeline, grammar_nodes=4, mask_words=8)
+        return [no_graph.items() <= step_compiler_options("gpu", bucket, chain, part=i).items() for i in range(n)]
+
+    wide = UNCAPTURED_FROM_ROWS // 4  # requests whose 4 verified rows reach the threshold
+    assert uncaptured(wide) == [True, True, True, False]
+    assert uncaptured(wide - 1) == [False] * 4
+    assert uncaptured(wide, chain=Chain(1)) == [False] * 4  # 2 rows a request: half as wide
+    assert uncaptured(2 * wide, chain=Chain(1)) == [True, True, True, False]
+    assert uncaptured(wide, pipeline=False, n=3) == [False, True, False]
+    assert uncaptured(1, pipeline=False, n=3) == [False, True, False]
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION")  # the user's choice stands
+    assert uncaptured(4 * wide) == [False] * 4
 
 
 def test_the_named_split_parts_run_without_command_buffers_when_asked(monkeypatch):
