@@ -11,10 +11,11 @@
 #   walk and mask upload at the simulated acceptance;
 # json: every request under a JSON schema with free string fields (random weights: most random
 #   drafts break the JSON and are cut, so this shows the path, not a real model's acceptance).
-# graph-parts: `open` at concurrency 32 only (256 out, no baseline), once per setting of
-#   JSPEC_GRAMMAR_UNCAPTURED_PARTS in PARTS (default: "default forward draft,forward
-#   draft,forward,verify"; "default" leaves it unset): which parts of the pipelined constrained
-#   step should run without command buffers (jspec/runtime/compile_options.py). One JSONL per setting.
+# graph-parts: `open` at the concurrencies in CONCURRENCY (default 32; e.g. "1,32", then compiled
+#   for exactly those batch sizes) only (256 out, no baseline), once per setting of JSPEC_GRAMMAR_UNCAPTURED_PARTS in PARTS (default: "default
+#   forward draft,forward draft,forward,verify"; "default" leaves it unset): which parts of the
+#   pipelined constrained step should run without command buffers, by width
+#   (jspec/runtime/compile_options.py). One JSONL per setting.
 # WHEELS: a folder holding the llguidance wheel (the GPU machine has no network). SKIP_BASELINE=1: no
 # no-speculation column (the stages compare EAGLE3 engines; each baseline costs an engine build).
 # EXTRA: more `jspec bench sweep` flags, after the stage's (later flags win), e.g.
@@ -47,7 +48,8 @@ case $stage in
       [[ $parts == default ]] && setting=() || setting=("JSPEC_GRAMMAR_UNCAPTURED_PARTS=$parts")
       echo "== uncaptured parts: $parts"
       env "${setting[@]}" python3 -m jspec.cli bench sweep "${common[@]}" "${open[@]}" --skip-baseline \
-          --max-concurrency-list 32 --random-output-len 256 ${EXTRA:-} \
+          --max-concurrency-list "${CONCURRENCY:-32}" ${CONCURRENCY:+--cuda-graph-bs "$CONCURRENCY"} \
+          --random-output-len 256 ${EXTRA:-} \
           --output-file "$out/serve_grammar_parts_$name.jsonl" 2>&1 | tee "$out/serve_grammar_parts_$name.log" | grep -E "^ +EAGLE3"
     done
     exit 0 ;;
