@@ -26,8 +26,9 @@ chosen per bucket (`default_uncaptured_parts`; bench/README.md, "Structured outp
 - with overlap (pipelined: draft, forward, verify), every part once the target sees at least
   `UNCAPTURED_FROM_ROWS` token rows. The host launches the three parts one after another each
   step, and a captured part's graph is updated before every launch; served end to end, the
-  uncaptured parts ran as fast or faster from that width on, and the graphs faster at batch 1,
-  where each part's device time is too short to hide kernels queued one by one.
+  uncaptured parts ran as fast or faster from that width on, and the graphs faster at batch 1
+  (likely because there each part's device time is too short to hide kernels queued one by one;
+  not traced).
 `JSPEC_GRAMMAR_UNCAPTURED_PARTS=draft,forward,verify` (any of the three, or `none`) names exactly
 the parts of every constrained speculative split step, pipelined or not, that compile uncaptured,
 in place of that choice (measured by `bench/grammar_cost.sh OUT graph-parts`). A user who names
