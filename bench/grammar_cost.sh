@@ -11,11 +11,12 @@
 #   walk and mask upload at the simulated acceptance;
 # json: every request under a JSON schema with free string fields (random weights: most random
 #   drafts break the JSON and are cut, so this shows the path, not a real model's acceptance).
-# graph-parts: `open` at the concurrencies in CONCURRENCY (default 32; e.g. "1,32", then compiled
-#   for exactly those batch sizes) only (256 out, no baseline), once per setting of JSPEC_GRAMMAR_UNCAPTURED_PARTS in PARTS (default: "default
-#   forward draft,forward draft,forward,verify"; "default" leaves it unset): which parts of the
-#   pipelined constrained step should run without command buffers, by width
-#   (jspec/runtime/compile_options.py). One JSONL per setting.
+# graph-parts: `open` only, 256 out, no baseline, at the concurrencies in CONCURRENCY (default 32;
+#   e.g. "1,32", then compiled for exactly those batch sizes), once per setting of
+#   JSPEC_GRAMMAR_UNCAPTURED_PARTS in PARTS (default: "default forward draft,forward
+#   draft,forward,verify"; "default" leaves it unset): which parts of the pipelined constrained
+#   step should run without command buffers, by width (jspec/runtime/compile_options.py). One
+#   JSONL per setting.
 # WHEELS: a folder holding the llguidance wheel (the GPU machine has no network). SKIP_BASELINE=1: no
 # no-speculation column (the stages compare EAGLE3 engines; each baseline costs an engine build).
 # EXTRA: more `jspec bench sweep` flags, after the stage's (later flags win), e.g.
