@@ -27,7 +27,7 @@ if [[ -n "${WHEELS:-}" ]]; then
   python3 -m pip install -q --no-index --find-links "$WHEELS" llguidance
 fi
 python3 -c "import llguidance"
-export PYTHONPATH=.
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}  # a caller's entries (a probe's sitecustomize) kept
 tok=$(mktemp -d)
 python3 bench/vocab_tokenizer.py 151936 "$tok"
 common=(--model-path random:qwen3-8b --speculative-algorithm-list EAGLE3 --overlap-list on --quiet

@@ -40,6 +40,9 @@ def environment() -> dict:
         "commit_dirty": None if status is None or os.environ.get("JSPEC_COMMIT") else bool(status),
         # Compiler and collective settings change step times (e.g. XLA's one-shot all-reduce kernel).
         "xla_nccl_env": {k: v for k, v in os.environ.items() if k.startswith(("XLA_", "NCCL_"))},
+        # jspec's own knobs read from the environment (uncaptured split parts, the GIL switch
+        # interval, ...): a run under one is not the default engine.
+        "jspec_env": {k: v for k, v in os.environ.items() if k.startswith("JSPEC_") and k != "JSPEC_COMMIT"},
     }
 
 

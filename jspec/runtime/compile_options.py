@@ -37,9 +37,9 @@ in place of that choice (measured by `bench/grammar_cost.sh OUT graph-parts`). A
 Split across GPUs, a step's all-reduces are by default XLA's own collective kernels, which end a
 command buffer each. With `JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS=N`, tensor-parallel decode steps of
 at least N target rows are compiled with those kernels off and NCCL all-reduces recorded into the
-graphs (`graph_collectives_options`); off by default: measured as XLA_FLAGS for a whole process,
-that made a wide TP2 step faster and a batch-1 step slower (bench/README.md, "Tensor
-parallelism"), and the per-bucket setting is not yet measured.
+graphs (`graph_collectives_options`); off by default: as XLA_FLAGS for a whole process it made a
+wide TP2 step faster and a batch-1 step slower, and per bucket it made every step it applied to
+slower (bench/README.md, "Tensor parallelism"). The knob stays for other hosts and models.
 """
 
 from __future__ import annotations

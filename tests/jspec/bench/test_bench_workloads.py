@@ -260,3 +260,14 @@ def test_sweep_records_accept_length_speedup_and_errors(tmp_path, capsys):
         assert r["metrics"] is None and "NGRAM is not implemented" in r["error"]
     table = capsys.readouterr().out
     assert "speedup" in table and "EAGLE3" in table and "not implemented" in table and "retract" in table
+
+
+def test_records_name_the_jspec_knobs_they_ran_under(monkeypatch):
+    from jspec.bench.record import environment
+
+    monkeypatch.setenv("JSPEC_GRAMMAR_UNCAPTURED_PARTS", "forward")
+    monkeypatch.setenv("JSPEC_COMMIT", "abc1234")
+    env = environment()
+    assert env["jspec_env"]["JSPEC_GRAMMAR_UNCAPTURED_PARTS"] == "forward"
+    assert "JSPEC_COMMIT" not in env["jspec_env"]  # it has its own field
+    assert env["commit"] == "abc1234"
