@@ -29,6 +29,9 @@ chosen per bucket (`default_uncaptured_parts`; bench/README.md, "Structured outp
   uncaptured parts ran as fast or faster from that width on, and the graphs faster at batch 1
   (likely because there each part's device time is too short to hide kernels queued one by one;
   not traced).
+A captured part's graph is re-recorded before a launch whenever a buffer it uses has moved; the
+parts of a step that keep their graphs therefore hand their carry over in static buffers
+(`uses_static_carry`, `jspec.runtime.static_carry`).
 `JSPEC_GRAMMAR_UNCAPTURED_PARTS=draft,forward,verify` (any of the three, or `none`) names exactly
 the parts of every constrained speculative split step, pipelined or not, that compile uncaptured,
 in place of that choice (measured by `bench/grammar_cost.sh OUT graph-parts`). A user who names
@@ -56,6 +59,7 @@ CUBLAS_FROM_ROWS = 24
 UNCAPTURED_FROM_ROWS = 32
 GRAPH_COLLECTIVES_ENV = "JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS"
 UNCAPTURED_PARTS_ENV = "JSPEC_GRAMMAR_UNCAPTURED_PARTS"
+STATIC_CARRY_ENV = "JSPEC_GRAMMAR_STATIC_CARRY"
 SPLIT_PARTS = ("draft", "forward", "verify")
 
 
@@ -166,3 +170,19 @@ def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0
             and "xla_gpu_enable_command_buffer" not in flags):
         options.update(graph_collectives_options())
     return options
+
+
+def uses_static_carry(bucket: Bucket, drafting) -> bool:
+    """Whether a constrained speculative split step hands its carry between its parts in static
+    buffers (`jspec.runtime.static_carry`), so that its parts' graphs are not re-recorded before
+    every launch: by default where the parts keep their graphs (fewer than UNCAPTURED_FROM_ROWS
+    target rows; wider steps run uncaptured and have nothing to re-record).
+    `JSPEC_GRAMMAR_STATIC_CARRY=0` or `1` decides it for every bucket."""
+    if drafting is None or not bucket.grammar_split or not bucket.speculate:
+        return False
+    value = os.environ.get(STATIC_CARRY_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"{STATIC_CARRY_ENV} must be 0 or 1, got {value!r}")
+    if value:
+        return value == "1"
+    return target_rows(bucket, drafting) < UNCAPTURED_FROM_ROWS

@@ -203,7 +203,8 @@ class ModelRunner:
             if bucket.grammar_split:  # two parts (split_step.py)
                 return split_step.lower(self.step_fn(bucket), self.step_fn(split_step.without_grammar(bucket)),
                                         bucket, self.params, state, packed, out_shardings=out_shardings,
-                                        sharding=self._replicated, tp=self.model.tp_size)
+                                        sharding=self._replicated, tp=self.model.tp_size,
+                                        static=compile_options.uses_static_carry(bucket, self.drafting))
             return jax.jit(self.step_fn(bucket), donate_argnums=(1,), out_shardings=out_shardings).lower(
                 self.params, state, packed, *mask)
 
@@ -275,7 +276,8 @@ class ModelRunner:
             t = time.perf_counter()
             parts = self._compiled_parts(b, self.state, lowered)
             exe = parts[0] if not b.grammar_split else SplitExecutable(
-                parts, b, self._replicated, plain=self.drafting is None, guard=self.transfer_guard)
+                parts, b, self._replicated, plain=self.drafting is None, guard=self.transfer_guard,
+                static=compile_options.uses_static_carry(b, self.drafting))
             return b, exe, time.perf_counter() - t
 
         # Tracing holds the GIL and runs here, one bucket after another; XLA's compilation releases

@@ -23,7 +23,9 @@ work a constrained row needs overlaps the device.
 With overlap, the loop launches the first part before it reads the previous step, whose tokens
 the grammars must consume before they can answer (`ModelRunner.dispatch`'s `between`), so the
 device computes while the host reads results and fills masks. The device state's buffers are
-donated from one part to the next.
+donated from one part to the next; so is the rest of a speculative step's carry where
+`static_carry` keeps it in static buffers (`compile_options.uses_static_carry`), so that the
+parts' captured graphs need no re-recording between launches.
 
 A batch without constrained rows runs the bucket's fused step instead (compiled beside the parts,
 the same step without grammar inputs): two launches and the carry between them cost a small batch
@@ -42,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jspec.runtime import grammar
+from jspec.runtime import grammar, static_carry
 from jspec.runtime.step import SplitSample
 from jspec.runtime.step_inputs import Bucket
 from jspec.sharding import TP
@@ -74,17 +76,32 @@ def _launch(guard: str | None, part, *args):
 class SplitExecutable:
     """The compiled parts of one bucket's split step (first, [forward,] second) and its fused twin."""
 
-    def __init__(self, parts: list, bucket: Bucket, sharding, *, plain: bool, guard: str | None = None):
+    def __init__(self, parts: list, bucket: Bucket, sharding, *, plain: bool, guard: str | None = None,
+                 static: bool = False):
         """parts: as `lower` returns them, compiled; plain: a plain engine's step (a SplitSample:
         the carry is the state and the logits); else a speculative engine's
         (`step_common.SplitStep`, its plain steps included); guard: the loop's transfer guard
-        level, which launches on the launcher thread run under too."""
+        level, which launches on the launcher thread run under too; static: the parts were lowered
+        with `static=True` (the carry in an arena, kept here between steps)."""
         self.first, *forward, self.second, self.fused = parts
         self.forward = forward[0] if forward else None
         self.bucket, self.sharding = bucket, sharding
         self.plain, self.guard = plain, guard
         self._replace = False  # pipelined: the next step's forward waits for the walk (a forced run)
         self._no_decisions = None
+        self.static = static
+        # The arena's buffers as the draft part takes them (its fourth argument), and the arena
+        # between steps: None before the first, and while a part holds it.
+        self._arena_spec = self.first.args_info[0][3] if static else None
+        self._arena = None
+
+    def _take_arena(self) -> dict:
+        """The arena for the next draft part (which donates it): the last step's, or a new zeroed one
+        the first time or after a step that failed while a part held it."""
+        arena, self._arena = self._arena, None
+        if arena is None or any(a.is_deleted() for a in arena.values()):
+            arena = static_carry.new_arena(self._arena_spec, self.sharding)
+        return arena
 
     def begin(self, params, state, packed):
         """Launch the first part (it needs nothing from the host) -> its carry (a plain step's: a
@@ -92,7 +109,8 @@ class SplitExecutable:
         now, unless the last walk found a forced run (`_replace`)."""
         if self.plain:
             return self.queue_first(params, state, packed)
-        carry = self.first(params, state, packed)
+        carry = self.first(params, state, packed, self._take_arena()) if self.static else \
+            self.first(params, state, packed)
         if self.forward is None or self._replace:
             return carry
         buffers, rest, view = carry
@@ -131,6 +149,8 @@ class SplitExecutable:
             # The forward's launch finishes (or, after a forced run, starts) only now: the second
             # part consumes its outputs and must reach the stream after it.
             buffers, rest = (buffers if queued else self.queue_forward(params, buffers, rest, decisions)).result()
+        if self.static:  # the verify part only reads the arena: the next draft part writes it again
+            self._arena = rest
         return self.second(params, buffers, rest, decisions, self._put(masks))
 
     def _put(self, masks):
@@ -169,7 +189,8 @@ def without_grammar(bucket: Bucket) -> Bucket:
                                grammar_pipeline=False)
 
 
-def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings, sharding, tp: int = 1):
+def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings, sharding, tp: int = 1,
+          static: bool = False):
     """(lowered first part, [lowered forward part: a pipelined step,] lowered second part, lowered
     fused step) of a split step and its fused twin's step function against abstract arguments.
     The carry keeps each array's place: the state's buffers as the device state holds them (a split
@@ -177,7 +198,8 @@ def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings,
     (when the vocabulary divides by tp), everything else replicated: small for a speculative step's
     drafts; a pipelined step's forward and a speculative engine's plain step also carry the target
     forward's output, which a split target then gathers between the parts (correct, a cost only at
-    tp > 1)."""
+    tp > 1). static: a speculative step's carry goes through the arena of `static_carry` (its last
+    argument in every part; the draft and forward parts donate it)."""
     masks = jax.ShapeDtypeStruct((bucket.batch_size, bucket.grammar_nodes, bucket.mask_words), jnp.int32,
                                  sharding=sharding)
     lowered_fused = jax.jit(fused, donate_argnums=(1,), out_shardings=out_shardings).lower(params, state, packed)
@@ -200,9 +222,12 @@ def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings,
         return rest_sh, jax.tree.map(place, buffers, buffer_sh), jax.tree.map(place, rest, rest_sh)
 
     rest_sh, buffers_in, rest_in = placed(buffers, rest)
+    decisions = jax.ShapeDtypeStruct((bucket.grammar_size,), jnp.int32, sharding=sharding)
+    if static:
+        return (*_lower_static(split, params, state, packed, buffers_in, rest_in, decisions, masks,
+                               buffer_sh=buffer_sh, out_shardings=out_shardings, sharding=sharding), lowered_fused)
     draft = jax.jit(split.draft, donate_argnums=(1,), out_shardings=(buffer_sh, rest_sh, sharding))
     lowered = [draft.lower(params, state, packed)]
-    decisions = jax.ShapeDtypeStruct((bucket.grammar_size,), jnp.int32, sharding=sharding)
     if split.forward is not None:  # pipelined: the target's forward as a part of its own
         buffers, rest = jax.eval_shape(split.forward, params, buffers_in, rest_in, decisions)
         forward_sh, _, _ = placed(buffers, rest)
@@ -211,3 +236,37 @@ def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings,
         _, buffers_in, rest_in = placed(buffers, rest)
     verify = jax.jit(split.verify, donate_argnums=(1,), out_shardings=out_shardings)
     return (*lowered, verify.lower(params, buffers_in, rest_in, decisions, masks), lowered_fused)
+
+
+def _lower_static(split, params, state, packed, buffers_in, rest_in, decisions, masks, *, buffer_sh, out_shardings,
+                  sharding) -> list:
+    """`lower`'s speculative parts with the carry in an arena (`static_carry`): draft(params,
+    state, packed, arena) -> (buffers, arena, view); [forward(params, buffers, arena, decisions) ->
+    (buffers, arena);] verify(params, buffers, arena, decisions, masks) -> (state, out), which only
+    reads the arena, so it stays for the next step's draft part to write again."""
+    first = static_carry.CarryLayout(rest_in)
+    layouts = [first]
+    if split.forward is not None:
+        layouts.append(static_carry.CarryLayout(jax.eval_shape(split.forward, params, buffers_in, rest_in,
+                                                               decisions)[1]))
+    arena = static_carry.abstract_arena(layouts, sharding)
+    arena_sh = jax.tree.map(lambda _: sharding, arena)
+
+    def draft(params, state, packed, arena):
+        buffers, rest, view = split.draft(params, state, packed)
+        return buffers, first.write(arena, rest), view
+
+    def forward(params, buffers, arena, decisions):
+        buffers, rest = split.forward(params, buffers, first.read(arena), decisions)
+        return buffers, layouts[-1].write(arena, rest)
+
+    def verify_(params, buffers, arena, decisions, masks):
+        return split.verify(params, buffers, layouts[-1].read(arena), decisions, masks)
+
+    lowered = [jax.jit(draft, donate_argnums=(1, 3), out_shardings=(buffer_sh, arena_sh, sharding)
+                       ).lower(params, state, packed, arena)]
+    if split.forward is not None:
+        lowered.append(jax.jit(forward, donate_argnums=(1, 2), out_shardings=(buffer_sh, arena_sh)
+                               ).lower(params, buffers_in, arena, decisions))
+    verify = jax.jit(verify_, donate_argnums=(1,), out_shardings=out_shardings)
+    return [*lowered, verify.lower(params, buffers_in, arena, decisions, masks)]

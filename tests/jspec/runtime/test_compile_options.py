@@ -163,3 +163,26 @@ def test_nccl_all_reduces_enter_the_graphs_of_wide_split_decode_steps_when_asked
     monkeypatch.setenv(GRAPH_COLLECTIVES_ENV, "wide")
     with pytest.raises(ConfigError, match=GRAPH_COLLECTIVES_ENV):
         step_compiler_options("gpu", decode(32), None, tp=2)
+
+
+def test_narrow_speculative_split_steps_carry_in_static_buffers(monkeypatch):
+    """Constrained speculative split steps narrower than UNCAPTURED_FROM_ROWS (whose parts keep their
+    graphs) hand their carry in static buffers; wider ones, plain steps and unsplit ones do not;
+    JSPEC_GRAMMAR_STATIC_CARRY=0 / 1 decides for every split step, anything else is a ConfigError."""
+    from jspec.runtime.compile_options import STATIC_CARRY_ENV, UNCAPTURED_FROM_ROWS, uses_static_carry
+
+    monkeypatch.delenv(STATIC_CARRY_ENV, raising=False)
+    wide = UNCAPTURED_FROM_ROWS // 4
+    split = lambda b, **kw: decode(b, grammar_split=True, grammar_nodes=4, mask_words=8, **kw)  # noqa: E731
+    assert uses_static_carry(split(wide - 1, grammar_pipeline=True), Chain(3))
+    assert uses_static_carry(split(1), Chain(3))  # not pipelined: draft and verify parts
+    assert not uses_static_carry(split(wide, grammar_pipeline=True), Chain(3))
+    assert not uses_static_carry(split(1, speculate=False), Chain(3))  # a speculative engine's plain step
+    assert not uses_static_carry(split(1), None) and not uses_static_carry(decode(1), Chain(3))
+    monkeypatch.setenv(STATIC_CARRY_ENV, "1")
+    assert uses_static_carry(split(wide, grammar_pipeline=True), Chain(3))
+    monkeypatch.setenv(STATIC_CARRY_ENV, "0")
+    assert not uses_static_carry(split(1), Chain(3))
+    monkeypatch.setenv(STATIC_CARRY_ENV, "yes")
+    with pytest.raises(ConfigError, match=STATIC_CARRY_ENV):
+        uses_static_carry(split(1), Chain(3))

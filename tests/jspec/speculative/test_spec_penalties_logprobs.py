@@ -91,9 +91,25 @@ def _split_parts_run(eng, forwards: list | None = None, launches: list | None = 
     return runs
 
 
-def _run(eng):
+def _watch_arenas(eng) -> dict:
+    """Records, per split executable, the device addresses of the carry arena each verify part reads
+    (`jspec.runtime.static_carry`; nothing for a step whose carry is not static)."""
+    seen = {}
+    for exe in eng.runner.compiled.values():
+        if isinstance(exe, SplitExecutable) and exe.static:
+            def verify(params, buffers, arena, *rest, _second=exe.second, _seen=seen.setdefault(exe.bucket, [])):
+                _seen.append(tuple(sorted((k, a.unsafe_buffer_pointer()) for k, a in arena.items())))
+                return _second(params, buffers, arena, *rest)
+            exe.second = verify
+    return seen
+
+
+def _run(eng, static: bool = True):
+    """Every request with penalties and logprobs, then the constrained ones; static: a speculative
+    engine's split steps must carry in static buffers (their default at these widths)."""
     forwards, launches = [], []
     split_runs = _split_parts_run(eng, forwards, launches)
+    arenas = _watch_arenas(eng)
     outs = eng.generate(input_ids=[p for p in PROMPTS for _ in SAMPLING], sampling_params=SAMPLING * len(PROMPTS),
                         return_logprob=True, top_logprobs_num=TOP)
     # No row is constrained: every step ran fused, never in parts.
@@ -102,6 +118,13 @@ def _run(eng):
     # accept forced runs only.
     constrained = eng.generate(input_ids=PROMPTS[:1] * len(GRAMMAR), sampling_params=GRAMMAR)
     assert split_runs  # constrained rows ran split
+    if eng.spec is not None and static:
+        # Narrow speculative steps hand their carry between the parts in static buffers: the same
+        # device addresses every step, so their captured graphs need no re-recording.
+        assert any(len(a) > 1 for a in arenas.values()), arenas
+        assert all(len(set(a)) == 1 for a in arenas.values()), arenas
+    elif eng.spec is not None:
+        assert not arenas
     assert any(split_runs) == eng.core.overlap  # with overlap, first parts launch before the last step is read
     if eng.spec is not None:
         # With overlap a speculative step is pipelined: its forward is queued behind the drafts
@@ -164,4 +187,18 @@ def test_penalties_logprobs_and_grammars_equal_the_plain_engine(dirs, plain, cas
             np.testing.assert_allclose([[lp for lp, _, _ in row] for row in gm["output_top_logprobs"]],
                                        [[lp for lp, _, _ in row] for row in wm["output_top_logprobs"]],
                                        rtol=1e-4, atol=1e-4)
+        check_no_leaks(eng)
+
+
+def test_a_carry_outside_static_buffers_keeps_every_output(dirs, plain, monkeypatch):
+    """JSPEC_GRAMMAR_STATIC_CARRY=0 (what steps of 32+ target rows do by default): the pipelined
+    EAGLE3 step hands its carry as separate arrays, with the same outputs as the plain engine."""
+    from jspec.runtime.compile_options import STATIC_CARRY_ENV
+
+    monkeypatch.setenv(STATIC_CARRY_ENV, "0")
+    case = CASES["eagle3-v2"]
+    want, want_g = plain(case[1])
+    with _engine(dirs, case[1], **case_kwargs(dirs, case)) as eng:
+        got, got_g = _run(eng, static=False)
+        assert output_ids(got) == output_ids(want) and output_ids(got_g) == output_ids(want_g)
         check_no_leaks(eng)

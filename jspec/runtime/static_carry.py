@@ -1,0 +1,71 @@
+"""Static buffers for the carry between the parts of a constrained speculative step.
+
+XLA runs each part as a captured graph (a command buffer) and re-records the graph before a launch
+whenever a buffer it reads or writes has a new address; re-recording costs the host about a
+millisecond for a target's forward, on the host's path between the parts (bench/README.md,
+"Structured output"). The carry between the parts is dozens of small arrays (the unpacked inputs,
+the sampling batch, drafts, the target's logits), each a fresh output of one part and a fresh
+input of the next, so every part's graph is re-recorded every step.
+
+Here the carry lives in a few flat buffers instead, one per dtype (the arena): each part unpacks
+what it reads from the arena and writes what it hands on into the same buffers, donated, so XLA
+updates them in place and their addresses stay put, as a CUDA graph runner's static input buffers
+do (SGLang's `CudaGraphRunner`). Where each carried array sits is fixed when the parts are traced
+(`CarryLayout`). Each bucket's executable keeps its arena between steps
+(`split_step.SplitExecutable`); only narrow steps use one (`compile_options.uses_static_carry`), so
+the arenas stay small beside the KV pool: the carry of a few requests' verified nodes, the target's
+float32 logits over them the largest part.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class CarryLayout:
+    """Where each leaf of one carry tree sits in the arena: leaf i at offset[i] of the buffer of its
+    dtype, in tree order. Built from abstract shapes; `write` and `read` run while a part traces."""
+
+    def __init__(self, tree):
+        leaves, self.treedef = jax.tree.flatten(tree)
+        self.slots: list[tuple[str, int, tuple[int, ...]]] = []  # (dtype name, offset, shape)
+        self.sizes: dict[str, tuple[int, np.dtype]] = {}  # dtype name -> (elements, dtype)
+        for leaf in leaves:
+            dtype = np.dtype(leaf.dtype)
+            at = self.sizes.get(dtype.name, (0, dtype))[0]
+            self.slots.append((dtype.name, at, tuple(leaf.shape)))
+            self.sizes[dtype.name] = (at + int(np.prod(leaf.shape, dtype=np.int64)), dtype)
+
+    def write(self, arena: dict, tree) -> dict:
+        """The arena with tree's leaves written at their places (each dtype's buffer updated in
+        place when the arena is donated)."""
+        leaves = self.treedef.flatten_up_to(tree)
+        flat: dict[str, list] = {}
+        for (name, _, _), leaf in zip(self.slots, leaves):
+            flat.setdefault(name, []).append(jnp.ravel(leaf))
+        out = dict(arena)
+        for name, parts in flat.items():
+            out[name] = jax.lax.dynamic_update_slice(arena[name], jnp.concatenate(parts), (0,))
+        return out
+
+    def read(self, arena: dict):
+        """The carry tree back from the arena."""
+        leaves = [jax.lax.slice(arena[name], (at,), (at + int(np.prod(shape, dtype=np.int64)),)).reshape(shape)
+                  for name, at, shape in self.slots]
+        return jax.tree.unflatten(self.treedef, leaves)
+
+
+def abstract_arena(layouts: list[CarryLayout], sharding) -> dict:
+    """The arena's buffers, abstract: per dtype, enough elements for the largest carry of any part."""
+    sizes: dict[str, tuple[int, np.dtype]] = {}
+    for layout in layouts:
+        for name, (n, dtype) in layout.sizes.items():
+            sizes[name] = (max(sizes.get(name, (0, dtype))[0], n), dtype)
+    return {name: jax.ShapeDtypeStruct((n,), dtype, sharding=sharding) for name, (n, dtype) in sorted(sizes.items())}
+
+
+def new_arena(spec: dict, sharding) -> dict:
+    """A zeroed arena shaped as spec ({dtype name: array with shape and dtype}) on the device."""
+    return jax.device_put({name: np.zeros(x.shape, x.dtype) for name, x in spec.items()}, sharding)
