@@ -4,7 +4,7 @@
 # 1 and 32, a byte-level tokenizer of the whole 151,936-token vocabulary (bench/vocab_tokenizer.py:
 # the machine has no model hub, and random drafters propose anywhere in it), one stage per call.
 # Writes JSONL under OUT.
-#   bench/grammar_cost.sh OUT nogrammar | off | open | json | graph-parts
+#   bench/grammar_cost.sh OUT nogrammar | off | open | json | graph-parts | static-carry
 # nogrammar: an engine without grammar_backend (fused steps), the baseline;
 # off: the grammar engine (split steps), no request constrained: the cost of the split alone;
 # open: every request under a regex that allows any text: the host's mid-step drafts read, grammar
@@ -17,6 +17,9 @@
 #   draft,forward,verify"; "default" leaves it unset): which parts of the pipelined constrained
 #   step should run without command buffers, by width (jspec/runtime/compile_options.py). One
 #   JSONL per setting.
+# static-carry: `open` only, 256 out, no baseline, at CONCURRENCY (default 1), with the split parts'
+#   carry in static buffers (JSPEC_GRAMMAR_STATIC_CARRY=1) and as separate arrays (=0), alternated
+#   twice (jspec/runtime/static_carry.py): whether the parts' graphs stop being re-recorded pays.
 # WHEELS: a folder holding the llguidance wheel (the GPU machine has no network). SKIP_BASELINE=1: no
 # no-speculation column (the stages compare EAGLE3 engines; each baseline costs an engine build).
 # EXTRA: more `jspec bench sweep` flags, after the stage's (later flags win), e.g.
@@ -52,6 +55,17 @@ case $stage in
           --max-concurrency-list "${CONCURRENCY:-32}" ${CONCURRENCY:+--cuda-graph-bs "$CONCURRENCY"} \
           --random-output-len 256 ${EXTRA:-} \
           --output-file "$out/serve_grammar_parts_$name.jsonl" 2>&1 | tee "$out/serve_grammar_parts_$name.log" | grep -E "^ +EAGLE3"
+    done
+    exit 0 ;;
+  static-carry)
+    for round in 1 2; do
+      for carry in 1 0; do
+        echo "== JSPEC_GRAMMAR_STATIC_CARRY=$carry (round $round)"
+        JSPEC_GRAMMAR_STATIC_CARRY=$carry python3 -m jspec.cli bench sweep "${common[@]}" "${open[@]}" --skip-baseline \
+            --max-concurrency-list "${CONCURRENCY:-1}" --cuda-graph-bs "${CONCURRENCY:-1}" --random-output-len 256 \
+            ${EXTRA:-} --output-file "$out/serve_grammar_static_carry_${carry}_r$round.jsonl" 2>&1 \
+            | tee "$out/serve_grammar_static_carry_${carry}_r$round.log" | grep -E "^ +EAGLE3"
+      done
     done
     exit 0 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
