@@ -1,9 +1,8 @@
 """Static buffers for the carry between the parts of a constrained speculative step.
 
 XLA runs each part as a captured graph (a command buffer) and re-records the graph before a launch
-whenever a buffer it reads or writes has a new address; re-recording costs the host about a
-millisecond for a target's forward, on the host's path between the parts (bench/README.md,
-"Structured output"). The carry between the parts is dozens of small arrays (the unpacked inputs,
+whenever a buffer it reads or writes has a new address; the re-recording is host time on the
+host's path between the parts (measured: bench/README.md, "Structured output"). The carry between the parts is dozens of small arrays (the unpacked inputs,
 the sampling batch, drafts, the target's logits), each a fresh output of one part and a fresh
 input of the next, so every part's graph is re-recorded every step.
 
