@@ -276,8 +276,7 @@ class ModelRunner:
             t = time.perf_counter()
             parts = self._compiled_parts(b, self.state, lowered)
             exe = parts[0] if not b.grammar_split else SplitExecutable(
-                parts, b, self._replicated, plain=self.drafting is None, guard=self.transfer_guard,
-                static=compile_options.uses_static_carry(b, self.drafting))
+                parts, b, self._replicated, plain=self.drafting is None, guard=self.transfer_guard)
             return b, exe, time.perf_counter() - t
 
         # Tracing holds the GIL and runs here, one bucket after another; XLA's compilation releases

@@ -76,23 +76,23 @@ def _launch(guard: str | None, part, *args):
 class SplitExecutable:
     """The compiled parts of one bucket's split step (first, [forward,] second) and its fused twin."""
 
-    def __init__(self, parts: list, bucket: Bucket, sharding, *, plain: bool, guard: str | None = None,
-                 static: bool = False):
-        """parts: as `lower` returns them, compiled; plain: a plain engine's step (a SplitSample:
-        the carry is the state and the logits); else a speculative engine's
-        (`step_common.SplitStep`, its plain steps included); guard: the loop's transfer guard
-        level, which launches on the launcher thread run under too; static: the parts were lowered
-        with `static=True` (the carry in an arena, kept here between steps)."""
+    def __init__(self, parts: list, bucket: Bucket, sharding, *, plain: bool, guard: str | None = None):
+        """parts: as `lower` returns them, compiled (a draft part that takes a fourth argument was
+        lowered with `static=True`: the carry in an arena, kept here between steps); plain: a plain
+        engine's step (a SplitSample: the carry is the state and the logits); else a speculative
+        engine's (`step_common.SplitStep`, its plain steps included); guard: the loop's transfer
+        guard level, which launches on the launcher thread run under too."""
         self.first, *forward, self.second, self.fused = parts
         self.forward = forward[0] if forward else None
         self.bucket, self.sharding = bucket, sharding
         self.plain, self.guard = plain, guard
         self._replace = False  # pipelined: the next step's forward waits for the walk (a forced run)
         self._no_decisions = None
-        self.static = static
         # The arena's buffers as the draft part takes them (its fourth argument), and the arena
         # between steps: None before the first, and while a part holds it.
-        self._arena_spec = self.first.args_info[0][3] if static else None
+        args = self.first.args_info[0]
+        self.static = not plain and len(args) == 4
+        self._arena_spec = args[3] if self.static else None
         self._arena = None
 
     def _take_arena(self) -> dict:
@@ -109,8 +109,7 @@ class SplitExecutable:
         now, unless the last walk found a forced run (`_replace`)."""
         if self.plain:
             return self.queue_first(params, state, packed)
-        carry = self.first(params, state, packed, self._take_arena()) if self.static else \
-            self.first(params, state, packed)
+        carry = self.first(params, state, packed, *([self._take_arena()] if self.static else []))
         if self.forward is None or self._replace:
             return carry
         buffers, rest, view = carry
