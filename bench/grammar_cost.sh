@@ -4,7 +4,7 @@
 # 1 and 32, a byte-level tokenizer of the whole 151,936-token vocabulary (bench/vocab_tokenizer.py:
 # the machine has no model hub, and random drafters propose anywhere in it), one stage per call.
 # Writes JSONL under OUT.
-#   bench/grammar_cost.sh OUT nogrammar | off | open | json | graph-parts | static-carry
+#   bench/grammar_cost.sh OUT nogrammar | off | open | json | graph-parts | static-carry | update-mode
 # nogrammar: an engine without grammar_backend (fused steps), the baseline;
 # off: the grammar engine (split steps), no request constrained: the cost of the split alone;
 # open: every request under a regex that allows any text: the host's mid-step drafts read, grammar
@@ -20,6 +20,12 @@
 # static-carry: `open` only, 256 out, no baseline, at CONCURRENCY (default 1), with the split parts'
 #   carry in static buffers (JSPEC_GRAMMAR_STATIC_CARRY=1) and as separate arrays (=0), alternated
 #   twice (jspec/runtime/static_carry.py): whether the parts' graphs stop being re-recorded pays.
+# update-mode: `open` and `off`, 256 out, no baseline, at each concurrency in CONCURRENCY (default
+#   "1 32"), under each of XLA's command-buffer update modes in MODES (default "SKIP_TEMP default";
+#   `--xla_gpu_command_buffer_update_mode`, "default" leaves it unset): SKIP_TEMP keeps each
+#   compiled part's temporaries at stable addresses, so a part's graph needs no update for them,
+#   and swaps the client's allocator for XLA's VMM one. The device memory in use is sampled every
+#   0.5 s (nvidia-smi); each run's peak goes to OUT/memory_peaks.txt.
 # WHEELS: a folder holding the llguidance wheel (the GPU machine has no network). SKIP_BASELINE=1: no
 # no-speculation column (the stages compare EAGLE3 engines; each baseline costs an engine build).
 # EXTRA: more `jspec bench sweep` flags, after the stage's (later flags win), e.g.
@@ -65,6 +71,25 @@ case $stage in
             --max-concurrency-list "${CONCURRENCY:-1}" --cuda-graph-bs "${CONCURRENCY:-1}" --random-output-len 256 \
             ${EXTRA:-} --output-file "$out/serve_grammar_static_carry_${carry}_r$round.jsonl" 2>&1 \
             | tee "$out/serve_grammar_static_carry_${carry}_r$round.log" | grep -E "^ +EAGLE3"
+      done
+    done
+    exit 0 ;;
+  update-mode)
+    for mode in ${MODES:-SKIP_TEMP default}; do
+      [[ $mode == default ]] && flags=${XLA_FLAGS:-} || flags="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_command_buffer_update_mode=$mode"
+      for c in ${CONCURRENCY:-1 32}; do
+        for run in open off; do
+          [[ $run == open ]] && grammar=("${open[@]}") || grammar=(--grammar-backend llguidance)
+          name=${run}_${mode}_c$c
+          nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$out/memory_$name.csv" & smi=$!
+          echo "== $name"
+          env ${flags:+XLA_FLAGS="$flags"} python3 -m jspec.cli bench sweep "${common[@]}" "${grammar[@]}" --skip-baseline \
+              --max-concurrency-list "$c" --cuda-graph-bs "$c" --random-output-len 256 ${EXTRA:-} \
+              --output-file "$out/serve_grammar_update_mode_$name.jsonl" 2>&1 | grep -E "^ +EAGLE3|rror"
+          kill $smi; wait $smi 2>/dev/null || true
+          echo "$name peak_mib $(sort -n "$out/memory_$name.csv" | tail -1)" | tee -a "$out/memory_peaks.txt"
+          rm -f "$out/memory_$name.csv"
+        done
       done
     done
     exit 0 ;;
