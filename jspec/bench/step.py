@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.cache.memory import device_memory
 from jspec.cache.pool import PoolLayout
 from jspec.errors import ConfigError
 from jspec.models.batch import ForwardMode
@@ -158,8 +159,8 @@ def check_fits(model, kv_tokens: int, points) -> None:
     weight_bytes = sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
                        for x in jax.tree_util.tree_leaves(model.params))  # per device when split
     kv_bytes /= model.mixer_tp_size
-    stats = jax.devices()[0].memory_stats() or {}
-    limit = stats.get("bytes_limit")
+    held = device_memory()
+    limit = held.bytes_limit if held else None
     if limit and weight_bytes + kv_bytes > 0.9 * limit:
         worst = max(points, key=lambda p: p[0] * p[1])
         raise ConfigError(

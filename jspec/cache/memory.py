@@ -17,9 +17,12 @@ start's count is kept while it still fits and is within one step of what fits no
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 
+from jspec import ALLOCATOR_MEM_FRACTION
+from jspec.cache import driver_memory
 from jspec.errors import ConfigError
 
 DEFAULT_MEM_FRACTION_STATIC = 0.88
@@ -49,14 +52,28 @@ class DeviceMemory:
 
 def device_memory(device=None) -> DeviceMemory | None:
     """The allocator's view of a device (default: the first), or None where the backend reports
-    no limit (the CPU), in which case pools are sized from the engine's limits alone."""
+    no limit (the CPU), in which case pools are sized from the engine's limits alone.
+
+    A GPU allocator without statistics (XLA's VMM allocator, which takes nothing up front) is
+    stood in for by the driver: the limit is the allocator share jspec would have taken
+    (`XLA_PYTHON_CLIENT_MEM_FRACTION`, see `jspec/__init__.py`) of the device's total, and
+    everything the device holds counts as in use (the CUDA context and other processes too)."""
+    device = device or jax.local_devices()[0]
     try:
-        stats = (device or jax.local_devices()[0]).memory_stats()
+        stats = device.memory_stats()
     except Exception:  # noqa: BLE001 - backends without memory statistics
+        stats = None
+    if stats and "bytes_limit" in stats:
+        return DeviceMemory(int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0)))
+    if device.platform != "gpu" or (held := driver_memory.free_total(device.local_hardware_id)) is None:
         return None
-    if not stats or "bytes_limit" not in stats:
-        return None
-    return DeviceMemory(int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0)))
+    free, total = held
+    return DeviceMemory(int(allocator_share() * total), total - free)
+
+
+def allocator_share() -> float:
+    """The share of a GPU the process's allocator may take (jspec's default or the user's)."""
+    return float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", ALLOCATOR_MEM_FRACTION))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,6 +52,46 @@ def test_pages_round_down_by_at_most_a_step():
     assert round_pages(1007) == 1000 and round_pages(1007, min_pages=1005) == 1005  # never below what the engine needs
 
 
+class _Device:
+    """A stand-in device: its platform and what its allocator reports."""
+
+    def __init__(self, platform, stats):
+        self.platform, self.local_hardware_id, self._stats = platform, 3, stats
+
+    def memory_stats(self):
+        return self._stats
+
+
+def test_a_gpu_allocator_without_statistics_is_sized_from_the_driver(monkeypatch):
+    """XLA's VMM allocator (SKIP_TEMP) reports no statistics: the driver's free / total stand in,
+    with jspec's allocator share of the total as the limit and all that is held as in use."""
+    asked = []
+    monkeypatch.setattr(memory.driver_memory, "free_total", lambda ordinal: asked.append(ordinal) or (100 * GiB, 140 * GiB))
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    assert memory.device_memory(_Device("gpu", None)) == DeviceMemory(int(0.92 * 140 * GiB), 40 * GiB)
+    assert asked == [3]  # the device's own ordinal
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+    assert memory.device_memory(_Device("gpu", {})) == DeviceMemory(70 * GiB, 40 * GiB)
+    # An allocator with statistics is read as before; no driver and no limit leave the engine's limits.
+    assert memory.device_memory(_Device("gpu", {"bytes_limit": 8 * GiB, "bytes_in_use": GiB})) == DeviceMemory(8 * GiB, GiB)
+    assert memory.device_memory(_Device("cpu", None)) is None
+    monkeypatch.setattr(memory.driver_memory, "free_total", lambda ordinal: None)
+    assert memory.device_memory(_Device("gpu", None)) is None
+
+
+def test_the_driver_query_is_none_without_cuda(monkeypatch):
+    """Where libcuda is missing the query answers None, not an error; where it is there (or a
+    driver call fails, as it does without a GPU) the answer is None or a sane pair."""
+    held = memory.driver_memory.free_total(0)
+    assert held is None or 0 <= held[0] <= held[1]
+
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(memory.driver_memory.ctypes, "CDLL", missing)
+    assert memory.driver_memory.free_total(0) is None
+
+
 def test_too_little_memory_names_the_knob():
     with pytest.raises(ConfigError, match=r"mem_fraction_static=0\.5 .*room for 0 KV pages.*Raise mem_fraction_static"):
         plan_pages(DeviceMemory(bytes_limit=80 * GiB, bytes_in_use=39 * GiB), mem_fraction_static=0.5,
