@@ -21,11 +21,15 @@
 #   carry in static buffers (JSPEC_GRAMMAR_STATIC_CARRY=1) and as separate arrays (=0), alternated
 #   twice (jspec/runtime/static_carry.py): whether the parts' graphs stop being re-recorded pays.
 # update-mode: `open` and `off`, 256 out, no baseline, at each concurrency in CONCURRENCY (default
-#   "1 32"), under each of XLA's command-buffer update modes in MODES (default "SKIP_TEMP default";
-#   `--xla_gpu_command_buffer_update_mode`, "default" leaves it unset): SKIP_TEMP keeps each
-#   compiled part's temporaries at stable addresses, so a part's graph needs no update for them,
-#   and swaps the client's allocator for XLA's VMM one. The device memory in use is sampled every
-#   0.5 s (nvidia-smi); each run's peak goes to OUT/memory_peaks.txt.
+#   "1 32"), under each XLA setting in MODES (default "SKIP_TEMP default"): an update mode of
+#   `--xla_gpu_command_buffer_update_mode`, "default" (XLA_FLAGS as given), or a whole flag
+#   (e.g. --xla_gpu_temp_buffer_use_separate_color=true). SKIP_TEMP keeps each compiled part's
+#   temporaries at stable addresses, so a part's graph needs no update for them, and swaps the
+#   client's allocator for XLA's VMM one (which, by XLA's source, keeps each executable's
+#   temporaries mapped until memory runs short). The device memory in use is sampled every 0.5 s
+#   (nvidia-smi); each run's peak goes to OUT/memory_peaks.txt. JSPEC_* knobs in the environment
+#   (e.g. JSPEC_GRAMMAR_UNCAPTURED_PARTS=none JSPEC_GRAMMAR_STATIC_CARRY=1 for captured c32 parts)
+#   reach every run and are named in its record.
 # WHEELS: a folder holding the llguidance wheel (the GPU machine has no network). SKIP_BASELINE=1: no
 # no-speculation column (the stages compare EAGLE3 engines; each baseline costs an engine build).
 # EXTRA: more `jspec bench sweep` flags, after the stage's (later flags win), e.g.
@@ -76,16 +80,22 @@ case $stage in
     exit 0 ;;
   update-mode)
     for mode in ${MODES:-SKIP_TEMP default}; do
-      [[ $mode == default ]] && flags=${XLA_FLAGS:-} || flags="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_command_buffer_update_mode=$mode"
+      case $mode in
+        default) flag= ;;
+        --*) flag=$mode ;;
+        *) flag=--xla_gpu_command_buffer_update_mode=$mode ;;
+      esac
+      flags="${XLA_FLAGS:-}${flag:+${XLA_FLAGS:+ }$flag}"
+      label=$(echo "${mode#--xla_gpu_}" | tr -c 'A-Za-z0-9_\n' '_')
       for c in ${CONCURRENCY:-1 32}; do
         for run in open off; do
           [[ $run == open ]] && grammar=("${open[@]}") || grammar=(--grammar-backend llguidance)
-          name=${run}_${mode}_c$c
+          name=${run}_${label}_c$c
           nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$out/memory_$name.csv" & smi=$!
           echo "== $name"
           env ${flags:+XLA_FLAGS="$flags"} python3 -m jspec.cli bench sweep "${common[@]}" "${grammar[@]}" --skip-baseline \
               --max-concurrency-list "$c" --cuda-graph-bs "$c" --random-output-len 256 ${EXTRA:-} \
-              --output-file "$out/serve_grammar_update_mode_$name.jsonl" 2>&1 | grep -E "^ +EAGLE3|rror"
+              --output-file "$out/serve_grammar_update_mode_$name.jsonl" 2>&1 | grep -E "^ +EAGLE3|rror" || true
           kill $smi; wait $smi 2>/dev/null || true
           echo "$name peak_mib $(sort -n "$out/memory_$name.csv" | tail -1)" | tee -a "$out/memory_peaks.txt"
           rm -f "$out/memory_$name.csv"

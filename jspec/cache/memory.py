@@ -55,9 +55,10 @@ def device_memory(device=None) -> DeviceMemory | None:
     no limit (the CPU), in which case pools are sized from the engine's limits alone.
 
     A GPU allocator without statistics (XLA's VMM allocator, which takes nothing up front) is
-    stood in for by the driver: the limit is the allocator share jspec would have taken
-    (`XLA_PYTHON_CLIENT_MEM_FRACTION`, see `jspec/__init__.py`) of the device's total, and
-    everything the device holds counts as in use (the CUDA context and other processes too)."""
+    stood in for by the driver: the limit is the allocator share (`XLA_PYTHON_CLIENT_MEM_FRACTION`,
+    see `jspec/__init__.py`) of the device's total, which is also the budget that allocator
+    keeps, and everything the device holds counts as in use (the CUDA context and other
+    processes too)."""
     device = device or jax.local_devices()[0]
     try:
         stats = device.memory_stats()
