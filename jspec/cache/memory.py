@@ -74,7 +74,8 @@ def device_memory(device=None) -> DeviceMemory | None:
 
 def allocator_share() -> float:
     """The share of a GPU the process's allocator may take (jspec's default or the user's)."""
-    return float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", ALLOCATOR_MEM_FRACTION))
+    return float(os.environ.get("XLA_CLIENT_MEM_FRACTION")
+                 or os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", ALLOCATOR_MEM_FRACTION))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -68,10 +68,14 @@ def test_a_gpu_allocator_without_statistics_is_sized_from_the_driver(monkeypatch
     asked = []
     monkeypatch.setattr(memory.driver_memory, "free_total", lambda ordinal: asked.append(ordinal) or (100 * GiB, 140 * GiB))
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION", raising=False)
     assert memory.device_memory(_Device("gpu", None)) == DeviceMemory(int(0.92 * 140 * GiB), 40 * GiB)
     assert asked == [3]  # the device's own ordinal
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
     assert memory.device_memory(_Device("gpu", {})) == DeviceMemory(70 * GiB, 40 * GiB)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "0.25")  # jaxlib's newer name for the share
+    assert memory.device_memory(_Device("gpu", {})) == DeviceMemory(35 * GiB, 40 * GiB)
     # An allocator with statistics is read as before; no driver and no limit leave the engine's limits.
     assert memory.device_memory(_Device("gpu", {"bytes_limit": 8 * GiB, "bytes_in_use": GiB})) == DeviceMemory(8 * GiB, GiB)
     assert memory.device_memory(_Device("cpu", None)) is None
@@ -148,11 +152,13 @@ def test_max_total_tokens_overrides_device_memory(monkeypatch, model):
 
 
 @pytest.mark.parametrize("preset, expect", [({}, "0.92"), ({"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}, "0.5"),
-                                            ({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, None)])
+                                            ({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, None),
+                                            ({"XLA_CLIENT_MEM_FRACTION": "0.5"}, None)])
 def test_import_sizes_the_allocator_unless_the_user_did(preset, expect):
     # mem_fraction_static is a share of the allocator's limit, so JAX's 75% default would leave a
     # quarter of every GPU unused; importing jspec takes 92% unless an allocator setting is given.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_PYTHON_CLIENT_")} | preset
+    # jaxlib refuses both names of the share at once, so a share under the newer name is left alone.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_PYTHON_CLIENT_", "XLA_CLIENT_"))} | preset
     code = "import os, jspec; print(os.environ.get('XLA_PYTHON_CLIENT_MEM_FRACTION'))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(expect)
