@@ -23,7 +23,9 @@
 # update-mode: `open` and `off`, 256 out, no baseline, at each concurrency in CONCURRENCY (default
 #   "1 32"), under each XLA setting in MODES (default "SKIP_TEMP default"): an update mode of
 #   `--xla_gpu_command_buffer_update_mode`, "default" (XLA_FLAGS as given), or a whole flag
-#   (e.g. --xla_gpu_temp_buffer_use_separate_color=true). SKIP_TEMP keeps each compiled part's
+#   (e.g. --xla_gpu_temp_buffer_use_separate_color=true), or environment settings joined by +
+#   (e.g. XLA_PYTHON_CLIENT_ALLOCATOR=vmm+JSPEC_GRAMMAR_UPDATE_MODE=SKIP_TEMP: the mode on the
+#   captured split parts only, jspec/runtime/compile_options.py). SKIP_TEMP keeps each compiled part's
 #   temporaries at stable addresses, so a part's graph needs no update for them, and swaps the
 #   client's allocator for XLA's VMM one (which, by XLA's source, keeps each executable's
 #   temporaries mapped until memory runs short). The device memory in use is sampled every 0.5 s
@@ -80,9 +82,11 @@ case $stage in
     exit 0 ;;
   update-mode)
     for mode in ${MODES:-SKIP_TEMP default}; do
+      flag=; assigns=()
       case $mode in
-        default) flag= ;;
+        default) ;;
         --*) flag=$mode ;;
+        *=*) IFS=+ read -ra assigns <<< "$mode" ;;
         *) flag=--xla_gpu_command_buffer_update_mode=$mode ;;
       esac
       flags="${XLA_FLAGS:-}${flag:+${XLA_FLAGS:+ }$flag}"
@@ -93,7 +97,7 @@ case $stage in
           name=${run}_${label}_c$c
           nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$out/memory_$name.csv" & smi=$!
           echo "== $name"
-          env ${flags:+XLA_FLAGS="$flags"} python3 -m jspec.cli bench sweep "${common[@]}" "${grammar[@]}" --skip-baseline \
+          env ${flags:+XLA_FLAGS="$flags"} "${assigns[@]}" python3 -m jspec.cli bench sweep "${common[@]}" "${grammar[@]}" --skip-baseline \
               --max-concurrency-list "$c" --cuda-graph-bs "$c" --random-output-len 256 ${EXTRA:-} \
               --output-file "$out/serve_grammar_update_mode_$name.jsonl" 2>&1 | grep -E "^ +EAGLE3|rror" || true
           kill $smi; wait $smi 2>/dev/null || true

@@ -32,6 +32,13 @@ chosen per bucket (`default_uncaptured_parts`; bench/README.md, "Structured outp
 A captured part's graph is re-recorded before a launch whenever a buffer it uses has moved; the
 parts of a step that keep their graphs therefore hand their carry over in static buffers
 (`uses_static_carry`, `jspec.runtime.static_carry`).
+Temporaries move too: each part's scratch buffer is allocated afresh at every launch.
+`JSPEC_GRAMMAR_UPDATE_MODE=SKIP_TEMP` (any of XLA's `CommandBufferUpdateMode` names) compiles the
+captured parts of constrained speculative split steps with that command-buffer update mode, which
+keeps their temporaries at stable virtual addresses; XLA honours it only on a client running its
+VMM allocator (`XLA_PYTHON_CLIENT_ALLOCATOR=vmm`). Process-wide (XLA_FLAGS) the mode selects that
+allocator by itself and applies to every step (bench/README.md, "XLA's command-buffer update modes
+on the constrained step"). Unset by default; a user who names the mode in XLA_FLAGS keeps that.
 `JSPEC_GRAMMAR_UNCAPTURED_PARTS=draft,forward,verify` (any of the three, or `none`) names exactly
 the parts of every constrained speculative split step, pipelined or not, that compile uncaptured,
 in place of that choice (measured by `bench/grammar_cost.sh OUT graph-parts`). A user who names
@@ -60,6 +67,7 @@ UNCAPTURED_FROM_ROWS = 32
 GRAPH_COLLECTIVES_ENV = "JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS"
 UNCAPTURED_PARTS_ENV = "JSPEC_GRAMMAR_UNCAPTURED_PARTS"
 STATIC_CARRY_ENV = "JSPEC_GRAMMAR_STATIC_CARRY"
+UPDATE_MODE_ENV = "JSPEC_GRAMMAR_UPDATE_MODE"
 SPLIT_PARTS = ("draft", "forward", "verify")
 
 
@@ -126,6 +134,17 @@ def uncaptured_parts() -> frozenset[str] | None:
     return names
 
 
+def grammar_update_mode() -> str | None:
+    """`JSPEC_GRAMMAR_UPDATE_MODE` (an XLA command-buffer update mode's name), or None when unset."""
+    value = os.environ.get(UPDATE_MODE_ENV, "").strip()
+    if not value:
+        return None
+    if not re.fullmatch(r"[A-Z][A-Z_]*", value):
+        raise ConfigError(f"{UPDATE_MODE_ENV} must name one of XLA's command-buffer update modes "
+                          f"(e.g. SKIP_TEMP), got {value!r}")
+    return value
+
+
 def split_part_name(bucket: Bucket, part: int) -> str | None:
     """Which part of a split step `part` is in `split_step.lower`'s order; None for the fused twin."""
     names = SPLIT_PARTS if bucket.grammar_pipeline else ("draft", "verify")  # no forward part of its own
@@ -164,6 +183,9 @@ def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0
             chosen = default_uncaptured_parts(bucket, drafting)
         if split_part_name(bucket, part) in chosen:
             options["xla_gpu_enable_command_buffer"] = ""  # a repeated option: empty clears every type
+        elif (mode := grammar_update_mode()) and split_part_name(bucket, part) is not None \
+                and "xla_gpu_command_buffer_update_mode" not in flags:
+            options["xla_gpu_command_buffer_update_mode"] = mode
     from_rows = graph_collectives_from_rows()
     if (tp > 1 and from_rows is not None and bucket.mode is ForwardMode.DECODE
             and target_rows(bucket, drafting) >= from_rows and "xla_gpu_enable_command_buffer" not in options

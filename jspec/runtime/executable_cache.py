@@ -47,7 +47,7 @@ import jaxlib
 from jax.experimental import serialize_executable
 
 from jspec.models import dispatch
-from jspec.runtime.compile_options import GRAPH_COLLECTIVES_ENV, STATIC_CARRY_ENV, UNCAPTURED_PARTS_ENV
+from jspec.runtime.compile_options import GRAPH_COLLECTIVES_ENV, STATIC_CARRY_ENV, UNCAPTURED_PARTS_ENV, UPDATE_MODE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def environment() -> str:
                 ("jax_enable_x64", "jax_default_matmul_precision", "jax_default_prng_impl")}
     return repr((jax.__version__, jaxlib.__version__, devices, os.environ.get("XLA_FLAGS", ""),
                  os.environ.get(GRAPH_COLLECTIVES_ENV, ""), os.environ.get(UNCAPTURED_PARTS_ENV, ""),
-                 os.environ.get(STATIC_CARRY_ENV, ""),
+                 os.environ.get(STATIC_CARRY_ENV, ""), os.environ.get(UPDATE_MODE_ENV, ""),
                  dispatch.backend(), sorted(settings.items())))
 
 

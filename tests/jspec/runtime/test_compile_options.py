@@ -132,6 +132,35 @@ def test_the_named_split_parts_run_without_command_buffers_when_asked(monkeypatc
         step_compiler_options("gpu", piped, Chain(3), part=1)
 
 
+def test_the_captured_split_parts_take_the_asked_update_mode(monkeypatch):
+    """JSPEC_GRAMMAR_UPDATE_MODE compiles the captured parts of constrained speculative split steps
+    with that command-buffer update mode: not the parts that run uncaptured, not the fused twin,
+    not plain steps, not where XLA_FLAGS names the mode; a malformed name is a ConfigError."""
+    from jspec.runtime.compile_options import UNCAPTURED_FROM_ROWS, UPDATE_MODE_ENV
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.delenv("JSPEC_GRAMMAR_UNCAPTURED_PARTS", raising=False)
+    piped = decode(1, grammar_split=True, grammar_pipeline=True, grammar_nodes=4, mask_words=8)
+    wide = decode(UNCAPTURED_FROM_ROWS // 4, grammar_split=True, grammar_pipeline=True, grammar_nodes=4, mask_words=8)
+
+    def modes(bucket, n=4):
+        return [step_compiler_options("gpu", bucket, Chain(3), part=i).get("xla_gpu_command_buffer_update_mode")
+                for i in range(n)]
+
+    assert modes(piped) == [None] * 4  # unset: XLA's default
+    monkeypatch.setenv(UPDATE_MODE_ENV, "SKIP_TEMP")
+    assert modes(piped) == ["SKIP_TEMP"] * 3 + [None]  # draft, forward, verify; the fused twin keeps the default
+    assert modes(wide) == [None] * 4  # every part of a wide step runs uncaptured
+    assert step_compiler_options("gpu", decode(1), Chain(3), part=0) == {}
+    assert step_compiler_options("cpu", piped, Chain(3), part=0) == {}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_command_buffer_update_mode=ALWAYS_UPDATE")  # the user's choice stands
+    assert modes(piped) == [None] * 4
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setenv(UPDATE_MODE_ENV, "skip temp")
+    with pytest.raises(ConfigError, match=UPDATE_MODE_ENV):
+        step_compiler_options("gpu", piped, Chain(3), part=0)
+
+
 def test_nccl_all_reduces_enter_the_graphs_of_wide_split_decode_steps_when_asked(monkeypatch):
     """`JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS=N`: tensor-parallel decode steps of N target rows or
     more get COLLECTIVES added to this XLA's command-buffer types (off by default; never for one
