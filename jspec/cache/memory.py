@@ -21,7 +21,7 @@ import os
 
 import jax
 
-from jspec import ALLOCATOR_MEM_FRACTION
+from jspec.allocator_env import ALLOCATOR_MEM_FRACTION
 from jspec.cache import driver_memory
 from jspec.errors import ConfigError
 
@@ -56,7 +56,7 @@ def device_memory(device=None) -> DeviceMemory | None:
 
     A GPU allocator without statistics (XLA's VMM allocator, which takes nothing up front) is
     stood in for by the driver: the limit is the allocator share (`XLA_PYTHON_CLIENT_MEM_FRACTION`,
-    see `jspec/__init__.py`) of the device's total, which is also the budget that allocator
+    see `jspec/allocator_env.py`) of the device's total, which is also the budget that allocator
     keeps, and everything the device holds counts as in use (the CUDA context and other
     processes too)."""
     device = device or jax.local_devices()[0]
