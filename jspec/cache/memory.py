@@ -56,8 +56,8 @@ def device_memory(device=None) -> DeviceMemory | None:
 
     A GPU allocator without statistics (XLA's VMM allocator, which takes nothing up front) is
     stood in for by the driver: the limit is the allocator share (`XLA_PYTHON_CLIENT_MEM_FRACTION`,
-    see `jspec/allocator_env.py`) of the device's total, which is also the budget that allocator
-    keeps, and everything the device holds counts as in use (the CUDA context and other
+    see `jspec/allocator_env.py`) of the device's total, which by XLA's source is also the budget
+    that allocator keeps, and everything the device holds counts as in use (the CUDA context and other
     processes too)."""
     device = device or jax.local_devices()[0]
     try:

@@ -35,8 +35,8 @@ parts of a step that keep their graphs therefore hand their carry over in static
 Temporaries move too: each part's scratch buffer is allocated afresh at every launch.
 `JSPEC_GRAMMAR_UPDATE_MODE=SKIP_TEMP` (any of XLA's `CommandBufferUpdateMode` names) compiles the
 captured parts of constrained speculative split steps with that command-buffer update mode, which
-keeps their temporaries at stable virtual addresses; XLA honours it only on a client running its
-VMM allocator (`XLA_PYTHON_CLIENT_ALLOCATOR=vmm`). Process-wide (XLA_FLAGS) the mode selects that
+keeps their temporaries at stable virtual addresses; by XLA's source (not yet measured) it is
+honoured only on a client running XLA's VMM allocator (`XLA_PYTHON_CLIENT_ALLOCATOR=vmm`). Process-wide (XLA_FLAGS) the mode selects that
 allocator by itself and applies to every step (bench/README.md, "XLA's command-buffer update modes
 on the constrained step"). Unset by default; a user who names the mode in XLA_FLAGS keeps that.
 `JSPEC_GRAMMAR_UNCAPTURED_PARTS=draft,forward,verify` (any of the three, or `none`) names exactly
