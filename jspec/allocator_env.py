@@ -17,11 +17,16 @@ from __future__ import annotations
 import os
 
 ALLOCATOR_MEM_FRACTION = "0.92"
+SHARE_SETTINGS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")  # jaxlib's names, newer first
 
 
 def apply() -> None:
     """Set jspec's share in the environment unless the user's settings already decide it."""
     if (os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default").lower() in ("default", "bfc", "vmm")
-            and not any(k in os.environ for k in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION",
-                                                  "XLA_PYTHON_CLIENT_PREALLOCATE"))):
-        os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = ALLOCATOR_MEM_FRACTION
+            and not any(k in os.environ for k in (*SHARE_SETTINGS, "XLA_PYTHON_CLIENT_PREALLOCATE"))):
+        os.environ[SHARE_SETTINGS[1]] = ALLOCATOR_MEM_FRACTION
+
+
+def share() -> float:
+    """The share of a GPU the process's allocator may take: the user's (under either name) or jspec's."""
+    return float(next((os.environ[k] for k in SHARE_SETTINGS if os.environ.get(k)), ALLOCATOR_MEM_FRACTION))

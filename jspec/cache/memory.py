@@ -17,11 +17,10 @@ start's count is kept while it still fits and is within one step of what fits no
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import jax
 
-from jspec.allocator_env import ALLOCATOR_MEM_FRACTION
+from jspec import allocator_env
 from jspec.cache import driver_memory
 from jspec.errors import ConfigError
 
@@ -69,13 +68,8 @@ def device_memory(device=None) -> DeviceMemory | None:
     if device.platform != "gpu" or (held := driver_memory.free_total(device.local_hardware_id)) is None:
         return None
     free, total = held
-    return DeviceMemory(int(allocator_share() * total), total - free)
+    return DeviceMemory(int(allocator_env.share() * total), total - free)
 
-
-def allocator_share() -> float:
-    """The share of a GPU the process's allocator may take (jspec's default or the user's)."""
-    return float(os.environ.get("XLA_CLIENT_MEM_FRACTION")
-                 or os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", ALLOCATOR_MEM_FRACTION))
 
 
 @dataclasses.dataclass(frozen=True)

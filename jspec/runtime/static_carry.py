@@ -2,9 +2,10 @@
 
 XLA runs each part as a captured graph (a command buffer) and re-records the graph before a launch
 whenever a buffer it reads or writes has a new address; the re-recording is host time on the
-host's path between the parts (measured: bench/README.md, "Structured output"). The carry between the parts is dozens of small arrays (the unpacked inputs,
-the sampling batch, drafts, the target's logits), each a fresh output of one part and a fresh
-input of the next, so every part's graph is re-recorded every step.
+host's path between the parts (measured: bench/README.md, "Structured output"). The carry between
+the parts is dozens of small arrays (the unpacked inputs, the sampling batch, drafts, the target's
+logits), each a fresh output of one part and a fresh input of the next, so without the arena
+every part's graph is re-recorded every step.
 
 Here the carry lives in a few flat buffers instead, one per dtype (the arena): each part unpacks
 what it reads from the arena and writes what it hands on into the same buffers, donated, so XLA
