@@ -242,10 +242,11 @@ class ExecutableCache:
         if not os.path.exists(path):
             self.misses += 1
             return None
+        devices = list(devices)  # once: a mesh's `devices.flat` is an iterator, and a split step has several parts
         try:
             with open(path, "rb") as f:
                 entries = pickle.load(f)
-            exes = [serialize_executable.deserialize_and_load(*e, execution_devices=list(devices))
+            exes = [serialize_executable.deserialize_and_load(*e, execution_devices=devices)
                     for e in entries]
         except Exception as e:  # a stale or damaged entry: compile again and overwrite it
             log.warning("executable cache: %s did not load (%s: %s); compiling", path, type(e).__name__, e)

@@ -193,3 +193,17 @@ def test_steps_that_xla_s_own_cache_served_are_not_stored(tmp_path):
         assert hits == 0 and served == cold and again == cold
     finally:
         compilation_cache.reset_cache()
+
+
+def test_every_part_of_a_split_step_loads_from_a_mesh_s_device_iterator(tmp_path):
+    """A split step stores several executables under one key, and the runner names its devices
+    as `mesh.devices.flat`, an iterator: each part must get them all (the second part found none,
+    so every grammar engine's split buckets compiled again at every start)."""
+    import numpy as np
+    cache = executable_cache.ExecutableCache(str(tmp_path), "test")
+    x = jax.ShapeDtypeStruct((4,), jax.numpy.float32)
+    parts = [jax.jit(f).lower(x).compile() for f in (lambda a: a + 1, lambda a: a * 2, lambda a: a - 3)]
+    cache.store("split", parts)
+    loaded = cache.load("split", np.array(jax.devices()[:1]).flat)
+    assert loaded is not None and (cache.hits, cache.misses) == (1, 0)
+    assert [float(p(jax.numpy.ones(4))[0]) for p in loaded] == [2.0, 2.0, -2.0]
