@@ -143,19 +143,16 @@ class Engine:
 
     def _plan_memory(self) -> memory.MemoryPlan:
         """Size the KV pool from the device's memory, now that the weights are resident: the
-        allocator's bytes in use, the runner's measured workspace and its per-page and fixed bytes.
-        The workspace is measured on the pool size the plan will most likely keep: the last start's
-        with the same settings (the same pool shapes, so the compiled steps load from the caches),
-        else `memory.guess_pages`."""
+        allocator's bytes in use, the runner's measured workspace and its per-page and fixed bytes."""
         runner, layout, exes = self.runner, self.engine_config.layout, self.runner.executables
-        fixed, held = runner.state_bytes(0), memory.device_memory()
-        sizes = dict(mem_fraction_static=self.engine_config.mem_fraction_static,
-                     page_bytes=runner.state_bytes(1) - fixed, fixed_bytes=fixed, min_pages=layout.min_pages)
+        fixed = runner.state_bytes(0)
+        # The page count of the last start with the same settings, kept while it fits: the same
+        # pool shapes, so the compiled steps load from the caches.
         key = None if exes is None else exes.key(runner.models_key, "pool pages")
-        previous = None if key is None else exes.recall(key)
-        guess = previous if previous is not None else memory.guess_pages(held, **sizes)
-        plan = memory.plan_pages(held, workspace_bytes=runner.workspace_bytes(guess), page_size=layout.page_size,
-                                 previous=guess, **sizes)
+        plan = memory.plan_pages(memory.device_memory(), mem_fraction_static=self.engine_config.mem_fraction_static,
+                                 page_bytes=runner.state_bytes(1) - fixed, fixed_bytes=fixed,
+                                 workspace_bytes=runner.workspace_bytes(), min_pages=layout.min_pages,
+                                 page_size=layout.page_size, previous=None if key is None else exes.recall(key))
         if key is not None:
             exes.remember(key, plan.num_pages)
         return plan

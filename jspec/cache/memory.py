@@ -94,12 +94,14 @@ class MemoryPlan:
 def plan_pages(memory: DeviceMemory, *, mem_fraction_static: float | None, page_bytes: int, fixed_bytes: int,
                workspace_bytes: int, min_pages: int, page_size: int, previous: int | None = None) -> MemoryPlan:
     """Pages (the sink page included) that fit the static share, rounded down (or `previous`, an
-    earlier start's count or `guess_pages`', where it fits and gives up less than a step);
-    ConfigError when fewer than min_pages fit, saying how much is missing and which setting
-    changes it."""
-    frac = static_fraction(mem_fraction_static)
+    earlier start's count, where it fits and gives up less than a step); ConfigError when fewer
+    than min_pages fit, saying how much is missing and which setting changes it."""
+    frac = DEFAULT_MEM_FRACTION_STATIC if mem_fraction_static is None else float(mem_fraction_static)
+    if not 0.0 < frac <= 1.0:
+        raise ConfigError(f"mem_fraction_static must be in (0, 1], got {mem_fraction_static!r}")
     static = int(frac * memory.bytes_limit)
-    num_pages = _fitting_pages(memory, frac, page_bytes=page_bytes, other_bytes=workspace_bytes + fixed_bytes)
+    left = static - memory.bytes_in_use - workspace_bytes - fixed_bytes
+    num_pages = max(left, 0) // max(page_bytes, 1)
     if num_pages < min_pages:
         need = memory.bytes_in_use + workspace_bytes + fixed_bytes + min_pages * page_bytes
         raise ConfigError(
@@ -112,31 +114,6 @@ def plan_pages(memory: DeviceMemory, *, mem_fraction_static: float | None, page_
     return MemoryPlan(bytes_limit=memory.bytes_limit, mem_fraction_static=frac, resident_bytes=memory.bytes_in_use,
                       workspace_bytes=workspace_bytes, fixed_bytes=fixed_bytes, page_bytes=page_bytes,
                       num_pages=keep_or_round(int(num_pages), min_pages, previous))
-
-
-def static_fraction(mem_fraction_static: float | None) -> float:
-    """mem_fraction_static, or its default; ConfigError outside (0, 1]."""
-    frac = DEFAULT_MEM_FRACTION_STATIC if mem_fraction_static is None else float(mem_fraction_static)
-    if not 0.0 < frac <= 1.0:
-        raise ConfigError(f"mem_fraction_static must be in (0, 1], got {mem_fraction_static!r}")
-    return frac
-
-
-def _fitting_pages(memory: DeviceMemory, frac: float, *, page_bytes: int, other_bytes: int) -> int:
-    left = int(frac * memory.bytes_limit) - memory.bytes_in_use - other_bytes
-    return max(left, 0) // max(page_bytes, 1)
-
-
-def guess_pages(memory: DeviceMemory, *, mem_fraction_static: float | None, page_bytes: int, fixed_bytes: int,
-                min_pages: int) -> int | None:
-    """A guess at `plan_pages`' count before the workspace is measured: what fits without it, less
-    1/(2 PAGE_STEPS) of that for it, rounded; None where that is under min_pages. The largest
-    steps are compiled at this pool size to measure the workspace, and `plan_pages` keeps it
-    (passed as `previous`) when the workspace took less than the margin allows, so those compiles
-    serve the engine instead of being thrown away."""
-    fits = _fitting_pages(memory, static_fraction(mem_fraction_static), page_bytes=page_bytes, other_bytes=fixed_bytes)
-    guess = round_pages(fits - fits // (2 * PAGE_STEPS), min_pages)
-    return guess if guess >= min_pages else None
 
 
 def keep_or_round(fits: int, min_pages: int, previous: int | None) -> int:

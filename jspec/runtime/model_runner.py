@@ -91,7 +91,6 @@ class ModelRunner:
         self.compile_seconds = 0.0
         self.workspace_seconds = 0.0  # the memory plan's compiles (`workspace_bytes`)
         self.compile_times: dict[str, float] = {}  # bucket label -> seconds its compile took
-        self._measured: dict[Bucket, tuple[str, list]] = {}  # `workspace_bytes`' compiles: (state signature, parts)
         self.executables = executables
         self._lower_lock = threading.Lock()  # tracing sets the module-wide mesh (dispatch.tensor_parallel)
         self.state: DeviceState | None = None
@@ -145,23 +144,19 @@ class ModelRunner:
         state = self._abstract_state(dataclasses.replace(self.layout, num_pages=num_pages))
         return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize for x in jax.tree.leaves(state))
 
-    def workspace_bytes(self, num_pages: int | None = None) -> int:
+    def workspace_bytes(self) -> int:
         """The largest temporary buffer set of the compiled steps, measured by compiling the largest
-        prompt and decode buckets against a pool of num_pages (default `layout.min_pages`; the
-        workspace does not grow with the pool: the pools are donated arguments, updated in place).
-        An engine passes its guess at the final pool: where the pool ends up that size, `capture`
-        takes these compiles instead of compiling the two buckets again."""
-        state = self._abstract_state(dataclasses.replace(self.layout, num_pages=num_pages or self.layout.min_pages))
+        prompt and decode buckets against a pool of `layout.min_pages` (the workspace does not grow
+        with the pool: the pools are donated arguments, updated in place)."""
+        state = self._abstract_state(dataclasses.replace(self.layout, num_pages=self.layout.min_pages))
         largest = {}
         for b in self.buckets:
             if b.mode not in largest or (b.num_tokens, b.sort) > (largest[b.mode].num_tokens, largest[b.mode].sort):
                 largest[b.mode] = b
         def temp_bytes(bucket: Bucket) -> int:
-            parts = self._compiled_parts(bucket, state)
-            if None in (stats := [part.memory_analysis() for part in parts]) and self.executables is not None:
-                parts = self._compiled_parts(bucket, state, cached=False)  # a loaded executable that cannot tell
-                stats = [part.memory_analysis() for part in parts]
-            self._measured[bucket] = (abstract_signature(state), parts)
+            stats = [part.memory_analysis() for part in self._compiled_parts(bucket, state)]
+            if None in stats and self.executables is not None:  # a loaded executable that cannot tell
+                stats = [part.memory_analysis() for part in self._compiled_parts(bucket, state, cached=False)]
             return max([0] + [int(st.temp_size_in_bytes) for st in stats if st is not None])
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=max(1, len(largest))) as pool:  # the compiles run side by side
@@ -275,28 +270,23 @@ class ModelRunner:
             self._seed = jax.jit(_seed_slot, donate_argnums=(0,), out_shardings=self.state_shardings(self.state)
                                  ).lower(self.state, slot, words).compile()
 
-        signature = abstract_signature(self.state)
-        measured = {b: parts for b, (sig, parts) in self._measured.items() if sig == signature}
-        self._measured = {}
-
         def compile_one(b: Bucket, lowered, after=None):
             if after is not None:  # the sampler twin's compile
                 after.result()
             t = time.perf_counter()
-            parts = measured[b] if b in measured else self._compiled_parts(b, self.state, lowered)
+            parts = self._compiled_parts(b, self.state, lowered)
             exe = parts[0] if not b.grammar_split else SplitExecutable(
                 parts, b, self._replicated, plain=self.drafting is None, guard=self.transfer_guard)
             return b, exe, time.perf_counter() - t
 
-        # Tracing holds the GIL and runs here, one bucket after another; XLA's compilation releases it, so each bucket
-        # compiles on the pool as soon as it is lowered, beside the tracing of the next. Buckets the executable cache
-        # holds only load (those the memory plan compiled at this pool's shape are taken as they are). On a GPU, XLA
-        # autotunes each step's matmuls and keeps the results in one cache per process: a bucket with a sampler twin
-        # (the same forward) is traced after the others and compiles once its twin has, so it finds its matmuls tuned
-        # instead of tuning them again beside the twin. The pool runs tasks in order, so a twin always runs before the
-        # bucket waiting for it.
-        cached = {b for b in self.buckets if b in measured or (self.executables is not None
-                                                              and self._key(b, self.state) in self.executables)}
+        # Tracing holds the GIL and runs here, one bucket after another; XLA's compilation releases
+        # it, so each bucket compiles on the pool as soon as it is lowered, beside the tracing of
+        # the next. Buckets the executable cache holds only load. On a GPU, XLA autotunes each
+        # step's matmuls and keeps the results in one cache per process: a bucket with a sampler
+        # twin (the same forward) is traced after the others and compiles once its twin has, so
+        # it finds its matmuls tuned instead of tuning them again beside the twin. The pool runs
+        # tasks in order, so a twin always runs before the bucket waiting for it.
+        cached = {b for b in self.buckets if self.executables is not None and self._key(b, self.state) in self.executables}
         todo = [b for b in self.buckets if b not in cached]
         twins = sampler_twins(todo) if compile_options.autotunes_matmuls(self.mesh.devices.flat[0].platform) else {}
         with (tqdm(total=len(self.buckets), desc="compile buckets", disable=not progress, unit="bucket") as bar,

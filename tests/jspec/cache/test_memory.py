@@ -15,7 +15,6 @@ from jspec.cache import memory
 from jspec.cache.memory import PAGE_STEPS, DeviceMemory, plan_pages, round_pages
 from jspec.errors import ConfigError
 from jspec.models.loader import load_model
-from jspec.runtime.model_runner import ModelRunner
 from jspec.tiny import tiny_dir
 
 GiB = 1 << 30
@@ -51,23 +50,6 @@ def test_pages_round_down_by_at_most_a_step():
         assert n * (1 - 1 / PAGE_STEPS) <= r <= n
         assert round_pages(r) == r
     assert round_pages(1007) == 1000 and round_pages(1007, min_pages=1005) == 1005  # never below what the engine needs
-
-
-def test_the_guess_is_kept_when_the_workspace_fits_its_margin():
-    """`guess_pages` leaves 1/(2 PAGE_STEPS) of what fits for the workspace it cannot know yet:
-    a workspace inside that margin keeps the guess (the largest steps compiled at that size serve
-    the engine); a larger one gets the pages that fit, as without a guess."""
-    held = DeviceMemory(bytes_limit=80 * GiB, bytes_in_use=16 * GiB)
-    sizes = dict(mem_fraction_static=0.9, page_bytes=2 << 20, fixed_bytes=GiB, min_pages=3)
-    guess = memory.guess_pages(held, **sizes)
-    fits = (int(0.9 * 80 * GiB) - 16 * GiB - GiB) // (2 << 20)
-    assert guess == round_pages(guess) and fits * (1 - 1 / PAGE_STEPS) <= guess < fits
-    for workspace in (0, 64 << 20, (fits - guess) * (2 << 20)):
-        assert plan_pages(held, workspace_bytes=workspace, page_size=16, previous=guess, **sizes).num_pages == guess
-    big = 8 * GiB
-    assert plan_pages(held, workspace_bytes=big, page_size=16, previous=guess, **sizes).num_pages == \
-        plan_pages(held, workspace_bytes=big, page_size=16, **sizes).num_pages < guess
-    assert memory.guess_pages(DeviceMemory(bytes_limit=GiB, bytes_in_use=GiB), **sizes) is None
 
 
 class _Device:
@@ -132,20 +114,6 @@ def model():
     return load_model(tiny_dir("qwen3"), dtype="float32")
 
 
-PROMPT, GREEDY = [5, 6, 7], {"max_new_tokens": 4, "temperature": 0}
-
-
-@pytest.fixture(scope="module")
-def hand_sized(model):
-    """(total pages, memory plan, greedy output ids) of an engine given max_total_tokens on a
-    device that would fit nothing: the size given wins."""
-    with pytest.MonkeyPatch.context() as mp:
-        _fake_device(mp, limit=1, in_use=1)
-        with Engine(model, max_total_tokens=320, **SETTINGS) as eng:
-            return (eng.get_server_info()["num_total_pages"], eng.engine_config.memory_plan,
-                    eng.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"])
-
-
 def _fake_device(monkeypatch, limit: int, in_use: int) -> None:
     monkeypatch.setattr(memory, "device_memory", lambda device=None: DeviceMemory(limit, in_use))
 
@@ -169,25 +137,6 @@ def test_engine_pool_is_sized_from_device_memory(monkeypatch, model):
         assert len(out["output_ids"]) == 3
 
 
-def test_the_memory_plan_s_compiles_serve_the_engine(monkeypatch, model, hand_sized):
-    """With room to spare, the workspace fits the guess's margin: the largest buckets, compiled
-    against the guessed pool to measure it, are the engine's steps (each bucket traced once, not
-    the two largest twice), and the engine serves the same tokens as one sized by hand."""
-    weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
-    _fake_device(monkeypatch, limit=2 * GiB, in_use=weights)
-    lowered = []
-    real_lower = ModelRunner._lower
-    monkeypatch.setattr(ModelRunner, "_lower", lambda self, bucket, state: lowered.append(bucket) or
-                        real_lower(self, bucket, state))
-    with Engine(model, mem_fraction_static=0.5, **SETTINGS) as eng:
-        plan, runner = eng.engine_config.memory_plan, eng.runner
-        guess = memory.guess_pages(DeviceMemory(2 * GiB, weights), mem_fraction_static=0.5, page_bytes=plan.page_bytes,
-                                   fixed_bytes=plan.fixed_bytes, min_pages=eng.engine_config.layout.min_pages)
-        assert plan.num_pages == guess and plan.workspace_bytes > 0
-        assert sorted(map(repr, lowered)) == sorted(map(repr, runner.buckets))
-        assert eng.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"] == hand_sized[2]
-
-
 def test_engine_that_does_not_fit_says_how_much_it_needs(monkeypatch, model):
     weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
     _fake_device(monkeypatch, limit=weights, in_use=weights)
@@ -195,9 +144,11 @@ def test_engine_that_does_not_fit_says_how_much_it_needs(monkeypatch, model):
         Engine(model, **SETTINGS)
 
 
-def test_max_total_tokens_overrides_device_memory(hand_sized):
-    total_pages, plan, _ = hand_sized
-    assert total_pages == 20 and plan is None
+def test_max_total_tokens_overrides_device_memory(monkeypatch, model):
+    _fake_device(monkeypatch, limit=1, in_use=1)
+    with Engine(model, max_total_tokens=320, **SETTINGS) as eng:
+        assert eng.get_server_info()["num_total_pages"] == 20
+        assert eng.engine_config.memory_plan is None
 
 
 @pytest.mark.parametrize("preset, expect", [({}, "0.92"), ({"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}, "0.5"),
