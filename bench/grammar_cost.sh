@@ -31,7 +31,7 @@
 #   temporaries mapped until memory runs short). The device memory in use is sampled every 0.5 s
 #   (nvidia-smi); each run's peak goes to OUT/memory_peaks.txt. JSPEC_* knobs in the environment
 #   (e.g. JSPEC_GRAMMAR_UNCAPTURED_PARTS=none JSPEC_GRAMMAR_STATIC_CARRY=1 for captured c32 parts)
-#   reach every run and are named in its record.
+#   reach every run and are named in its record. RUNS: which of `open off` to run (default both).
 # WHEELS: a folder holding the llguidance wheel (the GPU machine has no network). SKIP_BASELINE=1: no
 # no-speculation column (the stages compare EAGLE3 engines; each baseline costs an engine build).
 # EXTRA: more `jspec bench sweep` flags, after the stage's (later flags win), e.g.
@@ -92,7 +92,7 @@ case $stage in
       flags="${XLA_FLAGS:-}${flag:+${XLA_FLAGS:+ }$flag}"
       label=$(echo "${mode#--xla_gpu_}" | tr -c 'A-Za-z0-9_\n' '_')
       for c in ${CONCURRENCY:-1 32}; do
-        for run in open off; do
+        for run in ${RUNS:-open off}; do
           [[ $run == open ]] && grammar=("${open[@]}") || grammar=(--grammar-backend llguidance)
           name=${run}_${label}_c$c
           nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$out/memory_$name.csv" & smi=$!

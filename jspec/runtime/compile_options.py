@@ -33,12 +33,17 @@ A captured part's graph is re-recorded before a launch whenever a buffer it uses
 parts of a step that keep their graphs therefore hand their carry over in static buffers
 (`uses_static_carry`, `jspec.runtime.static_carry`).
 Temporaries move too: each part's scratch buffer is allocated afresh at every launch.
-`JSPEC_GRAMMAR_UPDATE_MODE=SKIP_TEMP` (any of XLA's `CommandBufferUpdateMode` names) compiles the
-captured parts of constrained speculative split steps with that command-buffer update mode, which
-keeps their temporaries at stable virtual addresses; by XLA's source (not yet measured) it is
-honoured only on a client running XLA's VMM allocator (`XLA_PYTHON_CLIENT_ALLOCATOR=vmm`). Process-wide (XLA_FLAGS) the mode selects that
-allocator by itself and applies to every step (bench/README.md, "XLA's command-buffer update modes
-on the constrained step"). Unset by default; a user who names the mode in XLA_FLAGS keeps that.
+`JSPEC_GRAMMAR_UPDATE_MODE=SKIP_TEMP` (any of XLA's `CommandBufferUpdateMode` names; jaxlib 0.11
+or later for SKIP_TEMP) compiles the captured parts of constrained speculative split steps with
+that command-buffer update mode, which keeps their temporaries at stable virtual addresses, so
+their graphs are no longer re-recorded at every launch. XLA honours it only on a client running
+its VMM allocator, which importing jspec selects when this variable is set (`jspec.allocator_env`).
+That allocator serves the whole process: it reports no memory statistics (pools are sized from
+the driver's view, `jspec.cache.memory`) and nothing is preallocated. Process-wide (XLA_FLAGS)
+the mode selects that allocator by itself and applies to every step, which measured slower at
+concurrency 32 (bench/README.md, "XLA's command-buffer update modes on the constrained step").
+Unset by default: TP and the unconstrained steps are not yet measured under the VMM allocator. A
+user who names the mode in XLA_FLAGS keeps that.
 `JSPEC_GRAMMAR_UNCAPTURED_PARTS=draft,forward,verify` (any of the three, or `none`) names exactly
 the parts of every constrained speculative split step, pipelined or not, that compile uncaptured,
 in place of that choice (measured by `bench/grammar_cost.sh OUT graph-parts`). A user who names
@@ -58,6 +63,7 @@ import functools
 import os
 import re
 
+from jspec.allocator_env import UPDATE_MODE_ENV
 from jspec.errors import ConfigError
 from jspec.models.batch import ForwardMode
 from jspec.runtime.step_inputs import Bucket
@@ -67,7 +73,6 @@ UNCAPTURED_FROM_ROWS = 32
 GRAPH_COLLECTIVES_ENV = "JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS"
 UNCAPTURED_PARTS_ENV = "JSPEC_GRAMMAR_UNCAPTURED_PARTS"
 STATIC_CARRY_ENV = "JSPEC_GRAMMAR_STATIC_CARRY"
-UPDATE_MODE_ENV = "JSPEC_GRAMMAR_UPDATE_MODE"
 SPLIT_PARTS = ("draft", "forward", "verify")
 
 

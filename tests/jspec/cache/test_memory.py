@@ -151,17 +151,20 @@ def test_max_total_tokens_overrides_device_memory(monkeypatch, model):
         assert eng.engine_config.memory_plan is None
 
 
-@pytest.mark.parametrize("preset, expect", [({}, "0.92"), ({"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}, "0.5"),
-                                            ({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, None),
-                                            ({"XLA_CLIENT_MEM_FRACTION": "0.5"}, None),
-                                            ({"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, None),
-                                            ({"XLA_PYTHON_CLIENT_ALLOCATOR": "vmm"}, "0.92")])
-def test_import_sizes_the_allocator_unless_the_user_did(preset, expect):
+@pytest.mark.parametrize("preset, share, allocator", [
+    ({}, "0.92", None), ({"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}, "0.5", None),
+    ({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, None, None), ({"XLA_CLIENT_MEM_FRACTION": "0.5"}, None, None),
+    ({"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, None, "platform"), ({"XLA_PYTHON_CLIENT_ALLOCATOR": "vmm"}, "0.92", "vmm"),
+    ({"JSPEC_GRAMMAR_UPDATE_MODE": "SKIP_TEMP"}, "0.92", "vmm"),
+    ({"JSPEC_GRAMMAR_UPDATE_MODE": "SKIP_TEMP", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, None, "platform")])
+def test_import_sizes_the_allocator_unless_the_user_did(preset, share, allocator):
     # mem_fraction_static is a share of the allocator's limit, so JAX's 75% default would leave a
     # quarter of every GPU unused; importing jspec takes 92% unless an allocator setting is given.
     # jaxlib refuses both names of the share at once, so a share under the newer name is left alone;
-    # the VMM allocator takes the share as its budget.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_PYTHON_CLIENT_", "XLA_CLIENT_"))} | preset
-    code = "import os, jspec; print(os.environ.get('XLA_PYTHON_CLIENT_MEM_FRACTION'))"
+    # the VMM allocator takes the share as its budget. The grammar update mode needs that allocator,
+    # so it selects it, unless the user chose another.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("XLA_PYTHON_CLIENT_", "XLA_CLIENT_", "JSPEC_GRAMMAR_UPDATE_MODE"))} | preset
+    code = "import os, jspec; print([os.environ.get(f'XLA_PYTHON_CLIENT_{k}') for k in ('MEM_FRACTION', 'ALLOCATOR')])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == str(expect)
+    assert out.stdout.strip() == str([share, allocator])
