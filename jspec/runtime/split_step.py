@@ -110,9 +110,12 @@ class SplitExecutable:
         if self.plain:
             return self.queue_first(params, state, packed)
         carry = self.first(params, state, packed, *([self._take_arena()] if self.static else []))
+        buffers, rest, view = carry
+        # The drafts' copy to the host is asked for before the forward is queued, so that it is not
+        # queued behind the forward's launch: the walk can start as soon as the draft part ends.
+        view.copy_to_host_async()
         if self.forward is None or self._replace:
             return carry
-        buffers, rest, view = carry
         if self._no_decisions is None:  # nothing replaced, every node walkable: kept on the device
             self._no_decisions = jax.device_put(np.zeros((self.bucket.grammar_size,), np.int32), self.sharding)
         return self.queue_forward(params, buffers, rest, self._no_decisions), None, view
