@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
@@ -199,7 +200,6 @@ def test_every_part_of_a_split_step_loads_from_a_mesh_s_device_iterator(tmp_path
     """A split step stores several executables under one key, and the runner names its devices
     as `mesh.devices.flat`, an iterator: each part must get them all (the second part found none,
     so every grammar engine's split buckets compiled again at every start)."""
-    import numpy as np
     cache = executable_cache.ExecutableCache(str(tmp_path), "test")
     x = jax.ShapeDtypeStruct((4,), jax.numpy.float32)
     parts = [jax.jit(f).lower(x).compile() for f in (lambda a: a + 1, lambda a: a * 2, lambda a: a - 3)]
