@@ -23,14 +23,15 @@ import os
 ALLOCATOR_MEM_FRACTION = "0.92"
 SHARE_SETTINGS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")  # jaxlib's names, newer first
 UPDATE_MODE_ENV = "JSPEC_GRAMMAR_UPDATE_MODE"
+ALLOCATOR = "XLA_PYTHON_CLIENT_ALLOCATOR"
 
 
 def apply() -> None:
     """Set jspec's allocator (for the update mode) and share in the environment unless the user's
     settings already decide them."""
-    if os.environ.get(UPDATE_MODE_ENV, "").strip() and not os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR"):
-        os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = "vmm"
-    if (os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default").lower() in ("default", "bfc", "vmm")
+    if os.environ.get(UPDATE_MODE_ENV, "").strip() and not os.environ.get(ALLOCATOR):
+        os.environ[ALLOCATOR] = "vmm"
+    if (os.environ.get(ALLOCATOR, "default").lower() in ("default", "bfc", "vmm")
             and not any(k in os.environ for k in (*SHARE_SETTINGS, "XLA_PYTHON_CLIENT_PREALLOCATE"))):
         os.environ[SHARE_SETTINGS[1]] = ALLOCATOR_MEM_FRACTION
 

@@ -71,7 +71,6 @@ def device_memory(device=None) -> DeviceMemory | None:
     return DeviceMemory(int(allocator_env.share() * total), total - free)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
     """The bytes behind a pool size (`Engine.get_server_info()["memory"]` reports them).
