@@ -17,6 +17,7 @@ start's count is kept while it still fits and is within one step of what fits no
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 
@@ -54,10 +55,12 @@ def device_memory(device=None) -> DeviceMemory | None:
     no limit (the CPU), in which case pools are sized from the engine's limits alone.
 
     A GPU allocator without statistics (XLA's VMM allocator, which takes nothing up front) is
-    stood in for by the driver: the limit is the allocator share (`XLA_PYTHON_CLIENT_MEM_FRACTION`,
-    see `jspec/allocator_env.py`) of the device's total, which by XLA's source is also the budget
-    that allocator keeps, and everything the device holds counts as in use (the CUDA context and other
-    processes too)."""
+    stood in for by the driver and the live arrays: the limit is the allocator share
+    (`XLA_PYTHON_CLIENT_MEM_FRACTION`, see `jspec/allocator_env.py`) of the device's total, which by
+    XLA's source is also the budget that allocator keeps. In use is what lies outside the allocator
+    (`_outside_allocator`) plus the live arrays on the device. The driver's own count is not used as
+    it is: that allocator keeps freed memory mapped for reuse (a shut-down engine's pool, the
+    temporaries of programs that ran), and the driver counts it as held."""
     device = device or jax.local_devices()[0]
     try:
         stats = device.memory_stats()
@@ -68,7 +71,35 @@ def device_memory(device=None) -> DeviceMemory | None:
     if device.platform != "gpu" or (held := driver_memory.free_total(device.local_hardware_id)) is None:
         return None
     free, total = held
-    return DeviceMemory(int(allocator_env.share() * total), total - free)
+    live = live_bytes(device)
+    return DeviceMemory(int(allocator_env.share() * total), _outside_allocator(device, total - free, live) + live)
+
+
+# (platform, device ordinal) -> the least (driver's bytes in use - live arrays) seen in this process
+_OUTSIDE: dict[tuple[str, int], int] = {}
+
+
+def _outside_allocator(device, driver_in_use: int, live: int) -> int:
+    """What the device holds outside the allocator's live buffers (the CUDA context, library
+    handles, NCCL, other processes), as the least driver-minus-live-arrays seen so far: memory
+    the allocator keeps mapped after a free only ever adds to the driver's count, so the earliest
+    look (an engine's configuration, before its weights load) is the closest, and later looks can
+    only lower it. Memory that other processes take after that first look is not seen; the share
+    outside mem_fraction_static absorbs it."""
+    key = (device.platform, device.local_hardware_id)
+    _OUTSIDE[key] = min(_OUTSIDE.get(key, driver_in_use), max(driver_in_use - live, 0))
+    return _OUTSIDE[key]
+
+
+def live_bytes(device) -> int:
+    """Bytes of the process's live JAX arrays held on `device` (one shard of each array placed on
+    it; a replicated array counts in full on each of its devices)."""
+    total = 0
+    for a in jax.live_arrays():
+        sharding = a.sharding
+        if device in sharding.device_set:
+            total += math.prod(sharding.shard_shape(a.shape)) * getattr(a.dtype, "itemsize", 0)
+    return total
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 from jspec import Engine
@@ -64,7 +65,9 @@ class _Device:
 
 def test_a_gpu_allocator_without_statistics_is_sized_from_the_driver(monkeypatch):
     """XLA's VMM allocator (SKIP_TEMP) reports no statistics: the driver's free / total stand in,
-    with jspec's allocator share of the total as the limit and all that is held as in use."""
+    with jspec's allocator share of the total as the limit and all that is held as in use (no live
+    arrays on this device)."""
+    monkeypatch.setattr(memory, "_OUTSIDE", {})
     asked = []
     monkeypatch.setattr(memory.driver_memory, "free_total", lambda ordinal: asked.append(ordinal) or (100 * GiB, 140 * GiB))
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
@@ -81,6 +84,39 @@ def test_a_gpu_allocator_without_statistics_is_sized_from_the_driver(monkeypatch
     assert memory.device_memory(_Device("cpu", None)) is None
     monkeypatch.setattr(memory.driver_memory, "free_total", lambda ordinal: None)
     assert memory.device_memory(_Device("gpu", None)) is None
+
+
+def test_memory_the_vmm_allocator_keeps_mapped_is_not_in_use(monkeypatch):
+    """XLA's VMM allocator keeps freed memory mapped for reuse (freed temporaries, a shut-down
+    engine's pool), and the driver counts it as held: in use is what lies outside the allocator,
+    as first seen before any weights, plus the live arrays, so a second engine in the process is
+    sized as the first was."""
+    monkeypatch.setattr(memory, "_OUTSIDE", {})
+    seen = {"driver": 2 * GiB, "live": 0}
+    monkeypatch.setattr(memory.driver_memory, "free_total", lambda ordinal: (140 * GiB - seen["driver"], 140 * GiB))
+    monkeypatch.setattr(memory, "live_bytes", lambda device: seen["live"])
+    dev = _Device("gpu", None)
+    assert memory.device_memory(dev).bytes_in_use == 2 * GiB  # engine configuration: the context only
+    seen.update(driver=26 * GiB, live=16 * GiB)  # weights live; 8 GiB of the loader's temporaries kept mapped
+    assert memory.device_memory(dev).bytes_in_use == 18 * GiB
+    seen.update(driver=120 * GiB, live=0)  # the engine shut down; its pool is still mapped
+    assert memory.device_memory(dev).bytes_in_use == 2 * GiB
+    seen.update(driver=3 * GiB, live=2 * GiB)  # never more than the driver's count says
+    assert memory.device_memory(dev).bytes_in_use == 3 * GiB
+    other = _Device("gpu", None)
+    other.local_hardware_id = 4  # each device keeps its own first look
+    seen.update(driver=30 * GiB, live=0)
+    assert memory.device_memory(other).bytes_in_use == 30 * GiB
+
+
+def test_live_bytes_are_the_arrays_on_the_device():
+    cpu = jax.devices("cpu")[0]
+    before = memory.live_bytes(cpu)
+    x = jax.device_put(np.zeros((1000,), np.float32), cpu)
+    assert memory.live_bytes(cpu) == before + 4000
+    assert memory.live_bytes(_Device("gpu", None)) == 0  # nothing lives on another device
+    del x
+    assert memory.live_bytes(cpu) == before
 
 
 def test_the_driver_query_is_none_without_cuda(monkeypatch):
