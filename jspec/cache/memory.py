@@ -75,6 +75,14 @@ def device_memory(device=None) -> DeviceMemory | None:
     return DeviceMemory(int(allocator_env.share() * total), _outside_allocator(device, total - free, live) + live)
 
 
+def note_outside_allocator() -> None:
+    """Take a look at the first device before weights are placed on it (the loaders call this):
+    under an allocator without statistics this sets what lies outside the allocator before any
+    loader's temporaries are freed and kept mapped (`_outside_allocator`); otherwise it costs one
+    statistics query."""
+    device_memory()
+
+
 # (platform, device ordinal) -> the least (driver's bytes in use - live arrays) seen in this process
 _OUTSIDE: dict[tuple[str, int], int] = {}
 
@@ -83,9 +91,9 @@ def _outside_allocator(device, driver_in_use: int, live: int) -> int:
     """What the device holds outside the allocator's live buffers (the CUDA context, library
     handles, NCCL, other processes), as the least driver-minus-live-arrays seen so far: memory
     the allocator keeps mapped after a free only ever adds to the driver's count, so the earliest
-    look (an engine's configuration, before its weights load) is the closest, and later looks can
-    only lower it. Memory that other processes take after that first look is not seen; the share
-    outside mem_fraction_static absorbs it."""
+    look (the loaders take one before placing weights: `note_outside_allocator`) is the closest,
+    and later looks can only lower it. Memory that other processes take after that first look is
+    not seen; the share outside mem_fraction_static absorbs it."""
     key = (device.platform, device.local_hardware_id)
     _OUTSIDE[key] = min(_OUTSIDE.get(key, driver_in_use), max(driver_in_use - live, 0))
     return _OUTSIDE[key]

@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding
 
 from checkpoints import hf_mapping, orbax_io
 from checkpoints.safetensors_reader import SafetensorsCheckpoint
+from jspec.cache import memory
 from jspec.config import ModelConfig, load_config
 from jspec.errors import CheckpointError, ConfigError
 from jspec.models.causal_lm import CausalLM
@@ -201,6 +202,7 @@ def load_model(path: str | os.PathLike, dtype="float32", *, progress=None, tp_si
     tp = check_tp(config, tp_size, ep=expert_parallel, replicate_attention=replicate_attention)
     ep, rep = expert_parallel and tp > 1, replicate_attention and tp > 1
     mesh = make_mesh(tp) if tp > 1 else None
+    memory.note_outside_allocator()
     params, extras, placed = read_params(path, config, dt, progress=progress, mesh=mesh, ep=ep, replicate_attention=rep)
     graphdef, abstract = abstract_model(config, dt, tp, ep, rep)
     if placed:
@@ -253,6 +255,7 @@ def random_model(config: ModelConfig, dtype="bfloat16", seed: int = 0, scale: fl
     ep, rep = expert_parallel and tp > 1, replicate_attention and tp > 1
     mesh = make_mesh(tp) if tp > 1 else None
     graphdef, abstract = abstract_model(config, dt, tp, ep, rep)
+    memory.note_outside_allocator()
     key = jax.random.PRNGKey(seed)
     index = {name: i for i, name in enumerate(sorted(flat_names(abstract)))}
     shapes = flat_names(abstract)
