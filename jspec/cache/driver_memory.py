@@ -2,10 +2,10 @@
 report no statistics.
 
 XLA's VMM allocator (`XLA_PYTHON_CLIENT_ALLOCATOR=vmm`, which `JSPEC_GRAMMAR_UPDATE_MODE` selects;
-`--xla_gpu_command_buffer_update_mode=SKIP_TEMP` in XLA_FLAGS selects it too) answers `memory_stats()` with None and takes no
-share of the device up front, so the pool sizing (`jspec.cache.memory`) asks the driver instead
-(and counts that allocator's share by the live arrays: it keeps freed memory mapped, which the
-driver counts as held).
+`--xla_gpu_command_buffer_update_mode=SKIP_TEMP` in XLA_FLAGS selects it too) answers
+`memory_stats()` with None and takes no share of the device up front, so the pool sizing
+(`jspec.cache.memory`) asks the driver instead (and counts that allocator's share by the live
+arrays: it keeps freed memory mapped, which the driver counts as held).
 The query runs in the device's primary context, the one XLA itself uses, through ctypes: no CUDA
 library beyond the driver that JAX has already loaded.
 """

@@ -39,10 +39,10 @@ that command-buffer update mode, which keeps their temporaries at stable virtual
 their graphs are no longer re-recorded at every launch. XLA honours it only on a client running
 its VMM allocator, which importing jspec selects when this variable is set (`jspec.allocator_env`).
 That allocator serves the whole process: it reports no memory statistics (pools are sized from
-the driver's figures and the live arrays, `jspec.cache.memory`) and nothing is preallocated. Process-wide (XLA_FLAGS)
-the mode selects that allocator by itself and applies to every step, which measured slower at
-concurrency 32 (bench/README.md, "XLA's command-buffer update modes on the constrained step").
-Unset by default: TP is not yet measured under the VMM allocator, and the switch would move every
+the driver's figures and the live arrays, `jspec.cache.memory`) and nothing is preallocated.
+Process-wide (XLA_FLAGS) the mode selects that allocator by itself and applies to every step,
+which measured slower at concurrency 32 (bench/README.md, "XLA's command-buffer update modes on
+the constrained step"). Unset by default: TP is not yet measured under the VMM allocator, and the switch would move every
 process, constrained or not, onto it. A user who names the mode in XLA_FLAGS keeps that.
 `JSPEC_GRAMMAR_UNCAPTURED_PARTS=draft,forward,verify` (any of the three, or `none`) names exactly
 the parts of every constrained speculative split step, pipelined or not, that compile uncaptured,
