@@ -36,7 +36,7 @@
 # no-speculation column (the stages compare EAGLE3 engines; each baseline costs an engine build).
 # EXTRA: more `jspec bench sweep` flags, after the stage's (later flags win), e.g.
 #   EXTRA="--profile OUT/trace --random-output-len 128" for traces of a shorter run. At concurrency 32
-#   a 256-out run lasts about 4 s, much of it the 64 prompts' prefill, and repeats spread by 30%:
+#   a 256-out run is short and mostly the prompts' prefill, so repeats spread widely (bench/README.md):
 #   compare c32 settings on EXTRA="--random-output-len 1024 --prompts-per-concurrency 1" (mostly decode).
 set -euo pipefail
 out=$1; stage=$2
