@@ -23,14 +23,15 @@ of them compile without command buffers (kernels queued one by one, each startin
 chosen per bucket (`default_uncaptured_parts`; bench/README.md, "Structured output"):
 - without overlap, the verify part: the host launches it only after reading the drafts and
   walking the grammar, with the device idle;
-- with overlap (pipelined: draft, forward, verify), every part once the target sees at least
-  `UNCAPTURED_FROM_ROWS` token rows. The host launches the three parts one after another each
-  step, and a captured part's graph is updated before every launch; served end to end, the
-  uncaptured parts ran as fast or faster from that width on, and the graphs faster at batch 1
-  (likely because there each part's device time is too short to hide kernels queued one by one;
-  not traced).
-A captured part's graph is re-recorded before a launch whenever a buffer it uses has moved; the
-parts of a step that keep their graphs therefore hand their carry over in static buffers
+- with overlap (pipelined: draft, forward, verify), the forward part once the target sees at
+  least `UNCAPTURED_FROM_ROWS` token rows. The host launches the three parts one after another
+  each step. The forward is most of the step's kernels: queued one by one they start at once,
+  while its graph would be updated before every launch. The draft and verify parts keep their
+  graphs at every width: queued one kernel at a time they took the host longer than the device
+  at concurrency 32, and with their carry in static buffers their graphs are cheap to update
+  (bench/README.md, "which parts of the c32 constrained step keep their graphs").
+A captured part's graph is re-recorded before a launch whenever a buffer it uses has moved; a
+split step with any captured part therefore hands its carry over in static buffers
 (`uses_static_carry`, `jspec.runtime.static_carry`).
 Temporaries move too: each part's scratch buffer is allocated afresh at every launch.
 `JSPEC_GRAMMAR_UPDATE_MODE=SKIP_TEMP` (any of XLA's `CommandBufferUpdateMode` names; jaxlib 0.11
@@ -151,21 +152,33 @@ def grammar_update_mode() -> str | None:
     return value
 
 
+def split_parts(bucket: Bucket) -> tuple[str, ...]:
+    """The parts of bucket's split step, in `split_step.lower`'s order (before the fused twin)."""
+    return SPLIT_PARTS if bucket.grammar_pipeline else ("draft", "verify")  # no forward part of its own
+
+
 def split_part_name(bucket: Bucket, part: int) -> str | None:
     """Which part of a split step `part` is in `split_step.lower`'s order; None for the fused twin."""
-    names = SPLIT_PARTS if bucket.grammar_pipeline else ("draft", "verify")  # no forward part of its own
+    names = split_parts(bucket)
     return names[part] if part < len(names) else None
 
 
 def default_uncaptured_parts(bucket: Bucket, drafting) -> frozenset[str]:
     """The parts of a constrained speculative split step that compile without command buffers when
     JSPEC_GRAMMAR_UNCAPTURED_PARTS is unset: a non-pipelined step's verify part (launched with the
-    device idle); every part of a pipelined step of at least UNCAPTURED_FROM_ROWS target rows."""
+    device idle); a pipelined step's forward part from UNCAPTURED_FROM_ROWS target rows."""
     if not bucket.grammar_pipeline:
         return frozenset({"verify"})
     if target_rows(bucket, drafting) >= UNCAPTURED_FROM_ROWS:
-        return frozenset(SPLIT_PARTS)
+        return frozenset({"forward"})
     return frozenset()
+
+
+def chosen_uncaptured_parts(bucket: Bucket, drafting) -> frozenset[str]:
+    """The split-step parts that compile uncaptured: those JSPEC_GRAMMAR_UNCAPTURED_PARTS names, else
+    `default_uncaptured_parts`."""
+    chosen = uncaptured_parts()
+    return default_uncaptured_parts(bucket, drafting) if chosen is None else chosen
 
 
 def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0, tp: int = 1) -> dict:
@@ -184,10 +197,7 @@ def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0
             options["xla_gpu_autotune_level"] = 0
     if (bucket.grammar_split and drafting is not None and bucket.speculate
             and "xla_gpu_enable_command_buffer" not in flags):
-        chosen = uncaptured_parts()
-        if chosen is None:
-            chosen = default_uncaptured_parts(bucket, drafting)
-        if split_part_name(bucket, part) in chosen:
+        if split_part_name(bucket, part) in chosen_uncaptured_parts(bucket, drafting):
             options["xla_gpu_enable_command_buffer"] = ""  # a repeated option: empty clears every type
         elif (mode := grammar_update_mode()) and split_part_name(bucket, part) is not None \
                 and "xla_gpu_command_buffer_update_mode" not in flags:
@@ -202,10 +212,9 @@ def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0
 
 def uses_static_carry(bucket: Bucket, drafting) -> bool:
     """Whether a constrained speculative split step hands its carry between its parts in static
-    buffers (`jspec.runtime.static_carry`), so that its parts' graphs are not re-recorded before
-    every launch: by default where the parts keep their graphs (fewer than UNCAPTURED_FROM_ROWS
-    target rows; wider steps run uncaptured and have nothing to re-record).
-    `JSPEC_GRAMMAR_STATIC_CARRY=0` or `1` decides it for every bucket."""
+    buffers (`jspec.runtime.static_carry`), so that its captured parts' graphs are not re-recorded
+    before every launch: by default whenever one of its parts keeps its graph
+    (`chosen_uncaptured_parts`). `JSPEC_GRAMMAR_STATIC_CARRY=0` or `1` decides it for every bucket."""
     if drafting is None or not bucket.grammar_split or not bucket.speculate:
         return False
     value = os.environ.get(STATIC_CARRY_ENV, "").strip()
@@ -213,4 +222,4 @@ def uses_static_carry(bucket: Bucket, drafting) -> bool:
         raise ConfigError(f"{STATIC_CARRY_ENV} must be 0 or 1, got {value!r}")
     if value:
         return value == "1"
-    return target_rows(bucket, drafting) < UNCAPTURED_FROM_ROWS
+    return not set(split_parts(bucket)) <= chosen_uncaptured_parts(bucket, drafting)

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from jspec.cache.pool import PoolLayout, allocate_caches, pool_shardings
 from jspec.models import dispatch
 from jspec.models.batch import ForwardMode
-from jspec.runtime import compile_options, grammar, sampler, split_step
+from jspec.runtime import compile_options, grammar, sampler, split_step, static_carry
 from jspec.runtime.bucket_set import sampler_twins, step_buckets
 from jspec.runtime.executable_cache import (ExecutableCache, abstract_signature, models_signature, stores_served,
                                             xla_cache_hits)
@@ -88,6 +88,7 @@ class ModelRunner:
         self._seed = None  # prefix cache: sampler.seed_slot, compiled (ScheduledReq.seed_prompt)
         self._seeds = prefix_pages > 0
         self._open_masks: dict[Bucket, jax.Array] = {}  # grammar buckets: the all-allowed mask, on the device
+        self._arenas = static_carry.ArenaKeeper()  # split steps' carry: one arena at a time
         self.compile_seconds = 0.0
         self.workspace_seconds = 0.0  # the memory plan's compiles (`workspace_bytes`)
         self.compile_times: dict[str, float] = {}  # bucket label -> seconds its compile took
@@ -147,17 +148,21 @@ class ModelRunner:
     def workspace_bytes(self) -> int:
         """The largest temporary buffer set of the compiled steps, measured by compiling the largest
         prompt and decode buckets against a pool of `layout.min_pages` (the workspace does not grow
-        with the pool: the pools are donated arguments, updated in place)."""
+        with the pool: the pools are donated arguments, updated in place), plus a split step's
+        carry arena."""
         state = self._abstract_state(dataclasses.replace(self.layout, num_pages=self.layout.min_pages))
         largest = {}
         for b in self.buckets:
             if b.mode not in largest or (b.num_tokens, b.sort) > (largest[b.mode].num_tokens, largest[b.mode].sort):
                 largest[b.mode] = b
         def temp_bytes(bucket: Bucket) -> int:
-            stats = [part.memory_analysis() for part in self._compiled_parts(bucket, state)]
+            parts = self._compiled_parts(bucket, state)
+            stats = [part.memory_analysis() for part in parts]
             if None in stats and self.executables is not None:  # a loaded executable that cannot tell
                 stats = [part.memory_analysis() for part in self._compiled_parts(bucket, state, cached=False)]
-            return max([0] + [int(st.temp_size_in_bytes) for st in stats if st is not None])
+            static = compile_options.uses_static_carry(bucket, self.drafting)  # one arena lives at a time
+            arena = static_carry.arena_bytes(parts[0].args_info[0][3]) if static else 0
+            return max([0] + [int(st.temp_size_in_bytes) for st in stats if st is not None]) + arena
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=max(1, len(largest))) as pool:  # the compiles run side by side
             most = max([0, *pool.map(temp_bytes, largest.values())])
@@ -276,7 +281,8 @@ class ModelRunner:
             t = time.perf_counter()
             parts = self._compiled_parts(b, self.state, lowered)
             exe = parts[0] if not b.grammar_split else SplitExecutable(
-                parts, b, self._replicated, plain=self.drafting is None, guard=self.transfer_guard)
+                parts, b, self._replicated, plain=self.drafting is None, guard=self.transfer_guard,
+                arenas=self._arenas)
             return b, exe, time.perf_counter() - t
 
         # Tracing holds the GIL and runs here, one bucket after another; XLA's compilation releases

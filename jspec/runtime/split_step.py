@@ -76,9 +76,11 @@ def _launch(guard: str | None, part, *args):
 class SplitExecutable:
     """The compiled parts of one bucket's split step (first, [forward,] second) and its fused twin."""
 
-    def __init__(self, parts: list, bucket: Bucket, sharding, *, plain: bool, guard: str | None = None):
+    def __init__(self, parts: list, bucket: Bucket, sharding, *, plain: bool, guard: str | None = None,
+                 arenas: static_carry.ArenaKeeper | None = None):
         """parts: as `lower` returns them, compiled (a draft part that takes a fourth argument was
-        lowered with `static=True`: the carry in an arena, kept here between steps); plain: a plain
+        lowered with `static=True`: the carry in an arena, kept by `arenas` between steps, shared
+        by the runner's executables so that one arena lives at a time); plain: a plain
         engine's step (a SplitSample: the carry is the state and the logits); else a speculative
         engine's (`step_common.SplitStep`, its plain steps included); guard: the loop's transfer
         guard level, which launches on the launcher thread run under too."""
@@ -88,20 +90,19 @@ class SplitExecutable:
         self.plain, self.guard = plain, guard
         self._replace = False  # pipelined: the next step's forward waits for the walk (a forced run)
         self._no_decisions = None
-        # The arena's buffers as the draft part takes them (its fourth argument), and the arena
-        # between steps: None before the first, and while a part holds it.
+        # The arena's buffers as the draft part takes them (its fourth argument), and what fills a
+        # new one on the device.
         args = self.first.args_info[0]
         self.static = not plain and len(args) == 4
-        self._arena_spec = args[3] if self.static else None
-        self._arena = None
+        self.arena_spec = args[3] if self.static else None
+        self._zeros = static_carry.compile_zeros(self.arena_spec, sharding) if self.static else None
+        self._arenas = (arenas or static_carry.ArenaKeeper()) if self.static else None
 
     def _take_arena(self) -> dict:
-        """The arena for the next draft part (which donates it): the last step's, or a new zeroed one
-        the first time or after a step that failed while a part held it."""
-        arena, self._arena = self._arena, None
-        if arena is None or any(a.is_deleted() for a in arena.values()):
-            arena = static_carry.new_arena(self._arena_spec, self.sharding)
-        return arena
+        """The arena for the next draft part (which donates it): this bucket's last step's, or a new
+        zeroed one (the first time, after another bucket's step, or after a step that failed while
+        a part held it)."""
+        return self._arenas.take(self, self._zeros)
 
     def begin(self, params, state, packed):
         """Launch the first part (it needs nothing from the host) -> its carry (a plain step's: a
@@ -152,7 +153,7 @@ class SplitExecutable:
             # part consumes its outputs and must reach the stream after it.
             buffers, rest = (buffers if queued else self.queue_forward(params, buffers, rest, decisions)).result()
         if self.static:  # the verify part only reads the arena: the next draft part writes it again
-            self._arena = rest
+            self._arenas.keep(self, rest)
         return self.second(params, buffers, rest, decisions, self._put(masks))
 
     def _put(self, masks):

@@ -11,10 +11,11 @@ Here the carry lives in a few flat buffers instead, one per dtype (the arena): e
 what it reads from the arena and writes what it hands on into the same buffers, donated, so XLA
 updates them in place and their addresses stay put, as a CUDA graph runner's static input buffers
 do (SGLang's `CudaGraphRunner`). Where each carried array sits is fixed when the parts are traced
-(`CarryLayout`). Each bucket's executable keeps its arena between steps
-(`split_step.SplitExecutable`); only narrow steps use one (`compile_options.uses_static_carry`), so
-the arenas stay small beside the KV pool: the carry of a few requests' verified nodes, the target's
-float32 logits over them the largest part.
+(`CarryLayout`). One arena lives at a time (`ArenaKeeper`, one per model runner): the last bucket's, kept
+between its steps; a step of another bucket drops it and fills its own on the device. Every
+bucket's split step may use one (`compile_options.uses_static_carry`), the widest's holds the
+target's float32 logits over all its verified nodes, and the memory plan counts the largest
+(`arena_bytes`, `ModelRunner.workspace_bytes`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,38 @@ def abstract_arena(layouts: list[CarryLayout], sharding) -> dict:
     return {name: jax.ShapeDtypeStruct((n,), dtype, sharding=sharding) for name, (n, dtype) in sorted(sizes.items())}
 
 
-def new_arena(spec: dict, sharding) -> dict:
-    """A zeroed arena shaped as spec ({dtype name: array with shape and dtype}) on the device."""
-    return jax.device_put({name: np.zeros(x.shape, x.dtype) for name, x in spec.items()}, sharding)
+def arena_bytes(spec: dict) -> int:
+    """Bytes of an arena shaped as spec ({dtype name: array with shape and dtype})."""
+    return sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize for x in spec.values())
+
+
+def compile_zeros(spec: dict, sharding):
+    """A compiled function () -> a zeroed arena shaped as spec, filled on the device: a bucket's
+    first step after another bucket's needs one, and a copy from the host would cost a transfer of
+    the whole arena there; compiled with the bucket's parts, so serving compiles nothing."""
+    shapes = {name: (tuple(x.shape), x.dtype) for name, x in spec.items()}
+    out = {name: sharding for name in shapes}
+    return jax.jit(lambda: {name: jnp.zeros(shape, dtype) for name, (shape, dtype) in shapes.items()},
+                   out_shardings=out).lower().compile()
+
+
+class ArenaKeeper:
+    """The one live arena of a model runner's split steps and the executable that owns it: a step
+    of another executable drops it (its buffers are freed once no launched part still reads them)."""
+
+    def __init__(self):
+        self._owner = None
+        self._arena = None
+
+    def take(self, owner, make) -> dict:
+        """owner's arena for its next draft part (which donates it): the one kept for it, or make()'s
+        (a new zeroed one) when another owner's is kept, none is, or a failed step deleted it."""
+        arena = self._arena if self._owner is owner else None
+        self._owner = self._arena = None
+        if arena is None or any(a.is_deleted() for a in arena.values()):
+            arena = make()
+        return arena
+
+    def keep(self, owner, arena: dict) -> None:
+        """Keep owner's arena until its next step (or another owner's)."""
+        self._owner, self._arena = owner, arena

@@ -74,10 +74,10 @@ def test_the_verify_part_of_a_constrained_speculative_step_runs_without_command_
     assert step_compiler_options("gpu", split, Chain(3), part=1) == {}
 
 
-def test_every_part_of_a_wide_pipelined_constrained_step_runs_without_command_buffers(monkeypatch):
-    """From UNCAPTURED_FROM_ROWS target rows a pipelined step's draft, forward and verify parts all
-    compile uncaptured; its fused twin keeps its graph, and a non-pipelined step of any width
-    uncaptures only its verify part."""
+def test_the_forward_part_of_a_wide_pipelined_constrained_step_runs_without_command_buffers(monkeypatch):
+    """From UNCAPTURED_FROM_ROWS target rows a pipelined step's forward part compiles uncaptured;
+    its draft and verify parts and its fused twin keep their graphs, and a non-pipelined step of any
+    width uncaptures only its verify part."""
     from jspec.runtime.compile_options import UNCAPTURED_FROM_ROWS
 
     monkeypatch.delenv("XLA_FLAGS", raising=False)
@@ -89,10 +89,10 @@ def test_every_part_of_a_wide_pipelined_constrained_step_runs_without_command_bu
         return [no_graph.items() <= step_compiler_options("gpu", bucket, chain, part=i).items() for i in range(n)]
 
     wide = UNCAPTURED_FROM_ROWS // 4  # requests whose 4 verified rows reach the threshold
-    assert uncaptured(wide) == [True, True, True, False]
+    assert uncaptured(wide) == [False, True, False, False]
     assert uncaptured(wide - 1) == [False] * 4
     assert uncaptured(wide, chain=Chain(1)) == [False] * 4  # 2 rows a request: half as wide
-    assert uncaptured(2 * wide, chain=Chain(1)) == [True, True, True, False]
+    assert uncaptured(2 * wide, chain=Chain(1)) == [False, True, False, False]
     assert uncaptured(wide, pipeline=False, n=3) == [False, True, False]
     assert uncaptured(1, pipeline=False, n=3) == [False, True, False]
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION")  # the user's choice stands
@@ -150,7 +150,7 @@ def test_the_captured_split_parts_take_the_asked_update_mode(monkeypatch):
     assert modes(piped) == [None] * 4  # unset: XLA's default
     monkeypatch.setenv(UPDATE_MODE_ENV, "SKIP_TEMP")
     assert modes(piped) == ["SKIP_TEMP"] * 3 + [None]  # draft, forward, verify; the fused twin keeps the default
-    assert modes(wide) == [None] * 4  # every part of a wide step runs uncaptured
+    assert modes(wide) == ["SKIP_TEMP", None, "SKIP_TEMP", None]  # a wide step's forward runs uncaptured
     assert step_compiler_options("gpu", decode(1), Chain(3), part=0) == {}
     assert step_compiler_options("cpu", piped, Chain(3), part=0) == {}
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_command_buffer_update_mode=ALWAYS_UPDATE")  # the user's choice stands
@@ -194,20 +194,30 @@ def test_nccl_all_reduces_enter_the_graphs_of_wide_split_decode_steps_when_asked
         step_compiler_options("gpu", decode(32), None, tp=2)
 
 
-def test_narrow_speculative_split_steps_carry_in_static_buffers(monkeypatch):
-    """Constrained speculative split steps narrower than UNCAPTURED_FROM_ROWS (whose parts keep their
-    graphs) hand their carry in static buffers; wider ones, plain steps and unsplit ones do not;
-    JSPEC_GRAMMAR_STATIC_CARRY=0 / 1 decides for every split step, anything else is a ConfigError."""
-    from jspec.runtime.compile_options import STATIC_CARRY_ENV, UNCAPTURED_FROM_ROWS, uses_static_carry
+def test_speculative_split_steps_with_a_captured_part_carry_in_static_buffers(monkeypatch):
+    """Constrained speculative split steps of which a part keeps its graph hand their carry in static
+    buffers, at every width by default; those whose parts all run uncaptured, plain steps and unsplit
+    ones do not; JSPEC_GRAMMAR_STATIC_CARRY=0 / 1 decides for every split step, anything else is a
+    ConfigError."""
+    from jspec.runtime.compile_options import (STATIC_CARRY_ENV, UNCAPTURED_FROM_ROWS, UNCAPTURED_PARTS_ENV,
+                                               uses_static_carry)
 
     monkeypatch.delenv(STATIC_CARRY_ENV, raising=False)
+    monkeypatch.delenv(UNCAPTURED_PARTS_ENV, raising=False)
     wide = UNCAPTURED_FROM_ROWS // 4
     split = lambda b, **kw: decode(b, grammar_split=True, grammar_nodes=4, mask_words=8, **kw)  # noqa: E731
     assert uses_static_carry(split(wide - 1, grammar_pipeline=True), Chain(3))
     assert uses_static_carry(split(1), Chain(3))  # not pipelined: draft and verify parts
-    assert not uses_static_carry(split(wide, grammar_pipeline=True), Chain(3))
+    assert uses_static_carry(split(wide, grammar_pipeline=True), Chain(3))  # its draft and verify keep graphs
+    assert uses_static_carry(split(wide), Chain(3))  # its draft part keeps its graph
     assert not uses_static_carry(split(1, speculate=False), Chain(3))  # a speculative engine's plain step
     assert not uses_static_carry(split(1), None) and not uses_static_carry(decode(1), Chain(3))
+    monkeypatch.setenv(UNCAPTURED_PARTS_ENV, "draft,forward,verify")
+    assert not uses_static_carry(split(1, grammar_pipeline=True), Chain(3))
+    monkeypatch.setenv(UNCAPTURED_PARTS_ENV, "draft,verify")
+    assert not uses_static_carry(split(1), Chain(3))  # no forward part of its own: nothing captured
+    assert uses_static_carry(split(1, grammar_pipeline=True), Chain(3))
+    monkeypatch.delenv(UNCAPTURED_PARTS_ENV)
     monkeypatch.setenv(STATIC_CARRY_ENV, "1")
     assert uses_static_carry(split(wide, grammar_pipeline=True), Chain(3))
     monkeypatch.setenv(STATIC_CARRY_ENV, "0")

@@ -1,5 +1,6 @@
 """`jspec.runtime.static_carry`: a carry tree written into the arena and read back is unchanged,
-every dtype in a buffer of its own, and a part that writes a donated arena keeps its addresses."""
+every dtype in a buffer of its own, and a part that writes a donated arena keeps its addresses;
+one arena lives at a time, its owner's, kept between that owner's steps."""
 
 from __future__ import annotations
 
@@ -26,9 +27,12 @@ def test_a_carry_round_trips_through_the_arena_in_place():
     assert {k: (v.shape, v.dtype) for k, v in spec.items()} == {
         "bfloat16": ((24,), jnp.bfloat16), "bool": ((2,), jnp.bool_), "float32": ((14,), jnp.float32),
         "int32": ((6,), jnp.int32)}  # int32: the larger of 5 + 1 and 6
-    arena = static_carry.new_arena(spec, jax.devices()[0])
+    assert static_carry.arena_bytes(spec) == 24 * 2 + 2 + 14 * 4 + 6 * 4
+    arena = static_carry.compile_zeros(spec, jax.sharding.SingleDeviceSharding(jax.devices()[0]))()
+    assert all(not np.asarray(a).any() and a.shape == spec[k].shape and a.dtype == spec[k].dtype
+               for k, a in arena.items())
     write = jax.jit(lambda arena, tree: big.write(arena, tree), donate_argnums=(0,))
-    where = None  # from the first write on (a CPU buffer made from numpy may not be donatable)
+    where = None
     for seed in (1, 2, 3):
         tree = _tree(seed)
         arena = write(arena, tree)
@@ -41,3 +45,68 @@ def test_a_carry_round_trips_through_the_arena_in_place():
             assert got.dtype == want.dtype and np.array_equal(np.asarray(got), np.asarray(want))
     arena = jax.jit(lambda arena: small.write(arena, smaller), donate_argnums=(0,))(arena)
     assert np.array_equal(np.asarray(jax.jit(small.read)(arena)["drafts"]), np.asarray(smaller["drafts"]))
+
+
+def test_one_arena_lives_at_a_time_its_owners():
+    """The keeper hands an owner back the arena it kept; another owner's take drops it (a new one
+    made), and so does a kept arena whose buffers a failed step deleted."""
+    keeper, made = static_carry.ArenaKeeper(), []
+    a, b = object(), object()
+
+    def make():
+        made.append({"int32": jnp.zeros((4,), jnp.int32)})
+        return made[-1]
+
+    first = keeper.take(a, make)
+    assert first is made[0]
+    keeper.keep(a, first)
+    assert keeper.take(a, make) is first and len(made) == 1  # its own: kept
+    keeper.keep(a, first)
+    other = keeper.take(b, make)
+    assert other is made[1]
+    keeper.keep(b, other)
+    assert keeper.take(a, make) is made[2]  # b's was dropped; a's is new
+    keeper.keep(a, made[2])
+    made[2]["int32"].delete()
+    assert keeper.take(a, make) is made[3]
+    assert keeper.take(a, make) is made[4]  # taken and not kept: nothing held
+
+
+def test_the_memory_plan_counts_the_widest_buckets_arena(monkeypatch):
+    """`ModelRunner.workspace_bytes`: the largest temporaries of the largest prompt and decode
+    buckets' parts, plus the decode bucket's arena where its split step carries in one (one arena
+    lives at a time)."""
+    import dataclasses
+    import types
+
+    from jspec.models.batch import ForwardMode
+    from jspec.runtime.model_runner import ModelRunner
+    from jspec.runtime.step_inputs import Bucket
+
+    class Chain:
+        def grammar_nodes(self, steps):
+            return 4, 3
+
+    @dataclasses.dataclass
+    class Layout:
+        min_pages: int = 2
+        num_pages: int | None = None
+
+    spec = {"float32": jax.ShapeDtypeStruct((1000,), jnp.float32), "int32": jax.ShapeDtypeStruct((10,), jnp.int32)}
+    split = Bucket(ForwardMode.DECODE, 8, 8, 8, grammar_split=True, grammar_nodes=4, mask_words=2)
+    prompt = Bucket(ForwardMode.EXTEND, 64, 2, 16)
+
+    def part(temp, args=()):
+        return types.SimpleNamespace(memory_analysis=lambda: types.SimpleNamespace(temp_size_in_bytes=temp),
+                                     args_info=(args,))
+
+    parts = {split: [part(300, (None, None, None, spec)), part(500), part(200)], prompt: [part(700)]}
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.layout = Layout()
+    runner.buckets, runner.drafting, runner.executables = [split, prompt], Chain(), None
+    monkeypatch.setattr(ModelRunner, "_abstract_state", lambda self, layout: None)
+    monkeypatch.setattr(ModelRunner, "_compiled_parts", lambda self, bucket, state, cached=True: parts[bucket])
+    monkeypatch.delenv("JSPEC_GRAMMAR_STATIC_CARRY", raising=False)
+    assert runner.workspace_bytes() == 500 + 4040  # the decode parts' largest temporaries and the arena
+    monkeypatch.setenv("JSPEC_GRAMMAR_STATIC_CARRY", "0")
+    assert runner.workspace_bytes() == 700  # no arena: the prompt step's temporaries are the most
