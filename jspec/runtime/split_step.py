@@ -94,8 +94,7 @@ class SplitExecutable:
         # new one on the device.
         args = self.first.args_info[0]
         self.static = not plain and len(args) == 4
-        self.arena_spec = args[3] if self.static else None
-        self._zeros = static_carry.compile_zeros(self.arena_spec, sharding) if self.static else None
+        self._zeros = static_carry.compile_zeros(args[3], sharding) if self.static else None
         self._arenas = (arenas or static_carry.ArenaKeeper()) if self.static else None
 
     def _take_arena(self) -> dict:

@@ -11,11 +11,11 @@ Here the carry lives in a few flat buffers instead, one per dtype (the arena): e
 what it reads from the arena and writes what it hands on into the same buffers, donated, so XLA
 updates them in place and their addresses stay put, as a CUDA graph runner's static input buffers
 do (SGLang's `CudaGraphRunner`). Where each carried array sits is fixed when the parts are traced
-(`CarryLayout`). One arena lives at a time (`ArenaKeeper`, one per model runner): the last bucket's, kept
-between its steps; a step of another bucket drops it and fills its own on the device. Every
-bucket's split step may use one (`compile_options.uses_static_carry`), the widest's holds the
-target's float32 logits over all its verified nodes, and the memory plan counts the largest
-(`arena_bytes`, `ModelRunner.workspace_bytes`).
+(`CarryLayout`). One arena lives at a time (`ArenaKeeper`, one per model runner): the last
+bucket's, kept between its steps; a step of another bucket drops it and fills its own on the
+device. Every bucket's split step may use one (`compile_options.uses_static_carry`); the widest's
+holds the target's float32 logits over all its verified nodes, and the memory plan counts the
+largest (`arena_bytes`, `ModelRunner.workspace_bytes`).
 """
 
 from __future__ import annotations
