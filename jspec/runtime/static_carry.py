@@ -20,6 +20,8 @@ largest (`arena_bytes`, `ModelRunner.workspace_bytes`).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -75,10 +77,15 @@ def arena_bytes(spec: dict) -> int:
 def compile_zeros(spec: dict, sharding):
     """A compiled function () -> a zeroed arena shaped as spec, filled on the device: a bucket's
     first step after another bucket's needs one, and a copy from the host would cost a transfer of
-    the whole arena there; compiled with the bucket's parts, so serving compiles nothing."""
-    shapes = {name: (tuple(x.shape), x.dtype) for name, x in spec.items()}
-    out = {name: sharding for name in shapes}
-    return jax.jit(lambda: {name: jnp.zeros(shape, dtype) for name, (shape, dtype) in shapes.items()},
+    the whole arena there; compiled with the bucket's parts, so serving compiles nothing. Buckets
+    whose arenas have the same shapes (their sampler variants) share one compile."""
+    return _compile_zeros(tuple((name, tuple(x.shape), np.dtype(x.dtype)) for name, x in spec.items()), sharding)
+
+
+@functools.lru_cache(maxsize=None)
+def _compile_zeros(shapes: tuple, sharding):
+    out = {name: sharding for name, _, _ in shapes}
+    return jax.jit(lambda: {name: jnp.zeros(shape, dtype) for name, shape, dtype in shapes},
                    out_shardings=out).lower().compile()
 
 
