@@ -306,6 +306,7 @@ class Engine:
             "num_waiting_requests": len(self.scheduler.waiting) + len(self.core.inbox),
             "num_retractions": self.scheduler.num_retractions,
             "num_steps": dict(self.core.num_steps),
+            "num_carry_arena_fills": self.runner.arenas.fills,
             "num_generated_tokens": self.core.num_generated,
             "compile_seconds": self.runner.compile_seconds,
             "workspace_compile_seconds": self.runner.workspace_seconds,

@@ -95,13 +95,14 @@ class SplitExecutable:
         args = self.first.args_info[0]
         self.static = not plain and len(args) == 4
         self._zeros = static_carry.compile_zeros(args[3], sharding) if self.static else None
+        self._shapes = static_carry.arena_shapes(args[3]) if self.static else None
         self._arenas = (arenas or static_carry.ArenaKeeper()) if self.static else None
 
     def _take_arena(self) -> dict:
-        """The arena for the next draft part (which donates it): this bucket's last step's, or a new
-        zeroed one (the first time, after another bucket's step, or after a step that failed while
-        a part held it)."""
-        return self._arenas.take(self, self._zeros)
+        """The arena for the next draft part (which donates it): the last step's where it has this
+        bucket's shapes (the same width), or a new zeroed one (the first time, after a step of
+        another width, or after a step that failed while a part held it)."""
+        return self._arenas.take(self._shapes, self._zeros)
 
     def begin(self, params, state, packed):
         """Launch the first part (it needs nothing from the host) -> its carry (a plain step's: a
@@ -152,7 +153,7 @@ class SplitExecutable:
             # part consumes its outputs and must reach the stream after it.
             buffers, rest = (buffers if queued else self.queue_forward(params, buffers, rest, decisions)).result()
         if self.static:  # the verify part only reads the arena: the next draft part writes it again
-            self._arenas.keep(self, rest)
+            self._arenas.keep(self._shapes, rest)
         return self.second(params, buffers, rest, decisions, self._put(masks))
 
     def _put(self, masks):
@@ -192,7 +193,7 @@ def without_grammar(bucket: Bucket) -> Bucket:
 
 
 def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings, sharding, tp: int = 1,
-          static: bool = False):
+          static: bool = False, floor: dict | None = None):
     """(lowered first part, [lowered forward part: a pipelined step,] lowered second part, lowered
     fused step) of a split step and its fused twin's step function against abstract arguments.
     The carry keeps each array's place: the state's buffers as the device state holds them (a split
@@ -201,7 +202,8 @@ def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings,
     drafts; a pipelined step's forward and a speculative engine's plain step also carry the target
     forward's output, which a split target then gathers between the parts (correct, a cost only at
     tp > 1). static: a speculative step's carry goes through the arena of `static_carry` (its last
-    argument in every part; the draft and forward parts donate it)."""
+    argument in every part; the draft and forward parts donate it), laid out to hold at least
+    floor's elements per dtype (`carry_sizes` of the width's longest chain)."""
     masks = jax.ShapeDtypeStruct((bucket.batch_size, bucket.grammar_nodes, bucket.mask_words), jnp.int32,
                                  sharding=sharding)
     lowered_fused = jax.jit(fused, donate_argnums=(1,), out_shardings=out_shardings).lower(params, state, packed)
@@ -226,8 +228,8 @@ def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings,
     rest_sh, buffers_in, rest_in = placed(buffers, rest)
     decisions = jax.ShapeDtypeStruct((bucket.grammar_size,), jnp.int32, sharding=sharding)
     if static:
-        return (*_lower_static(split, params, state, packed, buffers_in, rest_in, decisions, masks,
-                               buffer_sh=buffer_sh, out_shardings=out_shardings, sharding=sharding), lowered_fused)
+        return (*_lower_static(split, params, state, packed, buffers_in, rest_in, decisions, masks, buffer_sh=buffer_sh,
+                               out_shardings=out_shardings, sharding=sharding, floor=floor), lowered_fused)
     draft = jax.jit(split.draft, donate_argnums=(1,), out_shardings=(buffer_sh, rest_sh, sharding))
     lowered = [draft.lower(params, state, packed)]
     if split.forward is not None:  # pipelined: the target's forward as a part of its own
@@ -240,8 +242,39 @@ def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings,
     return (*lowered, verify.lower(params, buffers_in, rest_in, decisions, masks), lowered_fused)
 
 
+def carry_sizes(split, bucket: Bucket, params, state, packed) -> dict:
+    """Elements per dtype of the arena a speculative split step's carry needs ({dtype name:
+    (elements, dtype)}), from shapes alone: a shorter chain's floor (`lower`)."""
+    buffers, rest, _ = jax.eval_shape(split.draft, params, state, packed)
+    layouts = [static_carry.CarryLayout(rest)]
+    if split.forward is not None:
+        decisions = jax.ShapeDtypeStruct((bucket.grammar_size,), jnp.int32)
+        layouts.append(static_carry.CarryLayout(jax.eval_shape(split.forward, params, buffers, rest, decisions)[1]))
+    return {name: (x.shape[0], np.dtype(x.dtype)) for name, x in static_carry.abstract_arena(layouts, None).items()}
+
+
+class ArenaFloors:
+    """The floor of each shorter chain's arena (`lower`): its width's full chain's carry sizes,
+    computed once per full chain."""
+
+    def __init__(self, drafting):
+        self.drafting = drafting
+        self._sizes: dict[Bucket, dict] = {}
+
+    def get(self, bucket: Bucket, step_fn, params, state, sharding) -> dict | None:
+        """bucket's floor (None for a full chain); step_fn(bucket) -> a bucket's step function."""
+        if not bucket.draft_steps:
+            return None
+        full = dataclasses.replace(bucket, draft_steps=0, **grammar_fields(
+            bucket.mask_words, self.drafting, True, 0, pipeline=bucket.grammar_pipeline))
+        if full not in self._sizes:
+            packed = jax.ShapeDtypeStruct((full.size,), jnp.int32, sharding=sharding)
+            self._sizes[full] = carry_sizes(step_fn(full), full, params, state, packed)
+        return self._sizes[full]
+
+
 def _lower_static(split, params, state, packed, buffers_in, rest_in, decisions, masks, *, buffer_sh, out_shardings,
-                  sharding) -> list:
+                  sharding, floor=None) -> list:
     """`lower`'s speculative parts with the carry in an arena (`static_carry`): draft(params,
     state, packed, arena) -> (buffers, arena, view); [forward(params, buffers, arena, decisions) ->
     (buffers, arena);] verify(params, buffers, arena, decisions, masks) -> (state, out), which only
@@ -251,7 +284,7 @@ def _lower_static(split, params, state, packed, buffers_in, rest_in, decisions, 
     if split.forward is not None:
         layouts.append(static_carry.CarryLayout(jax.eval_shape(split.forward, params, buffers_in, rest_in,
                                                                decisions)[1]))
-    arena = static_carry.abstract_arena(layouts, sharding)
+    arena = static_carry.abstract_arena(layouts, sharding, floor)
     arena_sh = jax.tree.map(lambda _: sharding, arena)
 
     def draft(params, state, packed, arena):

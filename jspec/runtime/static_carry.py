@@ -11,11 +11,14 @@ Here the carry lives in a few flat buffers instead, one per dtype (the arena): e
 what it reads from the arena and writes what it hands on into the same buffers, donated, so XLA
 updates them in place and their addresses stay put, as a CUDA graph runner's static input buffers
 do (SGLang's `CudaGraphRunner`). Where each carried array sits is fixed when the parts are traced
-(`CarryLayout`). One arena lives at a time (`ArenaKeeper`, one per model runner): the last
-bucket's, kept between its steps; a step of another bucket drops it and fills its own on the
-device. Every bucket's split step may use one (`compile_options.uses_static_carry`); the widest's
-holds the target's float32 logits over all its verified nodes, and the memory plan counts the
-largest (`arena_bytes`, `ModelRunner.workspace_bytes`).
+(`CarryLayout`). One arena lives at a time (`ArenaKeeper`, one per model runner), handed from step
+to step among the executables whose arenas have its shapes. Every chain length of a batch width
+lays its arena out for the longest (`abstract_arena`'s floor): the adaptive policy switches chains
+every few steps, and a switch that needed a new arena would also re-record every captured part of
+both chains. A step of another width drops the arena and fills its own on the device. Every
+bucket's split step may use one (`compile_options.uses_static_carry`); the widest's holds the
+target's float32 logits over all its verified nodes, and the memory plan counts the largest
+(`arena_bytes`, `ModelRunner.workspace_bytes`).
 """
 
 from __future__ import annotations
@@ -60,9 +63,11 @@ class CarryLayout:
         return jax.tree.unflatten(self.treedef, leaves)
 
 
-def abstract_arena(layouts: list[CarryLayout], sharding) -> dict:
-    """The arena's buffers, abstract: per dtype, enough elements for the largest carry of any part."""
-    sizes: dict[str, tuple[int, np.dtype]] = {}
+def abstract_arena(layouts: list[CarryLayout], sharding, floor: dict | None = None) -> dict:
+    """The arena's buffers, abstract: per dtype, enough elements for the largest carry of any part,
+    and at least floor's ({dtype name: (elements, dtype)}, as `CarryLayout.sizes`: the longest
+    chain's carry, so that every chain of a width takes the same arena)."""
+    sizes: dict[str, tuple[int, np.dtype]] = dict(floor or {})
     for layout in layouts:
         for name, (n, dtype) in layout.sizes.items():
             sizes[name] = (max(sizes.get(name, (0, dtype))[0], n), dtype)
@@ -74,12 +79,17 @@ def arena_bytes(spec: dict) -> int:
     return sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize for x in spec.values())
 
 
+def arena_shapes(spec: dict) -> tuple:
+    """An arena's shapes as a key: ((dtype name, shape, dtype), ...)."""
+    return tuple((name, tuple(x.shape), np.dtype(x.dtype)) for name, x in spec.items())
+
+
 def compile_zeros(spec: dict, sharding):
-    """A compiled function () -> a zeroed arena shaped as spec, filled on the device: a bucket's
-    first step after another bucket's needs one, and a copy from the host would cost a transfer of
-    the whole arena there; compiled with the bucket's parts, so serving compiles nothing. Buckets
-    whose arenas have the same shapes (their sampler variants) share one compile."""
-    return _compile_zeros(tuple((name, tuple(x.shape), np.dtype(x.dtype)) for name, x in spec.items()), sharding)
+    """A compiled function () -> a zeroed arena shaped as spec, filled on the device: a step after
+    one of another width needs one, and a copy from the host would cost a transfer of the whole
+    arena there; compiled with the bucket's parts, so serving compiles nothing. Buckets whose
+    arenas have the same shapes (a width's chains and sampler variants) share one compile."""
+    return _compile_zeros(arena_shapes(spec), sharding)
 
 
 @functools.lru_cache(maxsize=None)
@@ -90,22 +100,27 @@ def _compile_zeros(shapes: tuple, sharding):
 
 
 class ArenaKeeper:
-    """The one live arena of a model runner's split steps and the executable that owns it: a step
-    of another executable drops it (its buffers are freed once no launched part still reads them)."""
+    """The one live arena of a model runner's split steps, kept between steps and handed to the next
+    step whose arena has its shapes (a step of another shape drops it: its buffers are freed once
+    no launched part still reads them)."""
 
     def __init__(self):
-        self._owner = None
+        self._shapes = None
         self._arena = None
+        self.fills = 0  # new arenas made (server_info's num_carry_arena_fills): each costs a fill and re-recorded graphs
 
-    def take(self, owner, make) -> dict:
-        """owner's arena for its next draft part (which donates it): the one kept for it, or make()'s
-        (a new zeroed one) when another owner's is kept, none is, or a failed step deleted it."""
-        arena = self._arena if self._owner is owner else None
-        self._owner = self._arena = None
+    def take(self, shapes: tuple, make) -> dict:
+        """An arena of `shapes` (`arena_shapes`) for the next draft part, which donates it: the kept
+        one when it has those shapes, else make()'s (a new zeroed one; also when a failed step
+        deleted the kept one's buffers). Its contents are whatever the last step left: every part
+        writes what it hands on before the next part reads it."""
+        arena = self._arena if self._shapes == shapes else None
+        self._shapes = self._arena = None
         if arena is None or any(a.is_deleted() for a in arena.values()):
             arena = make()
+            self.fills += 1
         return arena
 
-    def keep(self, owner, arena: dict) -> None:
-        """Keep owner's arena until its next step (or another owner's)."""
-        self._owner, self._arena = owner, arena
+    def keep(self, shapes: tuple, arena: dict) -> None:
+        """Keep arena (of `shapes`) until the next step takes it."""
+        self._shapes, self._arena = shapes, arena

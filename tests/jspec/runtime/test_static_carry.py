@@ -1,6 +1,7 @@
 """`jspec.runtime.static_carry`: a carry tree written into the arena and read back is unchanged,
 every dtype in a buffer of its own, and a part that writes a donated arena keeps its addresses;
-one arena lives at a time, its owner's, kept between that owner's steps."""
+one arena lives at a time, handed from step to step among executables whose arenas have its
+shapes, which every chain of a width shares."""
 
 from __future__ import annotations
 
@@ -47,29 +48,83 @@ def test_a_carry_round_trips_through_the_arena_in_place():
     assert np.array_equal(np.asarray(jax.jit(small.read)(arena)["drafts"]), np.asarray(smaller["drafts"]))
 
 
-def test_one_arena_lives_at_a_time_its_owners():
-    """The keeper hands an owner back the arena it kept; another owner's take drops it (a new one
-    made), and so does a kept arena whose buffers a failed step deleted."""
+def test_one_arena_lives_at_a_time_handed_on_by_its_shapes():
+    """The keeper hands the kept arena to the next step whose arena has its shapes (another chain of
+    the same width: no fill, the same addresses for every part's graph); a take of other shapes
+    drops it (a new one made), and so does a kept arena whose buffers a failed step deleted."""
     keeper, made = static_carry.ArenaKeeper(), []
-    a, b = object(), object()
+    wide = static_carry.arena_shapes({"int32": jax.ShapeDtypeStruct((8,), jnp.int32)})
+    narrow = static_carry.arena_shapes({"int32": jax.ShapeDtypeStruct((4,), jnp.int32)})
 
     def make():
         made.append({"int32": jnp.zeros((4,), jnp.int32)})
         return made[-1]
 
-    first = keeper.take(a, make)
-    assert first is made[0]
-    keeper.keep(a, first)
-    assert keeper.take(a, make) is first and len(made) == 1  # its own: kept
-    keeper.keep(a, first)
-    other = keeper.take(b, make)
+    first = keeper.take(narrow, make)
+    assert first is made[0] and keeper.fills == 1
+    keeper.keep(narrow, first)
+    assert keeper.take(narrow, make) is first and len(made) == 1  # the same shapes: kept
+    keeper.keep(narrow, first)
+    other = keeper.take(wide, make)
     assert other is made[1]
-    keeper.keep(b, other)
-    assert keeper.take(a, make) is made[2]  # b's was dropped; a's is new
-    keeper.keep(a, made[2])
+    keeper.keep(wide, other)
+    assert keeper.take(narrow, make) is made[2]  # the wide one was dropped; a new one
+    keeper.keep(narrow, made[2])
     made[2]["int32"].delete()
-    assert keeper.take(a, make) is made[3]
-    assert keeper.take(a, make) is made[4]  # taken and not kept: nothing held
+    assert keeper.take(narrow, make) is made[3]
+    assert keeper.take(narrow, make) is made[4]  # taken and not kept: nothing held
+    assert keeper.fills == 5
+
+
+def test_a_shorter_chain_lays_its_arena_out_for_its_full_chain():
+    """`split_step.ArenaFloors`: a shorter chain's floor is the carry of the full chain of its width
+    (its grammar nodes, not the shorter chain's), computed once for all shorter chains; a full chain
+    has none; an arena laid out with the floor has the full chain's shapes, and a shorter chain's
+    carry written over what the full chain left reads back unchanged."""
+    import dataclasses
+    import types
+
+    from jspec.models.batch import ForwardMode
+    from jspec.runtime import split_step
+    from jspec.runtime.step_inputs import Bucket
+
+    class Chain:  # 3 drafts: 4 nodes; k drafts: k + 1
+        def grammar_nodes(self, steps):
+            return (steps + 1, steps) if steps else (4, 3)
+
+    traced = []
+
+    def step_fn(bucket):
+        traced.append(bucket)
+        b, n = bucket.batch_size, bucket.grammar_nodes
+
+        def draft(params, state, packed):
+            return {"kv": state}, {"logits": jnp.zeros((b, n, 5)), "drafts": jnp.zeros((b, n), jnp.int32)}, packed
+
+        def forward(params, buffers, rest, decisions):
+            assert decisions.shape == (bucket.grammar_size,)
+            return buffers, {**rest, "hidden": jnp.zeros((b * n, 3), jnp.bfloat16)}
+        return types.SimpleNamespace(draft=draft, forward=forward)
+
+    def bucket(k):
+        return Bucket(ForwardMode.DECODE, 2, 2, 2, speculate=True, draft_steps=k,
+                      **split_step.grammar_fields(3, Chain(), True, k, pipeline=True))
+
+    floors, state = split_step.ArenaFloors(Chain()), jax.ShapeDtypeStruct((4,), jnp.float32)
+    full = bucket(0)
+    want = {"bfloat16": (2 * 4 * 3, np.dtype(jnp.bfloat16)), "float32": (2 * 4 * 5, np.dtype(np.float32)),
+            "int32": (2 * 4, np.dtype(np.int32))}
+    assert floors.get(bucket(1), step_fn, None, state, None) == want
+    assert floors.get(bucket(2), step_fn, None, state, None) == want
+    assert traced == [full] and floors.get(full, step_fn, None, state, None) is None
+    short = static_carry.CarryLayout({"logits": jnp.ones((2, 2, 5)), "drafts": jnp.full((2, 2), 7, jnp.int32)})
+    spec = static_carry.abstract_arena([short], None, want)
+    assert {k: v.shape[0] for k, v in spec.items()} == {k: n for k, (n, _) in want.items()}
+    left = {k: jnp.full(v.shape, 9, v.dtype) for k, v in spec.items()}  # what a full chain's step left
+    carry = {"logits": jnp.arange(20, dtype=jnp.float32).reshape(2, 2, 5), "drafts": jnp.full((2, 2), 3, jnp.int32)}
+    back = short.read(short.write(left, carry))
+    assert all(np.array_equal(np.asarray(back[k]), np.asarray(carry[k])) for k in carry)
+    assert dataclasses.replace(bucket(2), draft_steps=0) != full  # the floor needs the full chain's grammar fields
 
 
 def test_the_memory_plan_counts_the_widest_buckets_arena(monkeypatch):
