@@ -23,12 +23,13 @@ of them compile without command buffers (kernels queued one by one, each startin
 chosen per bucket (`default_uncaptured_parts`; bench/README.md, "Structured output"):
 - without overlap, the verify part: the host launches it only after reading the drafts and
   walking the grammar, with the device idle;
-- with overlap (pipelined: draft, forward, verify), the forward part once the target sees at
-  least `UNCAPTURED_FROM_ROWS` token rows. The host launches the three parts one after another
-  each step. The forward is most of the step's kernels: queued one by one they start at once,
-  while its graph would be updated before every launch. The draft and verify parts keep their
-  graphs at every width: queued one kernel at a time they took the host longer than the device
-  at concurrency 32, and with their carry in static buffers their graphs are cheap to update
+- with overlap (pipelined: draft, forward, verify), none, at every width. The host launches the
+  three parts one after another each step and must walk the grammar between the draft part and
+  the verify part, so it is not far ahead of the device. Queued one kernel at a time the forward
+  (most of the step's kernels) took the host as long as the device took to run it, and the
+  verify part, which must follow it, waited for that launch to end; as a graph it is queued in
+  about a millisecond and runs at the device's pace. With their carry in static buffers, shared
+  by every chain length of a width, the parts' graphs are not re-recorded from step to step
   (bench/README.md, "which parts of the c32 constrained step keep their graphs").
 A captured part's graph is re-recorded before a launch whenever a buffer it uses has moved; a
 split step with any captured part therefore hands its carry over in static buffers
@@ -71,7 +72,6 @@ from jspec.models.batch import ForwardMode
 from jspec.runtime.step_inputs import Bucket
 
 CUBLAS_FROM_ROWS = 24
-UNCAPTURED_FROM_ROWS = 32
 GRAPH_COLLECTIVES_ENV = "JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS"
 UNCAPTURED_PARTS_ENV = "JSPEC_GRAMMAR_UNCAPTURED_PARTS"
 STATIC_CARRY_ENV = "JSPEC_GRAMMAR_STATIC_CARRY"
@@ -166,12 +166,8 @@ def split_part_name(bucket: Bucket, part: int) -> str | None:
 def default_uncaptured_parts(bucket: Bucket, drafting) -> frozenset[str]:
     """The parts of a constrained speculative split step that compile without command buffers when
     JSPEC_GRAMMAR_UNCAPTURED_PARTS is unset: a non-pipelined step's verify part (launched with the
-    device idle); a pipelined step's forward part from UNCAPTURED_FROM_ROWS target rows."""
-    if not bucket.grammar_pipeline:
-        return frozenset({"verify"})
-    if target_rows(bucket, drafting) >= UNCAPTURED_FROM_ROWS:
-        return frozenset({"forward"})
-    return frozenset()
+    device idle); none of a pipelined step's."""
+    return frozenset() if bucket.grammar_pipeline else frozenset({"verify"})
 
 
 def chosen_uncaptured_parts(bucket: Bucket, drafting) -> frozenset[str]:

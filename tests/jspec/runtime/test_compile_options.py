@@ -74,12 +74,9 @@ def test_the_verify_part_of_a_constrained_speculative_step_runs_without_command_
     assert step_compiler_options("gpu", split, Chain(3), part=1) == {}
 
 
-def test_the_forward_part_of_a_wide_pipelined_constrained_step_runs_without_command_buffers(monkeypatch):
-    """From UNCAPTURED_FROM_ROWS target rows a pipelined step's forward part compiles uncaptured;
-    its draft and verify parts and its fused twin keep their graphs, and a non-pipelined step of any
-    width uncaptures only its verify part."""
-    from jspec.runtime.compile_options import UNCAPTURED_FROM_ROWS
-
+def test_only_a_non_pipelined_constrained_step_runs_a_part_without_command_buffers(monkeypatch):
+    """A pipelined constrained step keeps every part's graph at every width (its fused twin too); a
+    non-pipelined step of any width compiles its verify part uncaptured."""
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     monkeypatch.delenv("JSPEC_GRAMMAR_UNCAPTURED_PARTS", raising=False)
     no_graph = {"xla_gpu_enable_command_buffer": ""}
@@ -88,15 +85,10 @@ def test_the_forward_part_of_a_wide_pipelined_constrained_step_runs_without_comm
         bucket = decode(b, grammar_split=True, grammar_pipeline=pipeline, grammar_nodes=4, mask_words=8)
         return [no_graph.items() <= step_compiler_options("gpu", bucket, chain, part=i).items() for i in range(n)]
 
-    wide = UNCAPTURED_FROM_ROWS // 4  # requests whose 4 verified rows reach the threshold
-    assert uncaptured(wide) == [False, True, False, False]
-    assert uncaptured(wide - 1) == [False] * 4
-    assert uncaptured(wide, chain=Chain(1)) == [False] * 4  # 2 rows a request: half as wide
-    assert uncaptured(2 * wide, chain=Chain(1)) == [False, True, False, False]
-    assert uncaptured(wide, pipeline=False, n=3) == [False, True, False]
-    assert uncaptured(1, pipeline=False, n=3) == [False, True, False]
-    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION")  # the user's choice stands
-    assert uncaptured(4 * wide) == [False] * 4
+    for b in (1, 8, 64):
+        assert uncaptured(b) == [False] * 4
+        assert uncaptured(b, chain=Chain(1)) == [False] * 4
+        assert uncaptured(b, pipeline=False, n=3) == [False, True, False]
 
 
 def test_the_named_split_parts_run_without_command_buffers_when_asked(monkeypatch):
@@ -136,12 +128,12 @@ def test_the_captured_split_parts_take_the_asked_update_mode(monkeypatch):
     """JSPEC_GRAMMAR_UPDATE_MODE compiles the captured parts of constrained speculative split steps
     with that command-buffer update mode: not the parts that run uncaptured, not the fused twin,
     not plain steps, not where XLA_FLAGS names the mode; a malformed name is a ConfigError."""
-    from jspec.runtime.compile_options import UNCAPTURED_FROM_ROWS, UPDATE_MODE_ENV
+    from jspec.runtime.compile_options import UPDATE_MODE_ENV
 
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     monkeypatch.delenv("JSPEC_GRAMMAR_UNCAPTURED_PARTS", raising=False)
     piped = decode(1, grammar_split=True, grammar_pipeline=True, grammar_nodes=4, mask_words=8)
-    wide = decode(UNCAPTURED_FROM_ROWS // 4, grammar_split=True, grammar_pipeline=True, grammar_nodes=4, mask_words=8)
+    wide = decode(64, grammar_split=True, grammar_pipeline=True, grammar_nodes=4, mask_words=8)
 
     def modes(bucket, n=4):
         return [step_compiler_options("gpu", bucket, Chain(3), part=i).get("xla_gpu_command_buffer_update_mode")
@@ -150,7 +142,10 @@ def test_the_captured_split_parts_take_the_asked_update_mode(monkeypatch):
     assert modes(piped) == [None] * 4  # unset: XLA's default
     monkeypatch.setenv(UPDATE_MODE_ENV, "SKIP_TEMP")
     assert modes(piped) == ["SKIP_TEMP"] * 3 + [None]  # draft, forward, verify; the fused twin keeps the default
-    assert modes(wide) == ["SKIP_TEMP", None, "SKIP_TEMP", None]  # a wide step's forward runs uncaptured
+    assert modes(wide) == ["SKIP_TEMP"] * 3 + [None]  # at every width
+    monkeypatch.setenv("JSPEC_GRAMMAR_UNCAPTURED_PARTS", "forward")
+    assert modes(wide) == ["SKIP_TEMP", None, "SKIP_TEMP", None]  # an uncaptured part takes no mode
+    monkeypatch.delenv("JSPEC_GRAMMAR_UNCAPTURED_PARTS")
     assert step_compiler_options("gpu", decode(1), Chain(3), part=0) == {}
     assert step_compiler_options("cpu", piped, Chain(3), part=0) == {}
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_command_buffer_update_mode=ALWAYS_UPDATE")  # the user's choice stands
@@ -199,16 +194,15 @@ def test_speculative_split_steps_with_a_captured_part_carry_in_static_buffers(mo
     buffers, at every width by default; those whose parts all run uncaptured, plain steps and unsplit
     ones do not; JSPEC_GRAMMAR_STATIC_CARRY=0 / 1 decides for every split step, anything else is a
     ConfigError."""
-    from jspec.runtime.compile_options import (STATIC_CARRY_ENV, UNCAPTURED_FROM_ROWS, UNCAPTURED_PARTS_ENV,
-                                               uses_static_carry)
+    from jspec.runtime.compile_options import STATIC_CARRY_ENV, UNCAPTURED_PARTS_ENV, uses_static_carry
 
     monkeypatch.delenv(STATIC_CARRY_ENV, raising=False)
     monkeypatch.delenv(UNCAPTURED_PARTS_ENV, raising=False)
-    wide = UNCAPTURED_FROM_ROWS // 4
+    wide = 64
     split = lambda b, **kw: decode(b, grammar_split=True, grammar_nodes=4, mask_words=8, **kw)  # noqa: E731
-    assert uses_static_carry(split(wide - 1, grammar_pipeline=True), Chain(3))
+    assert uses_static_carry(split(1, grammar_pipeline=True), Chain(3))
     assert uses_static_carry(split(1), Chain(3))  # not pipelined: draft and verify parts
-    assert uses_static_carry(split(wide, grammar_pipeline=True), Chain(3))  # its draft and verify keep graphs
+    assert uses_static_carry(split(wide, grammar_pipeline=True), Chain(3))  # every part keeps its graph
     assert uses_static_carry(split(wide), Chain(3))  # its draft part keeps its graph
     assert not uses_static_carry(split(1, speculate=False), Chain(3))  # a speculative engine's plain step
     assert not uses_static_carry(split(1), None) and not uses_static_carry(decode(1), Chain(3))
