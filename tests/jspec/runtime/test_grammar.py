@@ -325,27 +325,73 @@ def test_a_constrained_prompt_launches_before_the_step_in_flight_is_read(engine)
     assert (ForwardMode.DECODE, True, True) in seen, seen
 
 
-def test_a_speculative_engines_plain_steps_fill_masks_while_the_forward_runs(engine):
+@pytest.fixture(scope="module")
+def ngram_engine(engine):
+    """An adaptive NGRAM engine under the grammar backend, overlapped, one request running: its plain
+    step and every chain length (1, 2 and 3 drafts) compiled split; each test sets the policy's choice."""
+    with Engine(engine.model.path, page_size=4, chunked_prefill_size=16, context_length=96,
+                grammar_backend="llguidance", speculative_algorithm="NGRAM", speculative_num_draft_tokens=4,
+                **{**SMALL, "cuda_graph_bs": [1], "speculative_adaptive": True, "disable_top_k_top_p": True}) as eng:
+        yield eng
+
+
+def test_a_speculative_engines_plain_steps_fill_masks_while_the_forward_runs(engine, ngram_engine):
     """A speculative engine's plain steps (the adaptive policy's choice at large batches) also run
     split under a grammar: the target forward launches before the loop reads the step in flight,
     and the constrained text equals the plain engine's."""
     sp = {"max_new_tokens": 24, "temperature": 0, "regex": REGEX}
     want = engine.generate(input_ids=_ids("go"), sampling_params=sp)["output_ids"]
-    with Engine(engine.model.path, page_size=4, chunked_prefill_size=16, context_length=96,
-                grammar_backend="llguidance", speculative_algorithm="NGRAM", speculative_num_draft_tokens=4,
-                # Plain steps only, as the policy chooses at large batches (not adaptive: no
-                # shorter-chain variants to compile, which this test does not run).
-                **{**SMALL, "cuda_graph_bs": [1], "speculative_adaptive": False,
-                   "speculative_disable_by_batch_size": 1, "disable_top_k_top_p": True}) as eng:
-        unread, core = [], eng.core
-        for b, exe in eng.runner.compiled.items():
-            if isinstance(exe, SplitExecutable) and not b.speculate:
-                exe.first = lambda *a, _f=exe.first: (unread.append(core.pending is not None), _f(*a))[1]
+    eng = ngram_engine
+    eng.policy.choose = lambda b, n: 0  # plain steps only, as the policy chooses at large batches
+    unread, core, kept = [], eng.core, {}
+    before = eng.get_server_info()["num_steps"]["spec"]
+    for b, exe in eng.runner.compiled.items():
+        if isinstance(exe, SplitExecutable) and not b.speculate:
+            kept[exe] = exe.first
+            exe.first = lambda *a, _f=exe.first: (unread.append(core.pending is not None), _f(*a))[1]
+    try:
         out = eng.generate(input_ids=_ids("go"), sampling_params=sp)
-        info = eng.get_server_info()
-        check_no_leaks(eng)
+    finally:
+        for exe, first in kept.items():
+            exe.first = first
+    info = eng.get_server_info()
+    check_no_leaks(eng)
     assert out["output_ids"] == want and re.fullmatch(REGEX, out["text"])
-    assert info["num_steps"]["spec"] == 0 and len(unread) >= len(want) - 2 and all(unread), unread
+    assert info["num_steps"]["spec"] == before and len(unread) >= len(want) - 2 and all(unread), unread
+
+
+def test_every_chain_length_of_a_width_shares_one_carry_arena(engine, ngram_engine):
+    """The adaptive policy switching chain lengths every step (1, 2, 3 drafts, and a plain step)
+    under a grammar: the constrained greedy text equals the plain engine's, and the whole run
+    uses one carry arena (`static_carry`): every chain of the width lays it out for the full
+    chain, so no switch fills a new one; each chain's verify part reads it at the same addresses."""
+    sp = {"max_new_tokens": 28, "temperature": 0, "regex": REGEX}
+    want = engine.generate(input_ids=_ids("go"), sampling_params=sp)["output_ids"]
+    eng = ngram_engine
+    ks = [1, 2, 0, eng.policy.max_drafts]
+    ran, seen = [], []
+    cycle = iter(ks * 40)
+    eng.policy.choose = lambda b, n: ran.append(next(cycle)) or ran[-1]
+    shapes, kept = {}, {}  # width -> its chains' arena shapes
+    for b, exe in eng.runner.compiled.items():
+        if isinstance(exe, SplitExecutable) and exe.static:
+            shapes.setdefault(b.batch_size, set()).add(exe._shapes)
+            kept[exe] = exe.second
+            exe.second = lambda params, buffers, arena, *rest, _s=exe.second, _b=b: (
+                seen.append((_b.draft_steps, tuple(sorted((k, a.unsafe_buffer_pointer()) for k, a in arena.items())))),
+                _s(params, buffers, arena, *rest))[1]
+    fills = eng.get_server_info()["num_carry_arena_fills"]
+    try:
+        out = eng.generate(input_ids=_ids("go"), sampling_params=sp)
+    finally:
+        for exe, second in kept.items():
+            exe.second = second
+    check_no_leaks(eng)
+    assert out["output_ids"] == want and re.fullmatch(REGEX, out["text"])
+    assert all(len(s) == 1 for s in shapes.values()), shapes  # each width's chains: the full chain's shapes
+    assert {k for k, _ in seen} == {1, 2, 0} and set(ran) == set(ks), (seen, ran)  # 0 in seen: the full chain
+    assert len({where for _, where in seen}) == 1, seen
+    assert eng.get_server_info()["num_carry_arena_fills"] - fills <= 1  # at most the first step's
 
 
 def test_a_read_that_fails_between_the_parts_leaves_the_engine_serving(engine):
