@@ -30,7 +30,7 @@ chosen per bucket (`default_uncaptured_parts`; bench/README.md, "Structured outp
   verify part, which must follow it, waited for that launch to end; as a graph it is queued in
   about a millisecond and runs at the device's pace. With their carry in static buffers, shared
   by every chain length of a width, the parts' graphs are not re-recorded from step to step
-  (bench/README.md, "which parts of the c32 constrained step keep their graphs").
+  (bench/README.md, "the c32 constrained step after the shared arena").
 A captured part's graph is re-recorded before a launch whenever a buffer it uses has moved; a
 split step with any captured part therefore hands its carry over in static buffers
 (`uses_static_carry`, `jspec.runtime.static_carry`).
