@@ -28,7 +28,7 @@ chosen per bucket (`default_uncaptured_parts`; bench/README.md, "Structured outp
   the verify part, so it is not far ahead of the device. Queued one kernel at a time the forward
   (most of the step's kernels) took the host as long as the device took to run it, and the
   verify part, which must follow it, waited for that launch to end; as a graph it is queued in
-  about a millisecond and runs at the device's pace. With their carry in static buffers, shared
+  one call and runs at the device's pace. With their carry in static buffers, shared
   by every chain length of a width, the parts' graphs are not re-recorded from step to step
   (bench/README.md, "the c32 constrained step after the shared arena").
 A captured part's graph is re-recorded before a launch whenever a buffer it uses has moved; a
@@ -163,18 +163,18 @@ def split_part_name(bucket: Bucket, part: int) -> str | None:
     return names[part] if part < len(names) else None
 
 
-def default_uncaptured_parts(bucket: Bucket, drafting) -> frozenset[str]:
+def default_uncaptured_parts(bucket: Bucket) -> frozenset[str]:
     """The parts of a constrained speculative split step that compile without command buffers when
     JSPEC_GRAMMAR_UNCAPTURED_PARTS is unset: a non-pipelined step's verify part (launched with the
     device idle); none of a pipelined step's."""
     return frozenset() if bucket.grammar_pipeline else frozenset({"verify"})
 
 
-def chosen_uncaptured_parts(bucket: Bucket, drafting) -> frozenset[str]:
+def chosen_uncaptured_parts(bucket: Bucket) -> frozenset[str]:
     """The split-step parts that compile uncaptured: those JSPEC_GRAMMAR_UNCAPTURED_PARTS names, else
     `default_uncaptured_parts`."""
     chosen = uncaptured_parts()
-    return default_uncaptured_parts(bucket, drafting) if chosen is None else chosen
+    return default_uncaptured_parts(bucket) if chosen is None else chosen
 
 
 def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0, tp: int = 1) -> dict:
@@ -193,7 +193,7 @@ def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0
             options["xla_gpu_autotune_level"] = 0
     if (bucket.grammar_split and drafting is not None and bucket.speculate
             and "xla_gpu_enable_command_buffer" not in flags):
-        if split_part_name(bucket, part) in chosen_uncaptured_parts(bucket, drafting):
+        if split_part_name(bucket, part) in chosen_uncaptured_parts(bucket):
             options["xla_gpu_enable_command_buffer"] = ""  # a repeated option: empty clears every type
         elif (mode := grammar_update_mode()) and split_part_name(bucket, part) is not None \
                 and "xla_gpu_command_buffer_update_mode" not in flags:
@@ -218,4 +218,4 @@ def uses_static_carry(bucket: Bucket, drafting) -> bool:
         raise ConfigError(f"{STATIC_CARRY_ENV} must be 0 or 1, got {value!r}")
     if value:
         return value == "1"
-    return not set(split_parts(bucket)) <= chosen_uncaptured_parts(bucket, drafting)
+    return not set(split_parts(bucket)) <= chosen_uncaptured_parts(bucket)

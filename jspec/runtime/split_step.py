@@ -246,11 +246,17 @@ def carry_sizes(split, bucket: Bucket, params, state, packed) -> dict:
     """Elements per dtype of the arena a speculative split step's carry needs ({dtype name:
     (elements, dtype)}), from shapes alone: a shorter chain's floor (`lower`)."""
     buffers, rest, _ = jax.eval_shape(split.draft, params, state, packed)
+    decisions = jax.ShapeDtypeStruct((bucket.grammar_size,), jnp.int32)
+    layouts = _carry_layouts(split, params, buffers, rest, decisions)
+    return {name: (x.shape[0], np.dtype(x.dtype)) for name, x in static_carry.abstract_arena(layouts, None).items()}
+
+
+def _carry_layouts(split, params, buffers, rest, decisions) -> list:
+    """Where the draft part's carry (rest) sits in the arena, and the forward part's after it."""
     layouts = [static_carry.CarryLayout(rest)]
     if split.forward is not None:
-        decisions = jax.ShapeDtypeStruct((bucket.grammar_size,), jnp.int32)
         layouts.append(static_carry.CarryLayout(jax.eval_shape(split.forward, params, buffers, rest, decisions)[1]))
-    return {name: (x.shape[0], np.dtype(x.dtype)) for name, x in static_carry.abstract_arena(layouts, None).items()}
+    return layouts
 
 
 class ArenaFloors:
@@ -279,11 +285,8 @@ def _lower_static(split, params, state, packed, buffers_in, rest_in, decisions, 
     state, packed, arena) -> (buffers, arena, view); [forward(params, buffers, arena, decisions) ->
     (buffers, arena);] verify(params, buffers, arena, decisions, masks) -> (state, out), which only
     reads the arena, so it stays for the next step's draft part to write again."""
-    first = static_carry.CarryLayout(rest_in)
-    layouts = [first]
-    if split.forward is not None:
-        layouts.append(static_carry.CarryLayout(jax.eval_shape(split.forward, params, buffers_in, rest_in,
-                                                               decisions)[1]))
+    layouts = _carry_layouts(split, params, buffers_in, rest_in, decisions)
+    first = layouts[0]
     arena = static_carry.abstract_arena(layouts, sharding, floor)
     arena_sh = jax.tree.map(lambda _: sharding, arena)
 

@@ -107,7 +107,7 @@ class ArenaKeeper:
     def __init__(self):
         self._shapes = None
         self._arena = None
-        self.fills = 0  # new arenas made (server_info's num_carry_arena_fills): each costs a fill and re-recorded graphs
+        self.fills = 0  # new arenas made (server_info's num_carry_arena_fills): each re-records the graphs
 
     def take(self, shapes: tuple, make) -> dict:
         """An arena of `shapes` (`arena_shapes`) for the next draft part, which donates it: the kept
