@@ -89,7 +89,7 @@ class ModelRunner:
         self._seeds = prefix_pages > 0
         self._open_masks: dict[Bucket, jax.Array] = {}  # grammar buckets: the all-allowed mask, on the device
         self.arenas = static_carry.ArenaKeeper()  # split steps' carry: one arena at a time
-        self._floors = split_step.ArenaFloors(drafting)  # shorter chains' arenas: as large as their full chain's
+        self._floors = split_step.ArenaFloors(drafting, self.step_fn)  # shorter chains' arenas: as large as their full chain's
         self.compile_seconds = 0.0
         self.workspace_seconds = 0.0  # the memory plan's compiles (`workspace_bytes`)
         self.compile_times: dict[str, float] = {}  # bucket label -> seconds its compile took
@@ -207,11 +207,10 @@ class ModelRunner:
         out_shardings = (self.state_shardings(state), self._replicated)
         with self._lower_lock, dispatch.tensor_parallel(self.mesh):
             if bucket.grammar_split:  # two parts (split_step.py)
-                static = compile_options.uses_static_carry(bucket, self.drafting)
-                floor = self._floors.get(bucket, self.step_fn, self.params, state, self._replicated) if static else None
                 return split_step.lower(self.step_fn(bucket), self.step_fn(split_step.without_grammar(bucket)),
                                         bucket, self.params, state, packed, out_shardings=out_shardings,
-                                        sharding=self._replicated, tp=self.model.tp_size, static=static, floor=floor)
+                                        sharding=self._replicated, tp=self.model.tp_size, floors=self._floors,
+                                        static=compile_options.uses_static_carry(bucket, self.drafting))
             return jax.jit(self.step_fn(bucket), donate_argnums=(1,), out_shardings=out_shardings).lower(
                 self.params, state, packed, *mask)
 

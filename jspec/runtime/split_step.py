@@ -193,7 +193,7 @@ def without_grammar(bucket: Bucket) -> Bucket:
 
 
 def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings, sharding, tp: int = 1,
-          static: bool = False, floor: dict | None = None):
+          static: bool = False, floors: ArenaFloors | None = None):
     """(lowered first part, [lowered forward part: a pipelined step,] lowered second part, lowered
     fused step) of a split step and its fused twin's step function against abstract arguments.
     The carry keeps each array's place: the state's buffers as the device state holds them (a split
@@ -202,8 +202,8 @@ def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings,
     drafts; a pipelined step's forward and a speculative engine's plain step also carry the target
     forward's output, which a split target then gathers between the parts (correct, a cost only at
     tp > 1). static: a speculative step's carry goes through the arena of `static_carry` (its last
-    argument in every part; the draft and forward parts donate it), laid out to hold at least
-    floor's elements per dtype (`carry_sizes` of the width's longest chain)."""
+    argument in every part; the draft and forward parts donate it), laid out by `floors` to hold
+    the width's full chain's carry too."""
     masks = jax.ShapeDtypeStruct((bucket.batch_size, bucket.grammar_nodes, bucket.mask_words), jnp.int32,
                                  sharding=sharding)
     lowered_fused = jax.jit(fused, donate_argnums=(1,), out_shardings=out_shardings).lower(params, state, packed)
@@ -228,7 +228,9 @@ def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings,
     rest_sh, buffers_in, rest_in = placed(buffers, rest)
     decisions = jax.ShapeDtypeStruct((bucket.grammar_size,), jnp.int32, sharding=sharding)
     if static:
-        return (*_lower_static(split, params, state, packed, buffers_in, rest_in, decisions, masks, buffer_sh=buffer_sh,
+        layouts = carry_layouts(split, params, buffers_in, rest_in, decisions)
+        floor = None if floors is None else floors.floor(bucket, layouts, params, state, sharding)
+        return (*_lower_static(split, layouts, params, state, packed, buffers_in, decisions, masks, buffer_sh=buffer_sh,
                                out_shardings=out_shardings, sharding=sharding, floor=floor), lowered_fused)
     draft = jax.jit(split.draft, donate_argnums=(1,), out_shardings=(buffer_sh, rest_sh, sharding))
     lowered = [draft.lower(params, state, packed)]
@@ -242,16 +244,7 @@ def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings,
     return (*lowered, verify.lower(params, buffers_in, rest_in, decisions, masks), lowered_fused)
 
 
-def carry_sizes(split, bucket: Bucket, params, state, packed) -> dict:
-    """Elements per dtype of the arena a speculative split step's carry needs ({dtype name:
-    (elements, dtype)}), from shapes alone: a shorter chain's floor (`lower`)."""
-    buffers, rest, _ = jax.eval_shape(split.draft, params, state, packed)
-    decisions = jax.ShapeDtypeStruct((bucket.grammar_size,), jnp.int32)
-    layouts = _carry_layouts(split, params, buffers, rest, decisions)
-    return {name: (x.shape[0], np.dtype(x.dtype)) for name, x in static_carry.abstract_arena(layouts, None).items()}
-
-
-def _carry_layouts(split, params, buffers, rest, decisions) -> list:
+def carry_layouts(split, params, buffers, rest, decisions) -> list:
     """Where the draft part's carry (rest) sits in the arena, and the forward part's after it."""
     layouts = [static_carry.CarryLayout(rest)]
     if split.forward is not None:
@@ -259,33 +252,45 @@ def _carry_layouts(split, params, buffers, rest, decisions) -> list:
     return layouts
 
 
+def _sizes(layouts: list) -> dict:
+    """Elements per dtype of the arena that layouts need ({dtype name: (elements, dtype)})."""
+    return {name: (x.shape[0], np.dtype(x.dtype)) for name, x in static_carry.abstract_arena(layouts, None).items()}
+
+
 class ArenaFloors:
     """The floor of each shorter chain's arena (`lower`): its width's full chain's carry sizes,
-    computed once per full chain."""
+    remembered from the full chain's lowering (which the bucket order puts first), or traced from
+    shapes once where the full chain was not lowered (loaded from the executable cache)."""
 
-    def __init__(self, drafting):
-        self.drafting = drafting
+    def __init__(self, drafting, step_fn):
+        """step_fn(bucket) -> a bucket's step function."""
+        self.drafting, self.step_fn = drafting, step_fn
         self._sizes: dict[Bucket, dict] = {}
 
-    def get(self, bucket: Bucket, step_fn, params, state, sharding) -> dict | None:
-        """bucket's floor (None for a full chain); step_fn(bucket) -> a bucket's step function."""
+    def floor(self, bucket: Bucket, layouts: list, params, state, sharding) -> dict | None:
+        """bucket's floor: None for a full chain, whose `carry_layouts` are remembered for its
+        shorter chains; the full chain's sizes for a shorter one."""
         if not bucket.draft_steps:
+            self._sizes.setdefault(bucket, _sizes(layouts))
             return None
         full = dataclasses.replace(bucket, draft_steps=0, **grammar_fields(
             bucket.mask_words, self.drafting, True, 0, pipeline=bucket.grammar_pipeline))
         if full not in self._sizes:
-            packed = jax.ShapeDtypeStruct((full.size,), jnp.int32, sharding=sharding)
-            self._sizes[full] = carry_sizes(step_fn(full), full, params, state, packed)
+            split = self.step_fn(full)
+            buffers, rest, _ = jax.eval_shape(split.draft, params, state,
+                                              jax.ShapeDtypeStruct((full.size,), jnp.int32, sharding=sharding))
+            decisions = jax.ShapeDtypeStruct((full.grammar_size,), jnp.int32)
+            self._sizes[full] = _sizes(carry_layouts(split, params, buffers, rest, decisions))
         return self._sizes[full]
 
 
-def _lower_static(split, params, state, packed, buffers_in, rest_in, decisions, masks, *, buffer_sh, out_shardings,
+def _lower_static(split, layouts, params, state, packed, buffers_in, decisions, masks, *, buffer_sh, out_shardings,
                   sharding, floor=None) -> list:
     """`lower`'s speculative parts with the carry in an arena (`static_carry`): draft(params,
     state, packed, arena) -> (buffers, arena, view); [forward(params, buffers, arena, decisions) ->
     (buffers, arena);] verify(params, buffers, arena, decisions, masks) -> (state, out), which only
-    reads the arena, so it stays for the next step's draft part to write again."""
-    layouts = _carry_layouts(split, params, buffers_in, rest_in, decisions)
+    reads the arena, so it stays for the next step's draft part to write again. layouts: the
+    parts' `carry_layouts`."""
     first = layouts[0]
     arena = static_carry.abstract_arena(layouts, sharding, floor)
     arena_sh = jax.tree.map(lambda _: sharding, arena)

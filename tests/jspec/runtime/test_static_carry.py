@@ -78,9 +78,10 @@ def test_one_arena_lives_at_a_time_handed_on_by_its_shapes():
 
 def test_a_shorter_chain_lays_its_arena_out_for_its_full_chain():
     """`split_step.ArenaFloors`: a shorter chain's floor is the carry of the full chain of its width
-    (its grammar nodes, not the shorter chain's), computed once for all shorter chains; a full chain
-    has none; an arena laid out with the floor has the full chain's shapes, and a shorter chain's
-    carry written over what the full chain left reads back unchanged."""
+    (its grammar nodes, not the shorter chain's), traced once for all shorter chains, or not at all
+    where the full chain's lowering came first; a full chain has none; an arena laid out with the
+    floor has the full chain's shapes, and a shorter chain's carry written over what the full chain
+    left reads back unchanged."""
     import dataclasses
     import types
 
@@ -110,13 +111,20 @@ def test_a_shorter_chain_lays_its_arena_out_for_its_full_chain():
         return Bucket(ForwardMode.DECODE, 2, 2, 2, speculate=True, draft_steps=k,
                       **split_step.grammar_fields(3, Chain(), True, k, pipeline=True))
 
-    floors, state = split_step.ArenaFloors(Chain()), jax.ShapeDtypeStruct((4,), jnp.float32)
-    full = bucket(0)
+    state, full = jax.ShapeDtypeStruct((4,), jnp.float32), bucket(0)
     want = {"bfloat16": (2 * 4 * 3, np.dtype(jnp.bfloat16)), "float32": (2 * 4 * 5, np.dtype(np.float32)),
             "int32": (2 * 4, np.dtype(np.int32))}
-    assert floors.get(bucket(1), step_fn, None, state, None) == want
-    assert floors.get(bucket(2), step_fn, None, state, None) == want
-    assert traced == [full] and floors.get(full, step_fn, None, state, None) is None
+    floors = split_step.ArenaFloors(Chain(), step_fn)  # the full chain not lowered here: traced once
+    assert floors.floor(bucket(1), None, None, state, None) == want
+    assert floors.floor(bucket(2), None, None, state, None) == want
+    assert traced == [full]
+    # The full chain lowered first: its own layouts serve its shorter chains, nothing traced.
+    split, packed = step_fn(full), jax.ShapeDtypeStruct((full.size,), jnp.int32)
+    buffers, rest, _ = jax.eval_shape(split.draft, None, state, packed)
+    layouts = split_step.carry_layouts(split, None, buffers, rest, jax.ShapeDtypeStruct((full.grammar_size,), jnp.int32))
+    floors, traced[:] = split_step.ArenaFloors(Chain(), step_fn), []
+    assert floors.floor(full, layouts, None, state, None) is None
+    assert floors.floor(bucket(1), None, None, state, None) == want and not traced
     short = static_carry.CarryLayout({"logits": jnp.ones((2, 2, 5)), "drafts": jnp.full((2, 2), 7, jnp.int32)})
     spec = static_carry.abstract_arena([short], None, want)
     assert {k: v.shape[0] for k, v in spec.items()} == {k: n for k, (n, _) in want.items()}
