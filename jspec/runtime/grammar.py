@@ -235,26 +235,32 @@ def draft_inputs(plan, bucket, view: np.ndarray | None, *, replace: bool = True,
     rows = constrained(plan)
     masks, any_forced = None, False
     if rows:
-        masks = np.full((b, n, bucket.mask_words), -1, np.int32)
-        paths = []  # (row, grammar, tokens): masks along a chain, filled for all such rows at once
+        depth = min(bucket.grammar_depth, d)
         chains = (view[:, d + 1:] == np.arange(d)).all(axis=1)  # node j's parent is j - 1
+        paths, runs, trees = [], [], []  # (row, grammar, tokens): filled at once; forced runs, trees: row by row
         for i, g in rows:
             walk[i] = 0
-            forced = g.forced(min(bucket.grammar_depth, d))
+            forced = g.forced(depth)
             any_forced |= bool(forced)
             if forced and replace:
                 replaced[i] = 1
                 tokens[i, :len(forced)] = forced
-                if at_once:
-                    paths.append((i, g, forced))
-                else:
-                    walk[i, :len(forced) + 1] = 1
-                    g.fill_path(masks[i], forced)
+                (paths if at_once else runs).append((i, g, forced))
             elif at_once and chains[i]:
-                paths.append((i, g, [int(t) for t in view[i, :min(bucket.grammar_depth, d)]]))
+                paths.append((i, g, view[i, :depth].tolist()))
             else:
-                nodes = np.concatenate([[0], view[i, :d]])
-                _walk_tree(g, nodes, view[i, d:], masks[i], walk[i], bucket.grammar_depth)
+                trees.append((i, g))
+        # Every mask starts all-allowed, except those filled at once, which start at 0 (`_walk_paths`);
+        # one write per row: the masks are megabytes at a large vocabulary.
+        masks = np.empty((b, n, bucket.mask_words), np.int32)
+        at = np.zeros((b,), bool)
+        at[[i for i, _, _ in paths]] = True
+        masks[~at], masks[at] = -1, 0
+        for i, g, forced in runs:
+            walk[i, :len(forced) + 1] = 1
+            g.fill_path(masks[i], forced)
+        for i, g in trees:
+            _walk_tree(g, np.concatenate([[0], view[i, :d]]), view[i, d:], masks[i], walk[i], bucket.grammar_depth)
         _walk_paths(paths, masks, walk, replaced)
     return np.concatenate([replaced, tokens.reshape(-1), walk.reshape(-1)]), masks, any_forced
 
@@ -262,16 +268,16 @@ def draft_inputs(plan, bucket, view: np.ndarray | None, *, replace: bool = True,
 def _walk_paths(paths, masks: np.ndarray, walk: np.ndarray, replaced: np.ndarray) -> None:
     """`_walk_tree` and `Grammar.fill_path` for many rows at once: llguidance fills each path's
     masks (at the row's state, then after each token, for as long as its grammar takes them) on its
-    own threads, and the walk is read from them. Each path's rows start at 0, which a filled mask
-    is not, except a stopped grammar's with no EOS token: a path whose walk reaches a row its
-    grammar did not fill (the grammar ended, or took a token its mask refuses) is walked again
-    token by token, so the result is always theirs."""
+    own threads, and the walk is read from them, for all paths in a few array operations. Each
+    path's masks start at 0 (`draft_inputs`), which a filled mask is not, except a stopped grammar's
+    with no EOS token: a path whose walk reaches a mask its grammar did not fill (the grammar ended,
+    or took a token its mask refuses) is walked again token by token, so the result is always
+    theirs. A mask that allows the path's next token was filled; only the mask where the walk stops
+    needs reading whole."""
     if not paths:
         return
-    for i, _, _ in paths:
-        masks[i] = 0
-    flat = masks.reshape(-1, masks.shape[-1])
     n = masks.shape[1]
+    flat = masks.reshape(-1, masks.shape[-1])
     with_tokens = [(g.matcher, i * n, toks) for i, g, toks in paths if toks]
     without = [(g.matcher, i * n) for i, g, toks in paths if not toks]
     executor = paths[0][1].executor
@@ -279,20 +285,32 @@ def _walk_paths(paths, masks: np.ndarray, walk: np.ndarray, replaced: np.ndarray
         executor.unsafe_compute_mask_ptr_with_draft_token(with_tokens, flat.ctypes.data, flat.shape[1] * 4, flat.shape[0])
     if without:
         executor.unsafe_compute_mask_ptr(without, flat.ctypes.data, flat.shape[1] * 4, flat.shape[0])
-    filled = masks[[i for i, _, _ in paths]].any(axis=-1)  # [paths, N]
-    for (i, g, toks), row_filled in zip(paths, filled):
-        reach = 0  # the deepest node the walk reaches
-        while reach < len(toks) and (replaced[i] or _allowed(masks[i, reach], toks[reach])):
-            reach += 1
-        if not row_filled[:reach + 1].all():
-            masks[i], walk[i] = -1, 0
-            if replaced[i]:
-                walk[i, :len(toks) + 1] = 1
-                g.fill_path(masks[i], toks)
-            else:
-                _walk_tree(g, np.array([0] + toks), np.arange(-1, len(toks)), masks[i], walk[i], len(toks))
-            continue
-        masks[i, reach + 1:] = -1
-        walk[i, :reach + 1] = 1
-        if reach < len(toks):
-            walk[i, reach + 1] = FORBIDDEN
+    row = np.array([i for i, _, _ in paths])
+    size = np.array([len(toks) for _, _, toks in paths])  # [P]
+    toks = np.zeros((len(paths), max(1, size.max())), np.int64)  # [P, L]
+    for p, (_, _, t) in enumerate(paths):
+        toks[p, :len(t)] = t
+    j = np.arange(toks.shape[1])
+    word = masks.view(np.uint32)[row[:, None], j[None, :], toks >> 5]  # [P, L]
+    allowed = ((word >> (toks & 31).astype(np.uint32)) & 1).astype(bool) & (j[None, :] < size[:, None])
+    taken = np.cumprod(allowed, axis=1).sum(axis=1)  # [P]: the leading run of tokens the masks allow
+    forced = replaced[row].astype(bool)
+    reach = np.where(forced, size, taken)  # the deepest node each walk reaches (a forced run: its end)
+    again = ~masks[row, reach].any(axis=-1)  # the mask where the walk stops was not filled
+    for p in np.flatnonzero(forced & ~again):  # a forced run's masks need not allow the run: read them all
+        again[p] = not masks[row[p], :size[p] + 1].any(axis=-1).all()
+    node = np.arange(n)[None, :]
+    keep = ~again[:, None]
+    past = (node > reach[:, None]) & keep  # nodes past the walk: all allowed, never walked
+    masks[row[:, None].repeat(n, 1)[past], np.broadcast_to(node, past.shape)[past]] = -1
+    walk[row] = np.where(keep, np.where(node <= reach[:, None], 1,
+                                        np.where((node == reach[:, None] + 1) & (reach < size)[:, None], FORBIDDEN, 0)),
+                         walk[row])
+    for p in np.flatnonzero(again):
+        i, g, t = paths[p]
+        masks[i], walk[i] = -1, 0
+        if replaced[i]:
+            walk[i, :len(t) + 1] = 1
+            g.fill_path(masks[i], t)
+        else:
+            _walk_tree(g, np.array([0] + t), np.arange(-1, len(t)), masks[i], walk[i], len(t))
