@@ -4,7 +4,7 @@
 # 1 and 32, a byte-level tokenizer of the whole 151,936-token vocabulary (bench/vocab_tokenizer.py:
 # the machine has no model hub, and random drafters propose anywhere in it), one stage per call.
 # Writes JSONL under OUT.
-#   bench/grammar_cost.sh OUT nogrammar | off | open | json | graph-parts | static-carry | update-mode
+#   bench/grammar_cost.sh OUT nogrammar | off | open | json | graph-parts | static-carry | update-mode | alternate
 # nogrammar: an engine without grammar_backend (fused steps), the baseline;
 # off: the grammar engine (split steps), no request constrained: the cost of the split alone;
 # open: every request under a regex that allows any text: the host's mid-step drafts read, grammar
@@ -32,6 +32,10 @@
 #   (nvidia-smi); each run's peak goes to OUT/memory_peaks.txt. JSPEC_* knobs in the environment
 #   (e.g. JSPEC_GRAMMAR_UNCAPTURED_PARTS=none JSPEC_GRAMMAR_STATIC_CARRY=1 for captured c32 parts)
 #   reach every run and are named in its record. RUNS: which of `open off` to run (default both).
+# alternate: one engine, every request under the allow-all regex and then none, alternated ROUNDS
+#   times (default 3; `jspec bench serve --alternate-constraint`), decode-heavy (1024 out, PROMPTS
+#   prompts a run, default twice CONCURRENCY, which defaults to 32): the constraint's cost without
+#   the scatter between engines and machines. One JSONL, a record per run.
 # WHEELS: a folder holding the llguidance wheel (the GPU machine has no network). SKIP_BASELINE=1: no
 # no-speculation column (the stages compare EAGLE3 engines; each baseline costs an engine build).
 # EXTRA: more `jspec bench sweep` flags, after the stage's (later flags win), e.g.
@@ -108,6 +112,17 @@ case $stage in
         done
       done
     done
+    exit 0 ;;
+  alternate)
+    c=${CONCURRENCY:-32}
+    python3 -m jspec.cli bench serve --model-path random:qwen3-8b --speculative-algorithm EAGLE3 --quiet \
+        --speculative-draft-model-path random --speculative-num-steps 3 --speculative-eagle-topk 1 \
+        --speculative-num-draft-tokens 4 --speculative-simulate-accept-length 3 --chunked-prefill-size 2048 \
+        --cuda-graph-bs "$c" --prefill-token-buckets 2048 --disable-top-k-top-p --dataset-name random \
+        --random-input-len 1024 --random-output-len 1024 --random-range-ratio 1 --num-prompts "${PROMPTS:-$((2 * c))}" \
+        --max-concurrency "$c" --tokenizer-path "$tok" "${open[@]}" --alternate-constraint "${ROUNDS:-3}" ${EXTRA:-} \
+        --output-file "$out/serve_grammar_alternate_c$c.jsonl" 2>&1 | tee "$out/serve_grammar_alternate_c$c.log" \
+        | grep -E "^constraint|rror"
     exit 0 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -156,6 +156,10 @@ def add_bench_parser(sub) -> None:
     s.add_argument("--output-file", help="JSONL to append to (default jspec_serve_MMDD_<dataset>.jsonl)")
     s.add_argument("--profile", metavar="DIR", help="also write a jax.profiler trace of the timed run under DIR "
                    "(engine backend; bench/trace_summary.py reads it)")
+    s.add_argument("--alternate-constraint", type=int, metavar="ROUNDS",
+                   help="with --regex or --json-schema (engine backend): run the workload 2 x ROUNDS times on one "
+                        "engine, with and without the constraint, alternated, each run its own seed; one record "
+                        "per run and the constraint's cost")
     s.set_defaults(func=_cmd_serve, _parser=s)
 
     w = bsub.add_parser("sweep", help="grid of speculative settings x max concurrency, speedup table")
@@ -263,7 +267,12 @@ def _validate_serve(args) -> None:
     if given and args.speculative_algorithm is None:
         raise ConfigError(f"--{given[0].replace('_', '-')} needs --speculative-algorithm")
     _positive(args, "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-              "speculative_simulate_accept_length")
+              "speculative_simulate_accept_length", "alternate_constraint")
+    if args.alternate_constraint is not None:
+        if args.regex is None and args.json_schema is None:
+            raise ConfigError("--alternate-constraint needs --regex or --json-schema (the constraint it alternates)")
+        if args.backend != "engine" or args.profile:
+            raise ConfigError("--alternate-constraint runs on the in-process engine, without --profile")
 
 
 def _validate_sweep(args) -> None:

@@ -1,11 +1,13 @@
 """`jspec bench serve`: start one Engine, run one workload through it, write one record.
 
 `measure` is the part that the sweep reuses: it takes a started engine, so that one engine
-(one compilation) serves every concurrency level of a sweep.
+(one compilation) serves every concurrency level of a sweep; `--alternate-constraint` runs it
+several times on one engine, with and without the requests' grammar.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 import os
@@ -199,6 +201,36 @@ def with_draft(kw: dict, model, args) -> dict:
     return {**kw, "speculative_draft_model_path": drafter}
 
 
+def alternate_constraint(engine, args, kw: dict, env: dict, command: str) -> list[dict]:
+    """`--alternate-constraint ROUNDS`: the workload run 2 x ROUNDS times on one engine, with the
+    requests' --regex / --json-schema and without, alternated (off, on, then on, off, ...), each
+    run with its own seed (so no run finds another's prompts in the prefix cache). The cost of a
+    constraint is a few percent, and separate engines (separate compiles, and runs apart in time)
+    scatter by as much: on one engine, interleaved, both sides see the same compile and drift.
+    One record per run (`constraint`: "on" / "off", `round`)."""
+    records = []
+    for r in range(args.alternate_constraint):
+        for phase in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            a = argparse.Namespace(**vars(args))
+            a.seed = args.seed + 2 * r + (phase == "on")
+            if phase == "off":
+                a.regex = a.json_schema = None
+            records.append(measure(engine, a, kw, env, command, backend="engine", constraint=phase, round=r))
+    return records
+
+
+def constraint_cost(records: list[dict]) -> str:
+    """The alternated runs' output tok/s per side and the constraint's cost (mean on / mean off - 1)."""
+    tput = {side: [r["metrics"]["output_throughput"] for r in records if r.get("constraint") == side]
+            for side in ("off", "on")}
+    mean = {side: sum(v) / len(v) for side, v in tput.items() if v}
+    lines = [f"constraint {side}: " + ", ".join(f"{t:.1f}" for t in tput[side]) + f" out tok/s (mean {mean[side]:.1f})"
+             for side in mean]
+    if len(mean) == 2 and mean["off"]:
+        lines.append(f"constraint cost: {100 * (mean['on'] / mean['off'] - 1):+.1f}%")
+    return "\n".join(lines)
+
+
 def run_serve(args, command: str) -> dict:
     env = environment()
     if getattr(args, "backend", "engine") == "http":
@@ -216,6 +248,12 @@ def run_serve(args, command: str) -> dict:
         model = open_model(args)
         engine = Engine(model, **with_draft(kw, model, args))
         try:
+            if getattr(args, "alternate_constraint", None):
+                records = alternate_constraint(engine, args, kw, env, command)
+                append_jsonl(args.output_file, records)
+                print(constraint_cost(records))
+                print(f"{len(records)} records appended to {args.output_file}")
+                return min(records, key=lambda r: r["metrics"]["completed"])  # the caller checks the worst run
             rec = measure(engine, args, kw, env, command, backend="engine")
         finally:
             engine.shutdown()

@@ -139,6 +139,34 @@ def test_serve_multiturn_chats_grow_their_prompts_and_hit_the_prefix_cache(engin
         i += len(chat.turns)
 
 
+def test_serve_alternates_a_constraint_on_one_engine(engine_flags, tmp_path, capsys):
+    """--alternate-constraint: the workload with and without the regex, alternated on one engine,
+    each run its own seed (its own prompts), one record per run, and the constraint's cost."""
+    from bench.vocab_tokenizer import build
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    build(512).save(str(tok / "tokenizer.json"))
+    out = tmp_path / "ab.jsonl"
+    assert main(["bench", "serve", *engine_flags, "--dataset-name", "random", "--num-prompts", "4",
+                 "--random-input-len", "16", "--random-output-len", "8", "--random-range-ratio", "1",
+                 "--max-concurrency", "4", "--grammar-backend", "llguidance", "--tokenizer-path", str(tok),
+                 "--regex", "[a-z]+", "--alternate-constraint", "2", "--output-file", str(out)]) == 0
+    recs = read(out)
+    assert [(r["constraint"], r["round"]) for r in recs] == [("off", 0), ("on", 0), ("on", 1), ("off", 1)]
+    for r in recs:
+        check_serve_record(r, 4, out_lens=[8] * 4)
+        assert r["settings"]["regex"] == ("[a-z]+" if r["constraint"] == "on" else None)
+        assert "--alternate-constraint 2" in r["command"]
+    assert len({r["settings"]["seed"] for r in recs}) == 4  # no run reuses another's prompts
+    text = capsys.readouterr().out
+    assert "constraint on:" in text and "constraint off:" in text and "constraint cost:" in text
+    for bad in (["--alternate-constraint", "2"], ["--regex", "a", "--alternate-constraint", "0"],
+                ["--regex", "a", "--alternate-constraint", "2", "--profile", str(tmp_path / "t")]):
+        assert main(["bench", "serve", *engine_flags, *bad]) == 2
+        assert "--alternate-constraint" in capsys.readouterr().err
+
+
 def test_sweep_then_plot(engine_flags, tmp_path, capsys):
     out = tmp_path / "sweep.jsonl"
     rc = main(["bench", "sweep", *engine_flags, "--dataset-name", "random", "--prompts-per-concurrency", "2",
