@@ -106,4 +106,5 @@ class SpecPolicy:
                     kept_at_least=[None if p is None else round(p, 4) for p in self.kept_at_least],
                     num_spec_steps=self.num_spec_steps, num_plain_steps=self.num_plain_steps,
                     step_times_ms={b: times(b) for b in sorted(self.step_times)},
-                    choices_by_batch=dict(sorted(self.choices.items())))
+                    # A snapshot: a benchmark record keeps the counts of its own time.
+                    choices_by_batch={b: dict(c) for b, c in sorted(self.choices.items())})

@@ -129,6 +129,9 @@ def test_policy_speculates_only_where_it_pays():
     assert [p.speculate(32, 30) for _ in range(8)] == [False, False, False, True] * 2  # 3 * 2.0 < 7.0; every 4th probes
     p.observe([1] * 8)  # the drafts stopped being accepted: the running mean moves towards 1
     assert p.accept_length == pytest.approx(0.9 * 3 + 0.1 * 1)
+    info = p.info()
+    p.choose(32, 30)
+    assert info["choices_by_batch"][32] == {"plain": 6, "spec": 3}  # a snapshot: later choices leave it
     capped = SpecPolicy(adaptive=False, disable_by_batch_size=8, max_drafts=3)
     assert capped.choose(4, 7) == 3 and capped.choose(8, 8) == 0
     assert SpecPolicy(adaptive=False, max_drafts=3).speculate(256, 256)
