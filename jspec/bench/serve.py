@@ -204,10 +204,10 @@ def with_draft(kw: dict, model, args) -> dict:
 def alternate_constraint(engine, args, kw: dict, env: dict, command: str) -> list[dict]:
     """`--alternate-constraint ROUNDS`: the workload run 2 x ROUNDS times on one engine, with the
     requests' --regex / --json-schema and without, alternated (off, on, then on, off, ...), each
-    run with its own seed (so no run finds another's prompts in the prefix cache). The cost of a
-    constraint is a few percent, and separate engines (separate compiles, and runs apart in time)
-    scatter by as much: on one engine, interleaved, both sides see the same compile and drift.
-    One record per run (`constraint`: "on" / "off", `round`)."""
+    run with its own seed (so no run finds another's prompts in the prefix cache). A constraint's
+    cost can be smaller than what separate engines (separate compiles, runs apart in time) scatter
+    by: on one engine, interleaved, both sides see the same compile and the same drift. One record
+    per run (`constraint`: "on" / "off", `round`)."""
     records = []
     for r in range(args.alternate_constraint):
         for phase in (("off", "on") if r % 2 == 0 else ("on", "off")):
