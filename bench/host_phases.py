@@ -1,0 +1,149 @@
+"""Wall-clock spans of the engine loop's host phases, without a profiler: where a step's host time
+goes (scheduling, packing, each part's launch, the forward's launch on the launcher thread,
+reading the step in flight, the grammar walk) and how long the loop waits for the device.
+
+A profiler slows the host several times over and so shows a host-bound loop more host-bound than
+it is; these spans cost a `perf_counter` pair each. `record` wraps the loop's functions, runs a
+`jspec` command in this process and writes the spans; `summary` prints, per benchmark run (each
+`measure` call, e.g. each side of `--alternate-constraint`), the median of every phase over the
+middle half of the decode steps, with the wall time per step and the loop's wait.
+
+    python3 bench/host_phases.py record OUT.json -- bench serve --model-path ... --alternate-constraint 2
+    python3 bench/host_phases.py summary OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# (module, attribute path, span name): what `record` wraps.
+SPANS = (
+    ("jspec.runtime.engine_core", "EngineCore.step", "step"),
+    ("jspec.runtime.engine_core", "EngineCore._read_pending", "between"),
+    ("jspec.runtime.engine_core", "EngineCore._process", "process"),
+    ("jspec.runtime.scheduler", "Scheduler.schedule", "schedule"),
+    ("jspec.runtime.model_runner", "pack", "pack"),
+    ("jspec.runtime.model_runner", "ModelRunner.dispatch", "dispatch"),
+    ("jspec.runtime.split_step", "SplitExecutable.begin", "begin"),
+    ("jspec.runtime.split_step", "SplitExecutable.complete", "complete"),
+    ("jspec.runtime.split_step", "_launch", "forward_launch"),
+    ("jspec.runtime.grammar", "draft_inputs", "walk"),
+    ("jspec.bench.serve", "measure", "run"),
+)
+PARTS = (("first", "first_call"), ("second", "second_call"), ("fused", "fused_call"))  # SplitExecutable's
+
+
+def _span(events: list, name: str, fn):
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            events.append((name, t, time.perf_counter(), threading.get_ident()))
+    return timed
+
+
+def install(events: list) -> None:
+    """Wrap every function of SPANS, the fetch of a step's output, and each split executable's
+    parts as it is built."""
+    import importlib
+
+    for module, path, name in SPANS:
+        owner = importlib.import_module(module)
+        *outer, attr = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        setattr(owner, attr, _span(events, name, getattr(owner, attr)))
+    from jspec.runtime import model_runner, split_step
+
+    model_runner.ModelRunner.fetch = staticmethod(_span(events, "fetch", model_runner.ModelRunner.fetch))
+    built = split_step.SplitExecutable.__init__
+
+    def init(self, *args, **kwargs):
+        built(self, *args, **kwargs)
+        for attr, name in PARTS:
+            setattr(self, attr, _span(events, name, getattr(self, attr)))
+
+    split_step.SplitExecutable.__init__ = init
+
+
+def record(out: str, argv: list[str]) -> int:
+    from jspec.cli import main
+
+    events: list = []
+    install(events)
+    try:
+        return main(argv)
+    finally:
+        with open(out, "w") as f:
+            json.dump(events, f)
+
+
+def summarize(events: list) -> list[dict]:
+    """One dict per run window (the whole trace when no `run` span): decode steps, wall per step
+    (median, mean, p10, p90), and per phase its median duration and start within the step."""
+    runs = sorted((e for e in events if e[0] == "run"), key=lambda e: e[1]) or [("run", -np.inf, np.inf, 0)]
+    out = []
+    for run in runs:
+        inside = sorted((e for e in events if run[1] <= e[1] < run[2] and e[0] != "run"), key=lambda e: e[1])
+        steps = [e for e in inside if e[0] == "step"]
+        rows = []
+        for s, nxt in zip(steps, steps[1:]):
+            spans = [e for e in inside if s[1] <= e[1] < nxt[1] and e[0] != "step"]
+            if not any(e[0] in ("first_call", "fused_call") for e in spans):
+                continue  # not a step that launched a decode bucket's split or fused executable
+            row = {"wall": nxt[1] - s[1]}
+            for name, start, end, _ in spans:
+                row[name] = row.get(name, 0.0) + end - start
+                row.setdefault(name + "@", start - s[1])
+            rows.append(row)
+        mid = rows[len(rows) // 4: 3 * len(rows) // 4]
+        if not mid:
+            continue
+        wall = np.array([r["wall"] for r in mid]) * 1e3
+        names = sorted({k for r in mid for k in r if k != "wall" and not k.endswith("@")},
+                       key=lambda k: np.median([r[k + "@"] for r in mid if k in r]))
+        out.append({
+            "decode_steps": len(rows), "summarised": len(mid),
+            "wall_ms": {"median": float(np.median(wall)), "mean": float(wall.mean()),
+                        "p10": float(np.percentile(wall, 10)), "p90": float(np.percentile(wall, 90))},
+            "phases_ms": {k: {"median": float(np.median([r[k] for r in mid if k in r]) * 1e3),
+                              "at": float(np.median([r[k + "@"] for r in mid if k in r]) * 1e3),
+                              "in_steps": sum(k in r for r in mid)} for k in names},
+        })
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record", help="run a jspec command (after --) with the spans installed")
+    r.add_argument("out")
+    r.add_argument("command", nargs=argparse.REMAINDER)
+    s = sub.add_parser("summary", help="print what record wrote")
+    s.add_argument("path")
+    args = ap.parse_args(argv)
+    if args.cmd == "record":
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        return record(args.out, command)
+    with open(args.path) as f:
+        for i, run in enumerate(summarize(json.load(f))):
+            w = run["wall_ms"]
+            print(f"run {i}: {run['decode_steps']} decode steps; wall per step median {w['median']:.3f} ms, mean "
+                  f"{w['mean']:.3f} (p10 {w['p10']:.3f}, p90 {w['p90']:.3f}) over the middle {run['summarised']}")
+            for name, p in run["phases_ms"].items():
+                print(f"  {name:15s} at {p['at']:7.3f} ms  median {p['median']:7.3f} ms  (in {p['in_steps']} steps)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""bench/host_phases.py: the per-run summary of host-phase spans, and its wrapping of the loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench.host_phases import summarize
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _steps(t0: float, n: int, period: float, walk: float, run: bool = True) -> list:
+    """n split decode steps from t0, one every `period` s, each with a draft launch and a walk."""
+    ev = [("run", t0 - 0.5, t0 + n * period + 0.5, 1)] if run else []
+    for i in range(n):
+        t = t0 + i * period
+        ev += [("step", t, t + period * 0.9, 1), ("first_call", t + 0.001, t + 0.002, 1),
+               ("walk", t + 0.003, t + 0.003 + walk, 1)]
+    return ev
+
+
+def test_summary_gives_each_run_its_own_step_times_and_phases():
+    events = _steps(100.0, 40, 0.008, 0.002) + _steps(200.0, 40, 0.010, 0.004)
+    events.append(("step", 150.0, 150.1, 1))  # between the runs: in no run window
+    first, second = summarize(events)
+    assert first["decode_steps"] == 39 and second["decode_steps"] == 39  # the last step has no successor
+    assert first["wall_ms"]["median"] == pytest.approx(8.0) and second["wall_ms"]["median"] == pytest.approx(10.0)
+    assert first["phases_ms"]["walk"]["median"] == pytest.approx(2.0)
+    assert second["phases_ms"]["walk"]["median"] == pytest.approx(4.0)
+    assert second["phases_ms"]["walk"]["at"] == pytest.approx(3.0)
+    assert list(first["phases_ms"]) == ["first_call", "walk"]  # in the order they start within a step
+    # A trace without run spans is one window; a step that launched no decode executable is left out
+    # (here it only ends the last decode step).
+    (whole,) = summarize(_steps(0.0, 20, 0.008, 0.002, run=False) + [("step", 0.16, 0.2, 1)])
+    assert whole["decode_steps"] == 20
+
+
+def test_record_wraps_the_loop_of_this_checkout(tmp_path):
+    """Every wrapped function exists (a renamed one fails here, not on a GPU machine)."""
+    out = tmp_path / "spans.json"
+    cmd = [sys.executable, "bench/host_phases.py", "record", str(out), "--", "bench", "serve", "--help"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text()) == []
