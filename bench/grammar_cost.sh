@@ -35,7 +35,8 @@
 # alternate: one engine, every request under the allow-all regex and then none, alternated ROUNDS
 #   times (default 3; `jspec bench serve --alternate-constraint`), decode-heavy (1024 out, PROMPTS
 #   prompts a run, default twice CONCURRENCY, which defaults to 32): the constraint's cost without
-#   the scatter between engines and machines. One JSONL, a record per run.
+#   the scatter between engines and machines. One JSONL, a record per run. PHASES=1: under
+#   bench/host_phases.py as well (the loop's host phases per run, without a profiler).
 # WHEELS: a folder holding the llguidance wheel (the GPU machine has no network). SKIP_BASELINE=1: no
 # no-speculation column (the stages compare EAGLE3 engines; each baseline costs an engine build).
 # EXTRA: more `jspec bench sweep` flags, after the stage's (later flags win), e.g.
@@ -115,7 +116,9 @@ case $stage in
     exit 0 ;;
   alternate)
     c=${CONCURRENCY:-32}
-    python3 -m jspec.cli bench serve --model-path random:qwen3-8b --speculative-algorithm EAGLE3 --quiet \
+    runner=(python3 -m jspec.cli)
+    [[ -n ${PHASES:-} ]] && runner=(python3 bench/host_phases.py record "$out/host_phases_c$c.json" --)
+    "${runner[@]}" bench serve --model-path random:qwen3-8b --speculative-algorithm EAGLE3 --quiet \
         --speculative-draft-model-path random --speculative-num-steps 3 --speculative-eagle-topk 1 \
         --speculative-num-draft-tokens 4 --speculative-simulate-accept-length 3 --chunked-prefill-size 2048 \
         --cuda-graph-bs "$c" --prefill-token-buckets 2048 --disable-top-k-top-p --dataset-name random \
@@ -123,6 +126,9 @@ case $stage in
         --max-concurrency "$c" --tokenizer-path "$tok" "${open[@]}" --alternate-constraint "${ROUNDS:-3}" ${EXTRA:-} \
         --output-file "$out/serve_grammar_alternate_c$c.jsonl" 2>&1 | tee "$out/serve_grammar_alternate_c$c.log" \
         | grep -E "^constraint|rror"
+    if [[ -n ${PHASES:-} ]]; then
+      python3 bench/host_phases.py summary "$out/host_phases_c$c.json" | tee "$out/host_phases_c$c.txt"
+    fi
     exit 0 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
