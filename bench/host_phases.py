@@ -38,6 +38,7 @@ SPANS = (
     ("jspec.runtime.split_step", "_launch", "forward_launch"),
     ("jspec.runtime.grammar", "draft_inputs", "walk"),
     ("jspec.bench.serve", "measure", "run"),
+    ("jspec.bench.sweep", "measure", "run"),  # the sweep holds its own name of it
 )
 PARTS = (("first", "first_call"), ("second", "second_call"), ("fused", "fused_call"))  # SplitExecutable's
 
