@@ -15,6 +15,7 @@ middle half of the decode steps, with the wall time per step and the loop's wait
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import sys
@@ -97,9 +98,11 @@ def summarize(events: list) -> list[dict]:
     for run in runs:
         inside = sorted((e for e in events if run[1] <= e[1] < run[2] and e[0] != "run"), key=lambda e: e[1])
         steps = [e for e in inside if e[0] == "step"]
+        starts = [e[1] for e in inside]
         rows = []
         for s, nxt in zip(steps, steps[1:]):
-            spans = [e for e in inside if s[1] <= e[1] < nxt[1] and e[0] != "step"]
+            spans = [e for e in inside[bisect.bisect_left(starts, s[1]):bisect.bisect_left(starts, nxt[1])]
+                     if e[0] != "step"]
             if not any(e[0] in ("first_call", "fused_call") for e in spans):
                 continue  # not a step that launched a decode bucket's split or fused executable
             row = {"wall": nxt[1] - s[1]}

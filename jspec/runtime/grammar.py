@@ -299,14 +299,11 @@ def _walk_paths(paths, masks: np.ndarray, walk: np.ndarray, replaced: np.ndarray
     again = ~masks[row, reach].any(axis=-1)  # the mask where the walk stops was not filled
     for p in np.flatnonzero(forced & ~again):  # a forced run's masks need not allow the run: read them all
         again[p] = not masks[row[p], :size[p] + 1].any(axis=-1).all()
-    node = np.arange(n)[None, :]
-    keep = ~again[:, None]
-    past = (node > reach[:, None]) & keep  # nodes past the walk: all allowed, never walked
-    masks[row[:, None].repeat(n, 1)[past], np.broadcast_to(node, past.shape)[past]] = -1
-    walk[row] = np.where(keep, np.where(node <= reach[:, None], 1,
-                                        np.where((node == reach[:, None] + 1) & (reach < size)[:, None], FORBIDDEN, 0)),
-                         walk[row])
-    for p in np.flatnonzero(again):
+    node, reach, size = np.arange(n)[None, :], reach[:, None], size[:, None]
+    past, past_node = np.nonzero(node > reach)  # nodes past the walk: all allowed, never walked
+    masks[row[past], past_node] = -1
+    walk[row] = np.where(node <= reach, 1, np.where((node == reach + 1) & (reach < size), FORBIDDEN, 0))
+    for p in np.flatnonzero(again):  # every mask and walk of these rows is written again
         i, g, t = paths[p]
         masks[i], walk[i] = -1, 0
         if replaced[i]:
