@@ -48,6 +48,7 @@ from jax.experimental import serialize_executable
 
 from jspec.models import dispatch
 from jspec.runtime.compile_options import GRAPH_COLLECTIVES_ENV, STATIC_CARRY_ENV, UNCAPTURED_PARTS_ENV, UPDATE_MODE_ENV
+from jspec.runtime.slim_part import SlimPart
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +214,12 @@ def stores_served(platform: str) -> bool:
     return platform != "cpu"
 
 
+def _load_one(serialized: tuple, plan, devices):
+    """One stored executable loaded onto devices; a split step's part wrapped in its `SlimPart`."""
+    exe = serialize_executable.deserialize_and_load(*serialized, execution_devices=devices)
+    return exe if plan is None else SlimPart(exe, plan)
+
+
 class ExecutableCache:
     """Serialized executables in `directory`, one file per key."""
 
@@ -246,8 +253,7 @@ class ExecutableCache:
         try:
             with open(path, "rb") as f:
                 entries = pickle.load(f)
-            exes = [serialize_executable.deserialize_and_load(*e, execution_devices=devices)
-                    for e in entries]
+            exes = [_load_one(e, plan, devices) for e, plan in entries]
         except Exception as e:  # a stale or damaged entry: compile again and overwrite it
             log.warning("executable cache: %s did not load (%s: %s); compiling", path, type(e).__name__, e)
             self.misses += 1
@@ -283,7 +289,8 @@ class ExecutableCache:
     def store(self, key: str, executables: list) -> None:
         """Write the executables under key; one that cannot be serialized leaves no entry."""
         try:
-            data = pickle.dumps([serialize_executable.serialize(e) for e in executables])
+            data = pickle.dumps([(serialize_executable.serialize(e.compiled), e.plan) if isinstance(e, SlimPart)
+                                 else (serialize_executable.serialize(e), None) for e in executables])
         except Exception as e:
             log.warning("executable cache: not stored (%s: %s)", type(e).__name__, e)
             return

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jspec.runtime import grammar, static_carry
+from jspec.runtime import grammar, slim_part, static_carry
 from jspec.runtime.step import SplitSample
 from jspec.runtime.step_inputs import Bucket
 from jspec.sharding import TP
@@ -211,10 +211,9 @@ def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings,
     if isinstance(split, SplitSample):
         _, logits = jax.eval_shape(split.forward, params, state, packed)
         vocab = NamedSharding(sharding.mesh, P(None, TP)) if logits.shape[-1] % tp == 0 else sharding
-        forward = jax.jit(split.forward, donate_argnums=(1,), out_shardings=(state_sh, vocab))
-        logits = jax.ShapeDtypeStruct(logits.shape, logits.dtype, sharding=vocab)
-        sample = jax.jit(split.sample, donate_argnums=(1,), out_shardings=out_shardings)
-        return forward.lower(params, state, packed), sample.lower(params, state, packed, logits, masks), lowered_fused
+        logits_in = jax.ShapeDtypeStruct(logits.shape, logits.dtype, sharding=vocab)
+        return (_part(split.forward, (1,), (state_sh, vocab), params, state, packed),
+                _part(split.sample, (1,), out_shardings, params, state, packed, logits_in, masks), lowered_fused)
     buffers, rest, view = jax.eval_shape(split.draft, params, state, packed)
     pools = ("caches", "draft_caches", "spec_state")  # the buffers travel as the device state holds them
     buffer_sh = {k: getattr(state_sh, k) if k in pools else dataclasses.replace(state_sh, **{p: None for p in pools})
@@ -232,16 +231,19 @@ def lower(split, fused, bucket: Bucket, params, state, packed, *, out_shardings,
         floor = None if floors is None else floors.floor(bucket, layouts, params, state, sharding)
         return (*_lower_static(split, layouts, params, state, packed, buffers_in, decisions, masks, buffer_sh=buffer_sh,
                                out_shardings=out_shardings, sharding=sharding, floor=floor), lowered_fused)
-    draft = jax.jit(split.draft, donate_argnums=(1,), out_shardings=(buffer_sh, rest_sh, sharding))
-    lowered = [draft.lower(params, state, packed)]
+    lowered = [_part(split.draft, (1,), (buffer_sh, rest_sh, sharding), params, state, packed)]
     if split.forward is not None:  # pipelined: the target's forward as a part of its own
         buffers, rest = jax.eval_shape(split.forward, params, buffers_in, rest_in, decisions)
         forward_sh, _, _ = placed(buffers, rest)
-        forward = jax.jit(split.forward, donate_argnums=(1, 2), out_shardings=(buffer_sh, forward_sh))
-        lowered.append(forward.lower(params, buffers_in, rest_in, decisions))
+        lowered.append(_part(split.forward, (1, 2), (buffer_sh, forward_sh), params, buffers_in, rest_in, decisions))
         _, buffers_in, rest_in = placed(buffers, rest)
-    verify = jax.jit(split.verify, donate_argnums=(1,), out_shardings=out_shardings)
-    return (*lowered, verify.lower(params, buffers_in, rest_in, decisions, masks), lowered_fused)
+    return (*lowered, _part(split.verify, (1,), out_shardings, params, buffers_in, rest_in, decisions, masks),
+            lowered_fused)
+
+
+def _part(fn, donate: tuple, out_shardings, *args) -> slim_part.SlimLowered:
+    """One part lowered on the arrays it reads and writes only (`slim_part`)."""
+    return slim_part.lower(fn, args, donate_argnums=donate, out_shardings=out_shardings)
 
 
 def carry_layouts(split, params, buffers, rest, decisions) -> list:
@@ -306,10 +308,7 @@ def _lower_static(split, layouts, params, state, packed, buffers_in, decisions, 
     def verify_(params, buffers, arena, decisions, masks):
         return split.verify(params, buffers, layouts[-1].read(arena), decisions, masks)
 
-    lowered = [jax.jit(draft, donate_argnums=(1, 3), out_shardings=(buffer_sh, arena_sh, sharding)
-                       ).lower(params, state, packed, arena)]
+    lowered = [_part(draft, (1, 3), (buffer_sh, arena_sh, sharding), params, state, packed, arena)]
     if split.forward is not None:
-        lowered.append(jax.jit(forward, donate_argnums=(1, 2), out_shardings=(buffer_sh, arena_sh)
-                               ).lower(params, buffers_in, arena, decisions))
-    verify = jax.jit(verify_, donate_argnums=(1,), out_shardings=out_shardings)
-    return [*lowered, verify.lower(params, buffers_in, arena, decisions, masks)]
+        lowered.append(_part(forward, (1, 2), (buffer_sh, arena_sh), params, buffers_in, arena, decisions))
+    return [*lowered, _part(verify_, (1,), out_shardings, params, buffers_in, arena, decisions, masks)]
