@@ -26,6 +26,8 @@ device computes while the host reads results and fills masks. The device state's
 donated from one part to the next; so is the rest of a speculative step's carry where
 `static_carry` keeps it in static buffers (`compile_options.uses_static_carry`), so that the
 parts' captured graphs need no re-recording between launches.
+Each part is compiled on the arrays it reads (`slim_part`): what a part only passes through
+(the target's pools in the draft part) stays with the host, which hands it to the next part.
 
 A batch without constrained rows runs the bucket's fused step instead (compiled beside the parts,
 the same step without grammar inputs): two launches and the carry between them cost a small batch
