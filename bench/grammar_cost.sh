@@ -37,6 +37,9 @@
 #   prompts a run, default twice CONCURRENCY, which defaults to 32): the constraint's cost without
 #   the scatter between engines and machines. One JSONL, a record per run. PHASES=1: under
 #   bench/host_phases.py as well (the loop's host phases per run, without a profiler).
+#   PROCESSES=N: N engines one after another (files suffixed _p1.._pN), then
+#   bench/alternate_summary.py over them: the cost spreads between processes far more than
+#   between one engine's rounds, so a setting needs several.
 # WHEELS: a folder holding the llguidance wheel (the GPU machine has no network). SKIP_BASELINE=1: no
 # no-speculation column (the stages compare EAGLE3 engines; each baseline costs an engine build).
 # EXTRA: more `jspec bench sweep` flags, after the stage's (later flags win), e.g.
@@ -115,20 +118,24 @@ case $stage in
     done
     exit 0 ;;
   alternate)
-    c=${CONCURRENCY:-32}
-    runner=(python3 -m jspec.cli)
-    [[ -n ${PHASES:-} ]] && runner=(python3 bench/host_phases.py record "$out/host_phases_c$c.json" --)
-    "${runner[@]}" bench serve --model-path random:qwen3-8b --speculative-algorithm EAGLE3 --quiet \
-        --speculative-draft-model-path random --speculative-num-steps 3 --speculative-eagle-topk 1 \
-        --speculative-num-draft-tokens 4 --speculative-simulate-accept-length 3 --chunked-prefill-size 2048 \
-        --cuda-graph-bs "$c" --prefill-token-buckets 2048 --disable-top-k-top-p --dataset-name random \
-        --random-input-len 1024 --random-output-len 1024 --random-range-ratio 1 --num-prompts "${PROMPTS:-$((2 * c))}" \
-        --max-concurrency "$c" --tokenizer-path "$tok" "${open[@]}" --alternate-constraint "${ROUNDS:-3}" ${EXTRA:-} \
-        --output-file "$out/serve_grammar_alternate_c$c.jsonl" 2>&1 | tee "$out/serve_grammar_alternate_c$c.log" \
-        | grep -E "^constraint|rror"
-    if [[ -n ${PHASES:-} ]]; then
-      python3 bench/host_phases.py summary "$out/host_phases_c$c.json" | tee "$out/host_phases_c$c.txt"
-    fi
+    c=${CONCURRENCY:-32}; n=${PROCESSES:-1}
+    for p in $(seq "$n"); do
+      (( n > 1 )) && tag=_p$p || tag=
+      runner=(python3 -m jspec.cli)
+      [[ -n ${PHASES:-} ]] && runner=(python3 bench/host_phases.py record "$out/host_phases_c$c$tag.json" --)
+      "${runner[@]}" bench serve --model-path random:qwen3-8b --speculative-algorithm EAGLE3 --quiet \
+          --speculative-draft-model-path random --speculative-num-steps 3 --speculative-eagle-topk 1 \
+          --speculative-num-draft-tokens 4 --speculative-simulate-accept-length 3 --chunked-prefill-size 2048 \
+          --cuda-graph-bs "$c" --prefill-token-buckets 2048 --disable-top-k-top-p --dataset-name random \
+          --random-input-len 1024 --random-output-len 1024 --random-range-ratio 1 --num-prompts "${PROMPTS:-$((2 * c))}" \
+          --max-concurrency "$c" --tokenizer-path "$tok" "${open[@]}" --alternate-constraint "${ROUNDS:-3}" ${EXTRA:-} \
+          --output-file "$out/serve_grammar_alternate_c$c$tag.jsonl" 2>&1 | tee "$out/serve_grammar_alternate_c$c$tag.log" \
+          | grep -E "^constraint|rror"
+      if [[ -n ${PHASES:-} ]]; then
+        python3 bench/host_phases.py summary "$out/host_phases_c$c$tag.json" | tee "$out/host_phases_c$c$tag.txt"
+      fi
+    done
+    (( n > 1 )) && python3 bench/alternate_summary.py "$out"
     exit 0 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
