@@ -13,6 +13,7 @@ import time
 from collections import deque
 
 from jspec.models.batch import ForwardMode
+from jspec.runtime import outputs
 from jspec.runtime.adaptive import SpecPolicy
 from jspec.runtime.detokenizer import DetokState, Detokenizer, find_stop
 from jspec.runtime.model_runner import ModelRunner, StepHandle
@@ -75,6 +76,12 @@ class EngineCore:
             done.set()
 
     def step(self) -> None:
+        """One turn of the loop; the streams it signals wake their readers at its end, at once
+        (`outputs.batched_signals`)."""
+        with outputs.batched_signals():
+            self._step()
+
+    def _step(self) -> None:
         if self.flush_waiters:
             if self.pending is not None and not self.inbox and not self.sched.has_work():
                 self._process(self.pending)  # a step left in flight after the last finish: idle once read

@@ -4,6 +4,8 @@ streamed request, built on the caller's thread from the request the engine loop 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 
 from jspec.runtime.detokenizer import DetokState, Detokenizer, find_stop, stop_prefix_len
@@ -133,19 +135,57 @@ def stream(detok: Detokenizer, req: Request, *, speculative: bool):
             return
 
 
+_held = threading.local()  # the signals a thread holds back (`batched_signals`)
+
+
+@contextlib.contextmanager
+def batched_signals():
+    """Hold back the `LoopSignal`s this thread puts inside the block, then hand them to their event
+    loops at its end, one wake-up per loop (in the order they were put). The engine loop runs each
+    step inside one: a step signals every streamed request, and a wake-up per request would let
+    the event loop (which shares the GIL) interrupt the step at each."""
+    if getattr(_held, "signals", None) is not None:  # nested: the outer block hands them over
+        yield
+        return
+    _held.signals = []
+    try:
+        yield
+    finally:
+        signals, _held.signals = _held.signals, None
+        by_loop: dict = {}
+        for signal, final in signals:
+            by_loop.setdefault(signal.loop, []).append((signal.queue, final))
+        for loop, items in by_loop.items():
+            _hand_over(loop, _put_all, items)
+
+
+def _put_all(items: list) -> None:
+    for queue, final in items:
+        queue.put_nowait(final)
+
+
+def _hand_over(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop is closed: nobody reads this stream, and the engine loop goes on
+        pass
+
+
 class LoopSignal:
     """A stream_queue whose signals land in an asyncio queue of `loop`: the engine loop's thread
-    hands each one straight to the event loop, with no reader thread between them."""
+    hands each one straight to the event loop, with no reader thread between them (held back to the
+    end of the step inside `batched_signals`)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self.queue: asyncio.Queue[bool] = asyncio.Queue()
 
     def put(self, final: bool) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, final)
-        except RuntimeError:  # the loop is closed: nobody reads this stream, and the engine loop goes on
-            pass
+        held = getattr(_held, "signals", None)
+        if held is not None:
+            held.append((self, final))
+        else:
+            _hand_over(self.loop, self.queue.put_nowait, final)
 
 
 async def astream(detok: Detokenizer, req: Request, *, speculative: bool, abort=None, detokenize: bool = True):

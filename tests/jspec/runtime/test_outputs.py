@@ -79,3 +79,62 @@ def test_without_stop_strings_the_reader_decodes_and_the_pieces_add_up():
         assert whole == ("w3 w4 w5 w6 w7 w8" if detokenize else "")
         if detokenize:
             assert pieces[0]["text"].startswith("w3") and pieces[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_signals_held_for_a_step_reach_their_queues_in_order_in_one_wake_up():
+    """Signals put by another thread (the engine loop) inside `batched_signals` arrive on the event
+    loop, each stream's in order, in one hand-over at the block's end; outside one, each is handed
+    over at once; a closed loop takes nothing and the putting thread goes on."""
+    import asyncio
+    import threading
+
+    loop = asyncio.new_event_loop()
+    wakeups = []
+    real = loop.call_soon_threadsafe
+
+    def counted(*args):
+        wakeups.append(args)
+        return real(*args)
+
+    loop.call_soon_threadsafe = counted
+
+    async def main():
+        signals = [outputs.LoopSignal(loop) for _ in range(8)]
+        got = [[] for _ in signals]
+
+        def engine():  # three steps, every stream signalled once a step; then one signal outside a step
+            for step in range(3):
+                with outputs.batched_signals():
+                    for s in signals:
+                        s.put(False)
+                    with outputs.batched_signals():  # nested: held for the outer block
+                        s.put(False)
+                    assert len(wakeups) == step
+            signals[0].put(True)
+
+        async def read(i):
+            while True:
+                final = await signals[i].queue.get()
+                got[i].append(final)
+                if len(got[i]) == {0: 4, 7: 6}.get(i, 3):  # stream 7 also got the nested puts
+                    return
+
+        t = threading.Thread(target=engine)
+        t.start()
+        t.join()
+        await asyncio.gather(*(read(i) for i in range(8)))
+        return got
+
+    try:
+        got = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert got[0] == [False, False, False, True] and got[1:7] == [[False] * 3] * 6 and got[7] == [False] * 6
+    assert len(wakeups) == 4  # three steps, then the one outside
+
+    closed = asyncio.new_event_loop()
+    signal = outputs.LoopSignal(closed)
+    closed.close()
+    signal.put(False)
+    with outputs.batched_signals():
+        signal.put(True)
