@@ -2,10 +2,11 @@
 only passes through.
 
 Every part of a split step (`split_step.py`) takes the whole parameter tuple and the whole device
-state, because the step functions are written against them: the draft part passes the target's KV
-pools through untouched, the verify part reads none of the target's weights. A call costs the host
-time per argument array, most of all per donated one, and the host launches a constrained step's
-parts while the device waits for them (bench/README.md, "Structured output"). So each part is
+state, because the step functions are written against them, though (with an EAGLE3 drafter, for
+instance) the draft part passes the target's KV pools through untouched, and of the target's
+weights the draft and verify parts read only the embedding. A call costs the host time per
+argument array, most of all per donated one, and the host launches a constrained step's parts
+while the device waits for them (bench/README.md, "Structured output"). So each part is
 traced once to a jaxpr, and compiled as a function of the input arrays its equations read: those
 it updates are donated; an output that is one of its inputs unchanged is not an output of the
 program at all, the caller hands the input array back in its place.
