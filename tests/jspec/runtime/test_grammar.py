@@ -394,6 +394,24 @@ def test_every_chain_length_of_a_width_shares_one_carry_arena(engine, ngram_engi
     assert eng.get_server_info()["num_carry_arena_fills"] - fills <= 1  # at most the first step's
 
 
+def test_split_parts_take_only_the_arrays_they_read(ngram_engine):
+    """Each part of a speculative split step is compiled on the arrays it reads (`slim_part`): the
+    draft part takes none of the target's KV pools (it hands them back as they came, neither
+    donated nor copied) and far fewer arrays than it is called with; the forward part writes the
+    pools and takes them donated."""
+    eng = ngram_engine
+    num_params = len(eng.runner.params)
+    pools = range(num_params, num_params + len(jax.tree.leaves(eng.runner.state.caches)))  # the state's first field
+    split = [exe for b, exe in eng.runner.compiled.items() if isinstance(exe, SplitExecutable) and exe.forward]
+    assert split
+    for exe in split:
+        draft, forward = exe.first.plan, exe.forward.plan
+        taken = set(draft.read) | set(draft.donated)
+        assert not taken & set(pools) and {i for _, i in draft.passed} >= set(pools)
+        assert len(taken) < len(draft.in_avals) // 2
+        assert set(pools) <= set(forward.donated)
+
+
 def test_a_read_that_fails_between_the_parts_leaves_the_engine_serving(engine):
     """The previous step is read between a split step's parts, after the first part took the device
     state: when that read raises, the step still completes, the requests fail with the error named,
