@@ -14,15 +14,18 @@ import argparse
 import glob
 import json
 import os
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from jspec.bench.serve import constraint_rates  # noqa: E402
 
 
 def process_costs(path: str) -> dict:
     """{off, on (mean output tok/s of each side), cost (on / off - 1), rounds} of one record file."""
-    records = [json.loads(line) for line in open(path) if line.strip()]
-    rates = {side: [r["metrics"]["output_throughput"] for r in records if r.get("constraint") == side]
-             for side in ("off", "on")}
+    rates = constraint_rates([json.loads(line) for line in open(path) if line.strip()])
     if not rates["off"] or not rates["on"]:
         raise ValueError(f"{path}: no alternated runs (records without constraint off and on)")
     off, on = float(np.mean(rates["off"])), float(np.mean(rates["on"]))

@@ -219,10 +219,15 @@ def alternate_constraint(engine, args, kw: dict, env: dict, command: str) -> lis
     return records
 
 
+def constraint_rates(records: list[dict]) -> dict[str, list[float]]:
+    """The alternated runs' output tok/s per side: {"off": [...], "on": [...]}."""
+    return {side: [r["metrics"]["output_throughput"] for r in records if r.get("constraint") == side]
+            for side in ("off", "on")}
+
+
 def constraint_cost(records: list[dict]) -> str:
     """The alternated runs' output tok/s per side and the constraint's cost (mean on / mean off - 1)."""
-    tput = {side: [r["metrics"]["output_throughput"] for r in records if r.get("constraint") == side]
-            for side in ("off", "on")}
+    tput = constraint_rates(records)
     mean = {side: sum(v) / len(v) for side, v in tput.items() if v}
     lines = [f"constraint {side}: " + ", ".join(f"{t:.1f}" for t in tput[side]) + f" out tok/s (mean {mean[side]:.1f})"
              for side in mean]

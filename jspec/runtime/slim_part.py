@@ -46,6 +46,11 @@ class Plan:
     passed: tuple  # ((output position, input leaf), ...) handed back unchanged
 
 
+def _array_positions(out_shape) -> list:
+    """The output positions (None a leaf) that hold arrays, in the order a jaxpr returns them."""
+    return [k for k, x in enumerate(jax.tree.leaves(out_shape, is_leaf=_none_leaf)) if x is not None]
+
+
 def _leaf_shardings(out_shardings, out_shape) -> list:
     """One sharding (or None: unspecified) per array of out_shape, from a prefix tree of them."""
     leaves = []
@@ -67,8 +72,8 @@ def make_plan(fn, args: tuple, donate_argnums: tuple) -> tuple[Plan, object, obj
     jaxpr = closed.jaxpr
     index = {v: i for i, v in enumerate(jaxpr.invars)}
     used = {index[v] for eqn in jaxpr.eqns for v in eqn.invars if not isinstance(v, Literal) and v in index}
-    outs, out_tree = jax.tree.flatten(out_shape, is_leaf=_none_leaf)
-    arrays = [k for k, x in enumerate(outs) if x is not None]
+    out_tree = jax.tree.structure(out_shape, is_leaf=_none_leaf)
+    arrays = _array_positions(out_shape)
     assert len(arrays) == len(jaxpr.outvars), (len(arrays), len(jaxpr.outvars))
     computed, passed = [], []
     for k, v in zip(arrays, jaxpr.outvars):
@@ -90,8 +95,7 @@ def lower(fn, args: tuple, *, donate_argnums: tuple, out_shardings) -> SlimLower
     plan, closed, out_shape = make_plan(fn, args, donate_argnums)
     run = jaxpr_as_fun(closed)
     n = len(plan.in_avals)
-    # The output positions that hold arrays, in the order the jaxpr returns them.
-    arrays = [k for k, x in enumerate(jax.tree.leaves(out_shape, is_leaf=_none_leaf)) if x is not None]
+    arrays = _array_positions(out_shape)
 
     def slim(read, donated):
         full = [None] * n  # the arrays the equations never read stay None
@@ -118,9 +122,6 @@ class SlimLowered:
 
     def compile(self, compiler_options=None) -> SlimPart:
         return SlimPart(self.lowered.compile(compiler_options), self.plan)
-
-    def as_text(self) -> str:
-        return self.lowered.as_text()
 
 
 class SlimPart:
