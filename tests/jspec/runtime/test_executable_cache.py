@@ -196,7 +196,7 @@ def test_steps_that_xla_s_own_cache_served_are_not_stored(tmp_path):
         compilation_cache.reset_cache()
 
 
-def test_every_part_of_a_split_step_loads_from_a_mesh_s_device_iterator(tmp_path):
+def test_every_part_of_a_split_step_loads_from_a_mesh_s_device_iterator(tmp_path, compiled_here):
     """A split step stores several executables under one key, and the runner names its devices
     as `mesh.devices.flat`, an iterator: each part must get them all (the second part found none,
     so every grammar engine's split buckets compiled again at every start)."""

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jspec.runtime import slim_part
+from jspec.runtime import executable_cache, slim_part
 from jspec.runtime.executable_cache import ExecutableCache
 
 
@@ -60,9 +60,11 @@ def test_a_slim_part_keeps_the_output_shardings_asked_for():
     np.testing.assert_array_equal(np.asarray(got[0]["kv"]), 1 + np.arange(3.0).sum())
 
 
-def test_a_slim_part_survives_the_executable_cache(tmp_path):
+def test_a_slim_part_survives_the_executable_cache(tmp_path, compiled_here):
     params, state, x = args()
+    hits = executable_cache.xla_cache_hits()
     part = slim_part.lower(step, (params, state, x), donate_argnums=(1,), out_shardings=None).compile()
+    assert executable_cache.xla_cache_hits() == hits  # compiled, not served
     cache = ExecutableCache(str(tmp_path), "test")
     cache.store("k", [part])
     (loaded,) = cache.load("k", jax.devices()[:1])
