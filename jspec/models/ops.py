@@ -302,15 +302,30 @@ def vocab_put(x, ids, vals, *, tp: int = 1):
     """x `[..., V]` with `x[..., ids[..., k]] = vals[..., k]` (ids `[..., K]`, the same leading axes;
     a repeated id must carry one value). On a vocabulary split tp ways each device writes the ids in
     its slice: no collective."""
+    return _vocab_scatter(x, ids, vals, tp, add=False)
+
+
+def vocab_add(x, ids, vals, *, tp: int = 1):
+    """x `[..., V]` with vals[..., k] added at `x[..., ids[..., k]]` (ids `[..., K]`, the same leading
+    axes; a negative id adds nothing). As `vocab_put`, no collective on a split vocabulary."""
+    return _vocab_scatter(x, ids, vals, tp, add=True)
+
+
+def _vocab_scatter(x, ids, vals, tp: int, *, add: bool):
     v = x.shape[-1]
     x2, ids2, vals2 = x.reshape(-1, v), ids.reshape(-1, ids.shape[-1]), vals.reshape(-1, ids.shape[-1])
     rows = jnp.arange(x2.shape[0])[:, None]
+
+    def write(x, cols, vals):
+        at = x.at[rows, cols]
+        return at.add(vals, mode="drop") if add else at.set(vals, mode="drop")
+
     if tp == 1:
-        return x2.at[rows, ids2].set(vals2).reshape(x.shape)
+        return write(x2, jnp.where(ids2 >= 0, ids2, v), vals2).reshape(x.shape)  # negative: past the end, dropped
 
     def local(x, ids, vals):
         lid, mine = _local_ids(ids, x.shape[-1])
-        return x.at[rows, jnp.where(mine, lid, x.shape[-1])].set(vals, mode="drop")  # not here: dropped
+        return write(x, jnp.where(mine, lid, x.shape[-1]), vals)  # not here: dropped
 
     out = per_device(local, tp, (TOK2, R, R), TOK2)(_vocab_split(x2, tp, 0), ids2, vals2)
     return out[:, :v].reshape(x.shape)

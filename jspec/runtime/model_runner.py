@@ -37,7 +37,7 @@ from jspec.runtime.grammar import mask_words, token_words
 from jspec.runtime.scheduler import StepPlan
 from jspec.runtime.split_step import SplitExecutable
 from jspec.runtime.step import Drafting, make_step, with_flat_params
-from jspec.runtime.step_inputs import Bucket, DeviceState, pack
+from jspec.runtime.step_inputs import MAX_LOGIT_BIAS, Bucket, DeviceState, pack
 from jspec.sharding import make_mesh
 
 
@@ -123,6 +123,8 @@ class ModelRunner:
             last_token=jnp.zeros((num_slots,), jnp.int32),
             output_counts=jnp.zeros((num_slots, cfg.vocab_size), jnp.int32),
             prompt_mask=jnp.zeros((num_slots, cfg.vocab_size), bool),
+            logit_bias_ids=jnp.full((num_slots, MAX_LOGIT_BIAS), -1, jnp.int32),
+            logit_bias_values=jnp.zeros((num_slots, MAX_LOGIT_BIAS), jnp.float32),
             draft_caches=None if draft_model is None else allocate_caches(draft_model.config, dtype=draft_model.dtype,
                                                                           **pools),
             spec_state=None if self.drafting is None else self.drafting.init_state(layout),

@@ -6,6 +6,7 @@ Semantics follow SGLang:
 - Penalties (`apply_penalties`): the repetition penalty acts on every token seen in the prompt or
   the output (a positive logit is divided by it, a negative one multiplied); then the frequency
   penalty subtracts `f * count` and the presence penalty `p * [count > 0]`, output tokens only.
+- Logit bias (`add_logit_bias`): each request's own {token: bias} is added after the penalties.
 - Filters (`filtered_probs`) are judged jointly on one distribution, softmax(logits / T), and their
   kept sets intersected (SGLang's torch path and flashinfer's "joint" order): top-k keeps the k most
   probable tokens; top-p keeps a token when the mass of the tokens ranked before it is < top_p (so
@@ -20,7 +21,9 @@ Semantics follow SGLang:
 
 Per-request token statistics live on the device per request slot, `output_counts [num_slots, V]`
 int32 and `prompt_mask [num_slots, V]` bool; the engine gathers the batch's rows by slot before
-`sample` and keeps them current with `update_counts`, `add_prompt_tokens` and `reset_slots`.
+`sample` and keeps them current with `update_counts`, `add_prompt_tokens` and `reset_slots`. So
+does each slot's logit bias (`DeviceState.logit_bias_ids` / `logit_bias_values`, written by the
+request's prompt steps), which the step puts into the `SamplingBatch`.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ class SamplingBatch:
     # i32: top logprobs the row's request returns; the top k is taken only for rows with some
     # (None: every row)
     top_logprobs_num: jax.Array | None = None
+    # `[B, K]` i32 / f32: the row's biased tokens (-1: none) and their biases (None: no bias)
+    logit_bias_ids: jax.Array | None = None
+    logit_bias_values: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -84,6 +90,16 @@ def apply_penalties(
     logits = jnp.where(prompt_mask | in_output, repeated, logits)
     logits = logits - batch.frequency_penalty[:, None] * output_counts.astype(logits.dtype)
     return logits - batch.presence_penalty[:, None] * in_output.astype(logits.dtype)
+
+
+def add_logit_bias(logits: jax.Array, batch: SamplingBatch, *, tp: int = 1) -> jax.Array:
+    """logits `[B, ..., V]` with each row's bias added at its tokens (every node of a row alike);
+    tp: the vocabulary's split (`ops.vocab_add`)."""
+    if batch.logit_bias_ids is None:
+        return logits
+    lead, k = logits.shape[:-1], batch.logit_bias_ids.shape[-1]
+    grow = lambda a: jnp.broadcast_to(a.reshape(a.shape[:1] + (1,) * (len(lead) - 1) + (k,)), lead + (k,))  # noqa: E731
+    return ops.vocab_add(logits, grow(batch.logit_bias_ids), grow(batch.logit_bias_values).astype(logits.dtype), tp=tp)
 
 
 def processed_logprobs(logits: jax.Array, batch: SamplingBatch) -> jax.Array:
@@ -208,9 +224,10 @@ def sample(
     sort: bool | None = None,
     vocab_shards: int = 1,
 ) -> SampleOutput:
-    """Penalise, filter and draw one token per row. `num_top_logprobs`, `sort` (see `_filter`) and
-    `vocab_shards` (the target's tensor-parallel split of the vocabulary) are static."""
+    """Penalise, bias, filter and draw one token per row. `num_top_logprobs`, `sort` (see
+    `_filter`) and `vocab_shards` (the target's tensor-parallel split of the vocabulary) are static."""
     logits = apply_penalties(logits.astype(jnp.float32), batch, output_counts, prompt_mask)
+    logits = add_logit_bias(logits, batch, tp=vocab_shards)
     logprobs = processed_logprobs(logits, batch)
     probs = _filter(logprobs, logits, batch, sort, vocab_shards)
     keys = jax.vmap(row_key)(batch.seed, batch.step)

@@ -21,6 +21,10 @@ GREEDY_TEMPERATURE = 1e-5
 # Seeds are folded into a PRNG key as 32-bit data; the int32 range is what every client can send.
 SEED_LIMIT = 2**31
 PENALTY_LIMIT = 2.0
+# logit_bias: OpenAI's range of a bias, and the most tokens one request may bias (each prompt step
+# carries every admitted request's entries to the device: a bound keeps that input small).
+LOGIT_BIAS_LIMIT = 100.0
+MAX_LOGIT_BIAS = 128
 
 
 def _fail(field: str, message: str):
@@ -60,9 +64,11 @@ def _as_bool(field: str, value) -> bool:
 class SamplingParams:
     """SGLang's sampling keys with SGLang's defaults (plus `skip_special_tokens` and `n`).
 
-    Construction validates every field except the upper bound of `stop_token_ids`, which needs the
-    vocabulary (`check_vocab`, called by `from_dict`). `stop` and `stop_token_ids` are stored as
-    tuples so the params stay hashable; a single `stop` string becomes a 1-tuple.
+    Construction validates every field except the upper bound of token ids (`stop_token_ids`,
+    `logit_bias`), which needs the vocabulary (`check_vocab`, called by `from_dict`). `stop` and
+    `stop_token_ids` are stored as tuples so the params stay hashable; a single `stop` string
+    becomes a 1-tuple; `logit_bias` ({token id: bias}, the id an int or its decimal string as in
+    OpenAI's JSON) becomes a tuple of (id, bias) pairs sorted by id.
     """
 
     max_new_tokens: int = 128
@@ -80,6 +86,8 @@ class SamplingParams:
     seed: int | None = None
     skip_special_tokens: bool = True
     n: int = 1
+    # Added to the token's logit after the penalties, before temperature and filters (SGLang's order).
+    logit_bias: tuple[tuple[int, float], ...] | None = None
     # Structured output (at most one; `jspec.runtime.grammar`): a regular expression, a JSON schema
     # (a JSON string, or a dict that is serialised), an EBNF grammar (GBNF as llama.cpp, or Lark).
     regex: str | None = None
@@ -129,8 +137,39 @@ class SamplingParams:
         v["n"] = _as_int("n", self.n)
         if v["n"] < 1:
             _fail("n", f"must be >= 1, got {self.n!r}")
+        v["logit_bias"] = self._validated_logit_bias()
         v.update(self._validated_grammar())
         return v
+
+    def _validated_logit_bias(self) -> tuple[tuple[int, float], ...] | None:
+        bias = self.logit_bias
+        if bias is None:
+            return None
+        if isinstance(bias, Mapping):
+            items = list(bias.items())
+        elif isinstance(bias, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in bias):
+            items = list(bias)  # the normalised form, as `normalized` hands it back
+        else:
+            _fail("logit_bias", f"must map token ids to numbers, got {_show(bias)}")
+        if len(items) > MAX_LOGIT_BIAS:
+            _fail("logit_bias", f"at most {MAX_LOGIT_BIAS} tokens, got {len(items)}")
+        out = {}
+        for key, value in items:
+            if _is_int(key):
+                tok = int(key)
+            elif isinstance(key, str) and key.strip().isdigit():
+                tok = int(key)
+            else:
+                _fail("logit_bias", f"keys must be token ids (integers or their decimal strings), got {key!r}")
+            if tok < 0:
+                _fail("logit_bias", f"token ids must be >= 0, got {tok}")
+            if tok in out:
+                _fail("logit_bias", f"token {tok} is given twice")
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
+                    not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:  # NaN fails the range too
+                _fail("logit_bias", f"the bias of token {tok} must be a number in [-100, 100], got {_show(value)}")
+            out[tok] = float(value)
+        return tuple(sorted(out.items())) or None
 
     def _validated_grammar(self) -> dict:
         v = {}
@@ -178,6 +217,9 @@ class SamplingParams:
         for i in self.stop_token_ids or ():
             if i >= vocab_size:
                 _fail("stop_token_ids", f"must be in [0, {vocab_size}) (the vocabulary), got {i}")
+        for i, _ in self.logit_bias or ():
+            if i >= vocab_size:
+                _fail("logit_bias", f"token ids must be in [0, {vocab_size}) (the vocabulary), got {i}")
 
     @classmethod
     def from_dict(cls, d: Mapping | None, *, vocab_size: int) -> SamplingParams:

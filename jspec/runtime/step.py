@@ -152,10 +152,13 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
             prompt_mask = sampling.add_prompt_tokens(prompt_mask, tok_slot, input_ids, kind == TOKEN_PROMPT)
             counts = sampling.update_counts(counts, tok_slot, input_ids, kind == TOKEN_REFED_OUTPUT)
             counts, prompt_mask = dispatch.whole(counts), dispatch.whole(prompt_mask)
+            # Each prompt step (re)writes its requests' logit bias (padding rows: the sink slot's).
+            state = dataclasses.replace(state, logit_bias_ids=state.logit_bias_ids.at[slots].set(x["logit_bias_ids"]),
+                                        logit_bias_values=state.logit_bias_values.at[slots].set(x["logit_bias_values"]))
 
         logits = f["logits"] if vocab_mask is None else sampling.apply_bitmask(f["logits"], vocab_mask[:, 0])
         logits = sampling.hold_stops(logits[:, None], x["out_index"][:, None], x["min_new"], x["held_stops"])[:, 0]
-        so = sampling.sample(logits, sampling_batch(x), counts[slots], prompt_mask[slots],
+        so = sampling.sample(logits, sampling_batch(x, state=state, slots=slots), counts[slots], prompt_mask[slots],
                              num_top_logprobs=num_top_logprobs, sort=bucket.sort, vocab_shards=f["target"].tp_size)
         sampled = x["sample_mask"] > 0
         counts = sampling.update_counts(counts, slots, so.tokens, sampled)

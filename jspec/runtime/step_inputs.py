@@ -25,6 +25,7 @@ from jspec.cache.allocator import SINK_SLOT
 from jspec.cache.pool import Caches
 from jspec.models.batch import ForwardMode
 from jspec.runtime.sampler import SamplingBatch
+from jspec.runtime.sampling_params import MAX_LOGIT_BIAS
 # Prompt chunks of a hybrid target take prefix-cache snapshots inside themselves where the chunked GDN
 # kernel's chunks of this many tokens end (at most one per chunk: T // GDN_CHUNK per step).
 from pallas_kernels.gdn.common import CHUNK as GDN_CHUNK
@@ -46,6 +47,7 @@ MAX_HELD_STOPS = 8
 # would move the whole batch's state).
 TRACKS_PER_STEP = 4
 FLOAT_FIELDS_B = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+FLOAT_FIELDS = FLOAT_FIELDS_B + ("logit_bias_values",)  # float fields of the packed vector (bit-cast)
 
 
 @jax.tree_util.register_dataclass
@@ -58,6 +60,10 @@ class DeviceState:
     last_token: jax.Array  # [num_slots] int32: the token each request sampled last (its next input)
     output_counts: jax.Array  # [num_slots, V] int32: output tokens so far (frequency/presence penalty)
     prompt_mask: jax.Array  # [num_slots, V] bool: tokens of the prompt (repetition penalty)
+    # [num_slots, MAX_LOGIT_BIAS] int32 / float32: the request's biased tokens (-1: none) and biases,
+    # written by each of its prompt steps (`logit_bias_ids` / `_values` of the packed input)
+    logit_bias_ids: jax.Array
+    logit_bias_values: jax.Array
     draft_caches: Caches | None = None  # a drafter's own KV (same page table), when speculating
     # What a drafter carries from one step to the next, per slot (its algorithm defines the keys).
     spec_state: dict | None = None
@@ -114,6 +120,8 @@ class Bucket:
         out += [(name, (b,)) for name in INT_FIELDS_B + FLOAT_FIELDS_B]
         out.append(("page_updates", (u, 3)))
         out.append(("held_stops", (b, MAX_HELD_STOPS)))
+        if self.mode is ForwardMode.EXTEND:  # a prompt step writes its requests' logit bias into their slots
+            out += [("logit_bias_ids", (b, MAX_LOGIT_BIAS)), ("logit_bias_values", (b, MAX_LOGIT_BIAS))]
         if self.snapshots and self.mode is ForwardMode.EXTEND:  # GDN snapshots (rows, -1: none)
             out += [("state_load", (b,)), ("state_save", (b,))]
             if t >= GDN_CHUNK:  # ... and inside the chunks: (token of the step, row)
@@ -148,7 +156,7 @@ class Bucket:
         for name, shape in self.fields():
             n = int(np.prod(shape))
             x = packed[off:off + n].reshape(shape)
-            if name in FLOAT_FIELDS_B:
+            if name in FLOAT_FIELDS:
                 x = jax.lax.bitcast_convert_type(x, jnp.float32)
             out[name] = x
             off += n
@@ -158,11 +166,14 @@ class Bucket:
 def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
     """Host side: a step plan -> the bucket's int32 vector (padding rows point at the sinks)."""
     t_cap, b_cap, u_cap = bucket.num_tokens, bucket.batch_size, bucket.num_page_updates
-    f = {name: np.zeros(shape, np.int32) for name, shape in bucket.fields() if name not in FLOAT_FIELDS_B}
-    fl = {name: np.zeros((b_cap,), np.float32) for name in FLOAT_FIELDS_B}
+    f = {name: np.zeros(shape, np.int32) for name, shape in bucket.fields() if name not in FLOAT_FIELDS}
+    fl = {name: np.zeros(shape, np.float32) for name, shape in bucket.fields() if name in FLOAT_FIELDS}
     f["req_slots"][:] = SINK_SLOT
     f["top_k"][:] = -1
     f["held_stops"][:] = -1
+    bias = "logit_bias_ids" in f
+    if bias:
+        f["logit_bias_ids"][:] = -1
     snapshots = "state_load" in f
     if snapshots:
         f["state_load"][:] = -1
@@ -204,6 +215,9 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
         f["min_new"][i] = sp.min_new_tokens
         f["top_logprobs_num"][i] = req.top_logprobs_num
         f["held_stops"][i, :len(req.held_stops)] = req.held_stops
+        if bias and sp.logit_bias:
+            ids, values = zip(*sp.logit_bias)
+            f["logit_bias_ids"][i, :len(ids)], fl["logit_bias_values"][i, :len(ids)] = ids, values
         if snapshots:
             f["state_load"][i] = s.state_load
             f["state_save"][i] = s.state_save
@@ -250,7 +264,7 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
     upd[:] = -1
     if plan.page_updates:
         upd[:len(plan.page_updates)] = plan.page_updates
-    parts = [(fl[name].view(np.int32) if name in FLOAT_FIELDS_B else f[name]).reshape(-1)
+    parts = [(fl[name].view(np.int32) if name in FLOAT_FIELDS else f[name]).reshape(-1)
              for name, _ in bucket.fields()]
     out = np.concatenate(parts)
     assert out.size == bucket.size
@@ -320,10 +334,13 @@ def kv_slots(page_table, start, n: int, page_size: int, valid):
     return jnp.where(valid[:, None], kv_slots_at(page_table, idx, page_size), -1)
 
 
-def sampling_batch(x: dict, step=None) -> SamplingBatch:
+def sampling_batch(x: dict, step=None, *, state: DeviceState | None = None, slots=None) -> SamplingBatch:
     """The unpacked sampling fields as a `SamplingBatch`; `step` (the index of the token being
-    sampled in each request's output) defaults to the packed out_index."""
-    return SamplingBatch(
+    sampled in each request's output) defaults to the packed out_index; with state, each row's
+    logit bias from its slot (`slots`, the rows' slots)."""
+    bias = {} if state is None else dict(logit_bias_ids=state.logit_bias_ids[slots],
+                                         logit_bias_values=state.logit_bias_values[slots])
+    return SamplingBatch(**bias,
         temperature=x["temperature"], top_p=x["top_p"], top_k=x["top_k"], min_p=x["min_p"],
         repetition_penalty=x["repetition_penalty"], frequency_penalty=x["frequency_penalty"],
         presence_penalty=x["presence_penalty"], seed=x["seeds"], step=x["out_index"] if step is None else step,

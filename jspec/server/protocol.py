@@ -47,8 +47,8 @@ class _SamplingFields(_Body):
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    logit_bias: dict[str, float] | None = None  # OpenAI's: {token id as a string: bias in [-100, 100]}
     # Known but not implemented: refused when set (see `unsupported_field`).
-    logit_bias: dict[str, float] | None = None
     lora_path: str | None = None
 
 
@@ -120,7 +120,7 @@ class GenerateRequest(_Body):
 
 # Field -> value that means "not asked for"; anything else is refused with a 400 naming the field.
 UNSUPPORTED = {
-    "logit_bias": (None, {}), "lora_path": (None,),
+    "lora_path": (None,),
     "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
     "tool_choice": (None, "none", "auto"),
 }

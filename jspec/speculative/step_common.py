@@ -97,7 +97,7 @@ def begin(bucket: Bucket, graphdef, draft_graphdef, *, page_size: int, num_keys:
         target, drafter = modules(params)
         return SpecStep(
             bucket=bucket, page_size=page_size, state=state, x=x, req_to_page=req_to_page, slots=slots, valid=valid,
-            l0=l0, page_table=req_to_page[slots], sb=sampling_batch(x, step=out_index),
+            l0=l0, page_table=req_to_page[slots], sb=sampling_batch(x, step=out_index, state=state, slots=slots),
             greedy=x["temperature"] < sampling.GREEDY_TEMPERATURE, key_fn=key_fn_of(x, out_index),
             last=state.last_token[slots], target=target, drafter=drafter,
             caches=state.caches, draft_caches=state.draft_caches, spec_state=state.spec_state,
@@ -157,12 +157,13 @@ def finish(c: SpecStep, rows: SpecRows) -> tuple[DeviceState, jax.Array]:
 
 def penalised(c: SpecStep, logits, tokens, ancestors, depth=None):
     """Verify logits `[B, N, V]` under each request's penalties as they stand at every node
-    (`penalties.penalise_nodes`; tokens `[B, N]` the nodes' tokens, ancestors `[B, N, N]`), its
-    stop tokens held back where the node's output index is below min_new_tokens (depth `[B, N]`:
+    (`penalties.penalise_nodes`; tokens `[B, N]` the nodes' tokens, ancestors `[B, N, N]`) and its
+    logit bias, its stop tokens held back where the node's output index is below min_new_tokens (depth `[B, N]`:
     a tree's node depths; None: a chain's, the node index), and under the grammar masks of the
     first M nodes when the bucket has them."""
     out = penalties.penalise_nodes(logits.astype(jnp.float32), c.sb, c.state.output_counts[c.slots],
                                    c.state.prompt_mask[c.slots], tokens, ancestors, tp=c.target.tp_size)
+    out = sampling.add_logit_bias(out, c.sb, tp=c.target.tp_size)
     depth = jnp.arange(out.shape[1])[None, :] if depth is None else depth
     out = sampling.hold_stops(out, c.sb.step[:, None] + depth, c.x["min_new"], c.x["held_stops"])
     if "vocab_mask" in c.x:

@@ -75,6 +75,23 @@ def test_penalties_change_output(engine):
     assert len(set(pen)) > len(set(base)) or pen != base
 
 
+def test_logit_bias_stays_with_its_request(engine):
+    """A request's logit bias reaches every token it samples (its first, from the prompt step, and
+    the decode steps') and no other request: beside it and afterwards in the same slots, unbiased
+    requests generate what they generate alone."""
+    p = tm.random_ids(6, seed=6)
+    greedy = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
+    base = engine.generate(input_ids=p, sampling_params=greedy)["output_ids"]
+    ban = {str(t): -100.0 for t in base}
+    outs = engine.generate(input_ids=[p] * 4, sampling_params=[{**greedy, "logit_bias": ban}, greedy,
+                                                               {**greedy, "logit_bias": {"7": 100.0}}, greedy])
+    assert not set(outs[0]["output_ids"]) & set(base)
+    assert outs[2]["output_ids"] == [7] * 10
+    assert outs[1]["output_ids"] == outs[3]["output_ids"] == base
+    # The slots the biased requests held, reused by unbiased ones.
+    assert all(o["output_ids"] == base for o in engine.generate(input_ids=[p] * 4, sampling_params=greedy))
+
+
 # --------------------------------------------------------------------------- stops, stream, logprobs
 def test_stop_token_ids_and_eos(engine):
     p = tm.random_ids(9, seed=3)

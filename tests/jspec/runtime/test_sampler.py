@@ -26,11 +26,12 @@ from jspec.runtime.sampler import (
 )
 from jspec.models.batch import ForwardMode
 from jspec.runtime.request import Request
-from jspec.runtime.sampling_params import SamplingParams
+from jspec.runtime.sampling_params import MAX_LOGIT_BIAS, SamplingParams
 from jspec.runtime.scheduler import ScheduledReq, StepPlan
 from jspec.runtime.step_inputs import Bucket, pack, sampling_batch
 
 B, V, K = 8, 64, 4
+KB = 6  # logit-bias entries a row in these tests
 DEFAULTS = dict(temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, repetition_penalty=1.0,
                 frequency_penalty=0.0, presence_penalty=0.0, seed=0, step=0, top_logprobs_num=K)
 PENALTY_KEYS = ("repetition_penalty", "frequency_penalty", "presence_penalty")
@@ -49,14 +50,22 @@ apply_penalties_jit = jax.jit(apply_penalties)
 
 
 def make_batch(rows: list[dict]) -> SamplingBatch:
-    """Raw device rows (not normalised, so top_k = 1 with T > 0 reaches the device as is)."""
+    """Raw device rows (not normalised, so top_k = 1 with T > 0 reaches the device as is). A row's
+    `logit_bias` ({token: bias}) fills the batch's bias columns, KB entries a row (-1: none)."""
     rows = [dict(DEFAULTS, **r) for r in rows]
     dtypes = dict(top_k=np.int32, seed=np.uint32, step=np.int32, top_logprobs_num=np.int32)
 
     def column(name):
         return jnp.asarray(np.array([r[name] for r in rows], dtypes.get(name, np.float32)))
 
-    return SamplingBatch(**{f.name: column(f.name) for f in dataclasses.fields(SamplingBatch)})
+    bias = {}
+    if any("logit_bias" in r for r in rows):
+        ids, values = np.full((len(rows), KB), -1, np.int32), np.zeros((len(rows), KB), np.float32)
+        for i, r in enumerate(rows):
+            for k, (tok, b) in enumerate(r.get("logit_bias", {}).items()):
+                ids[i, k], values[i, k] = tok, b
+        bias = dict(logit_bias_ids=jnp.asarray(ids), logit_bias_values=jnp.asarray(values))
+    return SamplingBatch(**{name: column(name) for name in DEFAULTS}, **bias)
 
 
 def random_inputs(rng, batch=B, vocab=V, scale=2.0):
@@ -70,11 +79,15 @@ def random_inputs(rng, batch=B, vocab=V, scale=2.0):
 
 
 def ref_penalties(logits, row, counts, prompt_mask):
+    """The penalties, then the row's logit bias (added after them, as SGLang does)."""
     x = logits.astype(np.float64)
     rep = row["repetition_penalty"]
     seen = prompt_mask | (counts > 0)
     x = np.where(seen, np.where(x > 0, x / rep, x * rep), x)
-    return x - row["frequency_penalty"] * counts - row["presence_penalty"] * (counts > 0)
+    x = x - row["frequency_penalty"] * counts - row["presence_penalty"] * (counts > 0)
+    for tok, b in row.get("logit_bias", {}).items():
+        x[tok] += b
+    return x
 
 
 def ref_logprobs(x, row):
@@ -210,6 +223,29 @@ def test_logprobs_are_the_processed_distribution_before_filtering():
         np.testing.assert_allclose(np.asarray(out.top_logprobs[r]), lp[top], atol=1e-5)
 
 
+def test_logit_bias_is_added_after_the_penalties():
+    """Each row's own bias at its own tokens, on the penalised logits: the tokens, logprobs and top
+    logprobs follow the reference; a -100 bias makes a token impossible, also for greedy rows."""
+    logits, counts, prompt_mask = random_inputs(np.random.default_rng(6))
+    rows = [dict(temperature=0.0, logit_bias={int(np.argmax(logits[0])): -100.0}),  # the argmax banned
+            dict(temperature=0.0, repetition_penalty=1.3, logit_bias={3: 4.0, 7: -2.0}),
+            dict(temperature=0.8, seed=4, frequency_penalty=0.4, logit_bias={i: 0.5 * i for i in range(KB)}),
+            dict(temperature=0.0)] * 2  # no bias beside biased rows
+    out = sample_jit(jnp.asarray(logits), make_batch(rows), jnp.asarray(counts), jnp.asarray(prompt_mask),
+                     num_top_logprobs=K)
+    assert int(out.tokens[0]) != int(np.argmax(logits[0]))
+    for r, row in enumerate(rows):
+        row = dict(DEFAULTS, **row)
+        x = ref_penalties(logits[r], row, counts[r], prompt_mask[r])
+        lp = ref_logprobs(x, row)
+        if row["temperature"] == 0.0:
+            assert int(out.tokens[r]) == int(np.argmax(x))
+        np.testing.assert_allclose(float(out.logprobs[r]), lp[int(out.tokens[r])], atol=1e-5)
+        top = np.argsort(-lp, kind="stable")[:K]
+        np.testing.assert_array_equal(np.asarray(out.top_ids[r]), top)
+        np.testing.assert_allclose(np.asarray(out.top_logprobs[r]), lp[top], atol=1e-5)
+
+
 def test_top_logprobs_only_for_rows_that_return_them():
     """Rows whose request asks for no top logprobs get zeros there (the top-k skips them); the
     other rows, the tokens and their logprobs are those of a batch where every row asks."""
@@ -244,6 +280,8 @@ def draw_many(logits, batch, counts, prompt_mask, steps):
     [
         dict(temperature=0.8, top_k=6, top_p=0.9, min_p=0.05, repetition_penalty=1.5, presence_penalty=0.5, seed=11),
         dict(temperature=0.6, seed=12),  # no top-k / top-p: the no-sort path
+        # a logit bias after a repetition penalty: banned tokens never drawn, boosted ones more often
+        dict(temperature=0.9, seed=13, repetition_penalty=1.4, logit_bias={0: -100.0, 5: 2.5, 9: 1.0, 17: -1.5}),
     ],
 )
 def test_sampling_frequencies_follow_filtered_probs(row):
@@ -351,6 +389,26 @@ def test_packed_sampling_fields_reach_the_device_as_sent():
     np.testing.assert_allclose(np.asarray(b.presence_penalty), [0.0, -0.5, 0.0, 0.0])
     np.testing.assert_array_equal(np.asarray(b.seed), [7, 101, 102, 0])
     np.testing.assert_array_equal(np.asarray(b.step), [0, 3, 6, 0])
+
+
+def test_prompt_steps_carry_each_request_s_logit_bias():
+    """A prompt step's packed input carries every request's logit bias (ids -1 and biases 0 past
+    its entries, padding rows empty), which the step writes into the request's slot; decode steps
+    read it there and carry none."""
+    params = [SamplingParams(logit_bias={"7": 2.5, 3: -100}), SamplingParams()]
+    reqs = []
+    for i, sp in enumerate(params):
+        r = Request(rid=str(i), input_ids=[3, 4], sampling=sp, seed=i)
+        r.slot = i + 1
+        reqs.append(ScheduledReq(r, 0, [3, 4], True, True, 0))
+    bucket = Bucket(ForwardMode.EXTEND, 8, 4, 4)
+    x = bucket.unpack(jnp.asarray(pack(StepPlan(ForwardMode.EXTEND, reqs, []), bucket)))
+    ids, values = np.asarray(x["logit_bias_ids"]), np.asarray(x["logit_bias_values"])
+    assert ids.shape == values.shape == (4, MAX_LOGIT_BIAS)
+    np.testing.assert_array_equal(ids[0, :3], [3, 7, -1])
+    np.testing.assert_array_equal(values[0, :2], [-100.0, 2.5])
+    assert (ids[1:] == -1).all() and not values[1:].any() and (ids[0, 2:] == -1).all()
+    assert "logit_bias_ids" not in dict(Bucket(ForwardMode.DECODE, 4, 4, 4).fields())
 
 
 def test_update_counts_one_and_many_tokens_per_row():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jspec.errors import InvalidRequestError
-from jspec.runtime.sampling_params import SamplingParams
+from jspec.runtime.sampling_params import MAX_LOGIT_BIAS, SamplingParams
 
 VOCAB = 1000
 
@@ -84,6 +84,15 @@ def test_valid_values_are_normalised():
         (dict(regex=""), "regex"),
         (dict(json_schema=["a"]), "json_schema"),
         (dict(regex="a", ebnf="root ::= \"a\""), "ebnf"),
+        (dict(logit_bias=[5]), "logit_bias"),
+        (dict(logit_bias={"a": 1.0}), "logit_bias"),
+        (dict(logit_bias={-1: 1.0}), "logit_bias"),
+        (dict(logit_bias={str(VOCAB): 1.0}), "logit_bias"),
+        (dict(logit_bias={"5": 1.0, 5: 2.0}), "logit_bias"),
+        (dict(logit_bias={5: 100.5}), "logit_bias"),
+        (dict(logit_bias={5: float("nan")}), "logit_bias"),
+        (dict(logit_bias={5: "1"}), "logit_bias"),
+        (dict(logit_bias={i: 1.0 for i in range(MAX_LOGIT_BIAS + 1)}), "logit_bias"),
         (dict(best_of=2), "best_of"),
         (dict(temprature=0.5), "temprature"),
     ],
@@ -93,6 +102,16 @@ def test_invalid_values_name_the_field(params, field):
         SamplingParams.from_dict(params, vocab_size=VOCAB)
     assert str(info.value).startswith(f"sampling_params.{field}: "), str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+def test_logit_bias_is_normalised():
+    """OpenAI's string ids and Python's int ids alike become (id, bias) pairs sorted by id; an empty
+    map is no bias; the normalised form (as `normalized` hands it back) is accepted again."""
+    p = SamplingParams.from_dict(dict(logit_bias={"17": -100, 3: 2.5, " 9": 0}, temperature=0), vocab_size=VOCAB)
+    assert p.logit_bias == ((3, 2.5), (9, 0.0), (17, -100.0)) and p.normalized().logit_bias == p.logit_bias
+    assert SamplingParams(logit_bias={}).logit_bias is None
+    assert SamplingParams(logit_bias={i: 1 for i in range(MAX_LOGIT_BIAS)}).logit_bias[-1] == (MAX_LOGIT_BIAS - 1, 1.0)
+    hash(p)
 
 
 def test_messages_are_specific():

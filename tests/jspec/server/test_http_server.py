@@ -231,8 +231,8 @@ def test_concurrent_clients(served):
 
 
 def test_logprobs_and_penalties_under_speculation(served):
-    """The server passes logprobs and penalties to the speculative engine: the same logprobs and
-    tokens as Engine.generate on the same request."""
+    """The server passes logprobs, penalties and a logit bias to the speculative engine: the same
+    logprobs and tokens as Engine.generate on the same request."""
     ref = served.engine.generate(prompt="Hello", sampling_params={"max_new_tokens": 6, **GREEDY},
                                  return_logprob=True, top_logprobs_num=2)
     r = served.client.completions.create(model="m", prompt="Hello", max_tokens=6, logprobs=2, **GREEDY)
@@ -245,6 +245,13 @@ def test_logprobs_and_penalties_under_speculation(served):
         want = served.engine.generate(prompt="Hello", sampling_params={"max_new_tokens": 4, **GREEDY, field: 1.5})
         got = served.client.completions.create(model="m", prompt="Hello", max_tokens=4, **GREEDY, **{field: 1.5})
         assert got.choices[0].text == want["text"], field
+    # OpenAI's logit_bias (token ids as strings): the tokens the free output starts with, banned.
+    free = served.engine.generate(prompt="Hello", sampling_params={"max_new_tokens": 4, **GREEDY})["output_ids"]
+    bias = {str(t): -100 for t in free}
+    want = served.engine.generate(prompt="Hello", sampling_params={"max_new_tokens": 4, **GREEDY, "logit_bias": bias})
+    assert not set(want["output_ids"]) & set(free)
+    got = served.client.completions.create(model="m", prompt="Hello", max_tokens=4, logit_bias=bias, **GREEDY)
+    assert got.choices[0].text == want["text"]
 
 
 # ----------------------------------------------------------------------------- bad requests
@@ -269,7 +276,9 @@ BAD = [  # (endpoint, body or raw bytes, the param the 400 must name)
     ("/v1/completions", {**COMPLETION, "prompt": [7] * 300}, "prompt"),  # over the context length
     ("/v1/completions", {**COMPLETION, "prompt": None}, "prompt"),
     ("/v1/completions", {"model": "m"}, "prompt"),
-    ("/v1/completions", {**COMPLETION, "logit_bias": {"5": 1.0}}, "logit_bias"),
+    ("/v1/completions", {**COMPLETION, "logit_bias": {"5": 101.0}}, "logit_bias"),
+    ("/v1/completions", {**COMPLETION, "logit_bias": {str(10**6): 1.0}}, "logit_bias"),  # past the vocabulary
+    ("/v1/completions", {**COMPLETION, "suffix": "!"}, "suffix"),  # known, not implemented
     ("/v1/completions", {**COMPLETION, "echo": True, "logprobs": 1}, "echo"),  # no input logprobs on this engine
     ("/v1/completions", b'{"prompt": "Hello", ', None),  # malformed JSON
     ("/v1/completions", [1, 2], None),  # not an object

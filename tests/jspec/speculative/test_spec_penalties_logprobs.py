@@ -1,12 +1,12 @@
-"""Penalties, logprobs and structured output under speculation, every drafter family: greedy output
-with repetition, frequency and presence penalties equals the plain engine's penalised greedy output
-(a draft node is verified against the distribution it would have had its earlier drafts been
-accepted), the reported logprobs and top logprobs of every emitted token equal the plain engine's,
-and greedy output under a regex and a JSON schema matches them and equals the plain engine's
-constrained output (chains and trees accept the grammar's forced runs). Overlapped (v2) and synchronous (v1)
-engines alternate across the families; their device steps are the same. The split steps of every
-case but one (`LOOSE_CARRY`) hand their carry between the parts in static buffers, whose device
-addresses must stay the same from step to step.
+"""Penalties, logit bias, logprobs and structured output under speculation, every drafter family:
+greedy output with repetition, frequency and presence penalties and a logit bias equals the plain
+engine's greedy output under them (a draft node is verified against the distribution it would have
+had its earlier drafts been accepted), the reported logprobs and top logprobs of every emitted token
+equal the plain engine's, and greedy output under a regex and a JSON schema matches them and equals
+the plain engine's constrained output (chains and trees accept the grammar's forced runs).
+Overlapped (v2) and synchronous (v1) engines alternate across the families; their device steps are
+the same. The split steps of every case but one (`LOOSE_CARRY`) hand their carry between the parts
+in static buffers, whose device addresses must stay the same from step to step.
 The penalised node distributions themselves: tests/jspec/speculative/test_penalise_nodes.py;
 grammar parts and the plain engine: tests/jspec/runtime/test_grammar.py."""
 
@@ -33,9 +33,14 @@ BASE = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 # the first MIN_NEW tokens (a node's own output index decides, along the draft path), then the first
 # one drawn ends the request.
 STOPS, MIN_NEW = [13, 34, 43, 47, 52, 78, 79, 96], 5
+# A logit bias (after a repetition penalty): every even token banned, three odd ones favoured.
+BANNED = set(range(0, tm.VOCAB, 2))
+BIAS = {**{str(t): -100.0 for t in BANNED}, "3": 2.0, "11": 1.5, "29": -0.5}
 SAMPLING = [BASE, {**BASE, "repetition_penalty": 3.0}, {**BASE, "frequency_penalty": 2.0},
             {**BASE, "presence_penalty": 1.5, "frequency_penalty": 1.0, "repetition_penalty": 2.0},
-            {**BASE, "ignore_eos": False, "stop_token_ids": STOPS, "min_new_tokens": MIN_NEW}]
+            {**BASE, "ignore_eos": False, "stop_token_ids": STOPS, "min_new_tokens": MIN_NEW},
+            {**BASE, "repetition_penalty": 1.5, "logit_bias": BIAS}]
+HELD = 4  # SAMPLING's min_new_tokens setting
 TOP = 3
 # Structured output (a byte-level tokenizer of the tiny vocabulary, tokenizer_path): after the digits
 # the grammar forces a 12-character run, which chain drafters verify in one step.
@@ -188,11 +193,14 @@ def test_penalties_logprobs_and_grammars_equal_the_plain_engine(dirs, plain, cas
         assert verifies <= len(got_g[0]["output_ids"]) - 8, (verifies, got_g[0]["output_ids"])
         # The penalties change what is generated, so the drafts are verified against them.
         ids = output_ids(want)
-        held = ids[len(SAMPLING) - 1::len(SAMPLING)]
+        held = ids[HELD::len(SAMPLING)]
         assert all(len(h) >= MIN_NEW and not set(h[:MIN_NEW]) & set(STOPS) for h in held), held
         assert any(set(b[:MIN_NEW]) & set(STOPS) for b in ids[::len(SAMPLING)])  # the hold changed something
         assert all(len(h) == BASE["max_new_tokens"] or h[-1] in STOPS for h in held)  # a stop ends it after that
         assert any(ids[i] != ids[i + k] for i in range(0, len(ids), len(SAMPLING)) for k in range(1, len(SAMPLING)))
+        biased = ids[len(SAMPLING) - 1::len(SAMPLING)]
+        assert not any(set(b) & BANNED for b in biased), biased  # a -100 bias: never drawn
+        assert any(set(b) & BANNED for b in ids[::len(SAMPLING)])  # ... where the free greedy output draws them
         assert sum(o["meta_info"]["spec_verify_ct"] for o in got) < sum(len(o["output_ids"]) for o in got)
         for g, w in zip(got, want):
             gm, wm = g["meta_info"], w["meta_info"]

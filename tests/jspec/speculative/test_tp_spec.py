@@ -1,7 +1,8 @@
 """Every speculative algorithm on a target split over 2 or 4 devices (the drafter replicated):
 greedy output equals the unsplit target's alone, chain and tree, spec v1 and v2, including
 drafters the target mostly agrees with (multi-token acceptance, KV moves of accepted tree nodes,
-GDN commits past node 0 on split state pools), with no step gathering vocabulary rows. The
+GDN commits past node 0 on split state pools), with no step gathering vocabulary rows, and a logit
+bias honoured on the split vocabulary. The
 session has 4 CPU devices (tests/conftest.py); split layouts themselves: tests/jspec/test_sharding.py."""
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ def test_speculation_on_a_split_target_equals_target_greedy(models, greedy_refer
     eng = Engine(models[target], page_size=4, tp_size=tp, **kw, **BASE)
     try:
         generates(eng, PROMPTS, GREEDY, want)
+        # A logit bias on a split vocabulary (each device adds the entries in its slice): the free
+        # output's tokens banned, or the last shard's token 90 forced.
+        seen = sorted({t for w in want for t in w})
+        biased = eng.generate(input_ids=PROMPTS[:2], sampling_params=[
+            {**GREEDY, "logit_bias": {str(t): -100 for t in seen}}, {**GREEDY, "logit_bias": {"90": 100}}])
+        assert not set(biased[0]["output_ids"]) & set(seen)
+        assert biased[1]["output_ids"] == [90] * GREEDY["max_new_tokens"]
         info = eng.get_server_info()
         assert info["tp_size"] == tp and info["last_error"] is None
         if target in ("bigram", "bigram_next", "block_bigram"):  # agreeing drafters: drafts are kept
