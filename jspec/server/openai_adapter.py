@@ -28,12 +28,15 @@ def engine_names(kind: str, max_tokens_field: str = "max_tokens") -> dict[str, s
     """Engine field -> the endpoint's field, for error messages (see `errors.from_engine`)."""
     prompt = "messages" if kind == "chat" else "prompt"
     return {"max_new_tokens": max_tokens_field, "sampling_params.max_new_tokens": max_tokens_field,
+            "sampling_params.min_new_tokens": "min_tokens",
             "return_logprob": "logprobs", "top_logprobs_num": "top_logprobs" if kind == "chat" else "logprobs",
             "input_ids": prompt, "prompt": prompt, "stream": "stream"}
 
 
 def sampling_params(body, max_new_tokens: int | None) -> dict:
     sp = {k: getattr(body, k) for k in SAMPLING_KEYS if getattr(body, k) is not None}
+    if body.min_tokens is not None:  # SGLang's extra, the engine's min_new_tokens
+        sp["min_new_tokens"] = body.min_tokens
     if max_new_tokens is not None:
         sp["max_new_tokens"] = max_new_tokens
     fmt = getattr(body, "response_format", None)

@@ -42,6 +42,7 @@ class _SamplingFields(_Body):
     ignore_eos: bool | None = None
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
+    min_tokens: int | None = None  # the engine's min_new_tokens
     skip_special_tokens: bool | None = None
     # SGLang's structured-output extras (the engine needs grammar_backend)
     regex: str | None = None

@@ -231,8 +231,8 @@ def test_concurrent_clients(served):
 
 
 def test_logprobs_and_penalties_under_speculation(served):
-    """The server passes logprobs, penalties and a logit bias to the speculative engine: the same
-    logprobs and tokens as Engine.generate on the same request."""
+    """The server passes logprobs, penalties, a logit bias and min_tokens to the speculative engine:
+    the same logprobs and tokens as Engine.generate on the same request."""
     ref = served.engine.generate(prompt="Hello", sampling_params={"max_new_tokens": 6, **GREEDY},
                                  return_logprob=True, top_logprobs_num=2)
     r = served.client.completions.create(model="m", prompt="Hello", max_tokens=6, logprobs=2, **GREEDY)
@@ -251,6 +251,13 @@ def test_logprobs_and_penalties_under_speculation(served):
     want = served.engine.generate(prompt="Hello", sampling_params={"max_new_tokens": 4, **GREEDY, "logit_bias": bias})
     assert not set(want["output_ids"]) & set(free)
     got = served.client.completions.create(model="m", prompt="Hello", max_tokens=4, logit_bias=bias, **GREEDY)
+    assert got.choices[0].text == want["text"]
+    # SGLang's min_tokens: the first free token as a stop token, held back for three tokens.
+    sp = {"max_new_tokens": 6, **GREEDY, "stop_token_ids": free[:1], "min_new_tokens": 3}
+    want = served.engine.generate(prompt="Hello", sampling_params=sp)
+    assert len(want["output_ids"]) >= 3 and want["output_ids"][0] != free[0]
+    got = served.client.completions.create(model="m", prompt="Hello", max_tokens=6, **GREEDY,
+                                           extra_body={"stop_token_ids": free[:1], "min_tokens": 3})
     assert got.choices[0].text == want["text"]
 
 
@@ -279,6 +286,7 @@ BAD = [  # (endpoint, body or raw bytes, the param the 400 must name)
     ("/v1/completions", {**COMPLETION, "logit_bias": {"5": 101.0}}, "logit_bias"),
     ("/v1/completions", {**COMPLETION, "logit_bias": {str(10**6): 1.0}}, "logit_bias"),  # past the vocabulary
     ("/v1/completions", {**COMPLETION, "suffix": "!"}, "suffix"),  # known, not implemented
+    ("/v1/completions", {**COMPLETION, "min_tokens": -1}, "min_tokens"),
     ("/v1/completions", {**COMPLETION, "echo": True, "logprobs": 1}, "echo"),  # no input logprobs on this engine
     ("/v1/completions", b'{"prompt": "Hello", ', None),  # malformed JSON
     ("/v1/completions", [1, 2], None),  # not an object
