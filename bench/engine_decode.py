@@ -175,8 +175,11 @@ def hf_peer(model, preset, results, n_new=64):
 
 def sampler_bench(results):
     """The sampler alone at V = 151936: greedy rows (the lax.cond skips the sort) vs rows that need
-    the sort, to see what the sort and the conditional cost on this device."""
+    the sort, to see what the sort and the conditional cost on this device; and greedy rows with
+    the logit bias every engine step applies (MAX_LOGIT_BIAS entries a row: all unused, as for
+    requests without one, or all used) against the same rows without it."""
     from jspec.runtime import sampler as smp
+    from jspec.runtime.sampling_params import MAX_LOGIT_BIAS
 
     v = 151936
     out = {}
@@ -184,13 +187,20 @@ def sampler_bench(results):
         logits = jax.random.normal(jax.random.PRNGKey(b), (b, v), jnp.float32)
         counts = jnp.zeros((b, v), jnp.int32)
         mask = jnp.zeros((b, v), bool)
-        for name, temp, top_p in (("greedy_cond_skips_sort", 0.0, 1.0), ("top_p_sorts", 1.0, 0.9)):
+        used = jax.random.randint(jax.random.PRNGKey(b + 1), (b, MAX_LOGIT_BIAS), 0, v, jnp.int32)
+        bias = {"": None, "_bias_unused": jnp.full((b, MAX_LOGIT_BIAS), -1, jnp.int32), "_bias_used": used}
+        variants = [("greedy_cond_skips_sort", 0.0, 1.0, ""), ("top_p_sorts", 1.0, 0.9, ""),
+                    ("greedy_cond_skips_sort", 0.0, 1.0, "_bias_unused"), ("greedy_cond_skips_sort", 0.0, 1.0, "_bias_used")]
+        for name, temp, top_p, with_bias in variants:
+            name += with_bias
+            ids = bias[with_bias]
             sb = smp.SamplingBatch(
                 temperature=jnp.full((b,), temp, jnp.float32), top_p=jnp.full((b,), top_p, jnp.float32),
                 top_k=jnp.full((b,), -1, jnp.int32), min_p=jnp.zeros((b,), jnp.float32),
                 repetition_penalty=jnp.ones((b,), jnp.float32), frequency_penalty=jnp.zeros((b,), jnp.float32),
                 presence_penalty=jnp.zeros((b,), jnp.float32), seed=jnp.arange(b, dtype=jnp.int32),
-                step=jnp.zeros((b,), jnp.int32))
+                step=jnp.zeros((b,), jnp.int32), logit_bias_ids=ids,
+                logit_bias_values=None if ids is None else jnp.ones(ids.shape, jnp.float32))
             f = jax.jit(lambda lg, s_: smp.sample(lg, s_, counts, mask, num_top_logprobs=20).tokens)
             f(logits, sb).block_until_ready()
             t = time.perf_counter()
