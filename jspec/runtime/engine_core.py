@@ -271,7 +271,7 @@ class EngineCore:
                 stops = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop)
                 hit = find_stop(state.text, stops, before)
                 if hit is not None:
-                    req.stop_text_end = hit[0]
+                    req.stop_text_end = None if sp.no_stop_trim else hit[0]
                     return {"type": "stop", "matched": hit[1]}
         if len(req.output_ids) >= sp.max_new_tokens:
             return {"type": "length", "length": sp.max_new_tokens}

@@ -13,7 +13,8 @@ from jspec.runtime.request import Request
 
 
 def text(detok: Detokenizer, req: Request) -> str:
-    """The output decoded; cut before the stop string that finished it, if one did."""
+    """The output decoded; cut before the stop string that finished it, if one did (unless the
+    request keeps it: `no_stop_trim`)."""
     out = detok.decode(req.output_ids, req.sampling.skip_special_tokens)
     if req.stop_text_end is not None:
         out = (req.detok_state.text if req.detok_state is not None else out)[:req.stop_text_end]
@@ -92,7 +93,7 @@ class StreamChunks:
         self.sent_text = ""
         self.rows = _LogprobRows()
         self.state = DetokState()  # the reader's own decoding, when the engine loop keeps none
-        stop = req.sampling.stop
+        stop = None if req.sampling.no_stop_trim else req.sampling.stop  # kept stops need no holding back
         self.stops = [stop] if isinstance(stop, str) else list(stop or [])
 
     def _text_now(self, upto: int) -> str:

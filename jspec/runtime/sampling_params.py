@@ -62,7 +62,7 @@ def _as_bool(field: str, value) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """SGLang's sampling keys with SGLang's defaults (plus `skip_special_tokens` and `n`).
+    """SGLang's sampling keys with SGLang's defaults.
 
     Construction validates every field except the upper bound of token ids (`stop_token_ids`,
     `logit_bias`), which needs the vocabulary (`check_vocab`, called by `from_dict`). `stop` and
@@ -85,6 +85,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     seed: int | None = None
     skip_special_tokens: bool = True
+    no_stop_trim: bool = False  # keep the stop string that ended the request in its text (SGLang's)
     n: int = 1
     # Added to the token's logit after the penalties, before temperature and filters (SGLang's order).
     logit_bias: tuple[tuple[int, float], ...] | None = None
@@ -134,6 +135,7 @@ class SamplingParams:
             if not 0 <= v["seed"] < SEED_LIMIT:
                 _fail("seed", f"must be in [0, 2**31), got {self.seed!r}")
         v["skip_special_tokens"] = _as_bool("skip_special_tokens", self.skip_special_tokens)
+        v["no_stop_trim"] = _as_bool("no_stop_trim", self.no_stop_trim)
         v["n"] = _as_int("n", self.n)
         if v["n"] < 1:
             _fail("n", f"must be >= 1, got {self.n!r}")

@@ -135,6 +135,12 @@ def test_stop_string_trims_text(engine):
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert stop not in out["text"].split()
     assert free["text"].startswith(out["text"].rstrip())
+    # SGLang's no_stop_trim: the same tokens, the stop string kept at the end of the text.
+    kept = engine.generate(input_ids=p, sampling_params={"max_new_tokens": 10, "temperature": 0, "stop": [stop],
+                                                         "no_stop_trim": True})
+    assert kept["output_ids"] == out["output_ids"] and kept["meta_info"]["finish_reason"] == {"type": "stop",
+                                                                                            "matched": stop}
+    assert kept["text"].split() == words[:words.index(stop) + 1] and free["text"].startswith(kept["text"])
 
 
 def test_text_prompt_and_streaming(engine):
@@ -199,6 +205,12 @@ def test_streamed_text_holds_back_a_stop_string_in_the_making(engine):
     pieces = list(engine.generate(prompt="w1 w2 w3 w4", sampling_params=sp, stream=True))
     assert "".join(p["text"] for p in pieces) == full["text"]
     assert [p["meta_info"]["finish_reason"] is None for p in pieces] == [True] * (len(pieces) - 1) + [False]
+    # A stop kept in the text (no_stop_trim) is not held back: the pieces add up to that text.
+    kept = {**sp, "no_stop_trim": True}
+    full = engine.generate(prompt="w1 w2 w3 w4", sampling_params=kept)
+    assert full["text"].endswith(stop)
+    assert "".join(p["text"] for p in engine.generate(prompt="w1 w2 w3 w4", sampling_params=kept, stream=True)) \
+        == full["text"]
 
 
 def test_logprobs(engine):

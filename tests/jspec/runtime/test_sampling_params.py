@@ -84,6 +84,7 @@ def test_valid_values_are_normalised():
         (dict(regex=""), "regex"),
         (dict(json_schema=["a"]), "json_schema"),
         (dict(regex="a", ebnf="root ::= \"a\""), "ebnf"),
+        (dict(no_stop_trim=1), "no_stop_trim"),
         (dict(logit_bias=[5]), "logit_bias"),
         (dict(logit_bias={"a": 1.0}), "logit_bias"),
         (dict(logit_bias={-1: 1.0}), "logit_bias"),

@@ -287,6 +287,7 @@ BAD = [  # (endpoint, body or raw bytes, the param the 400 must name)
     ("/v1/completions", {**COMPLETION, "logit_bias": {str(10**6): 1.0}}, "logit_bias"),  # past the vocabulary
     ("/v1/completions", {**COMPLETION, "suffix": "!"}, "suffix"),  # known, not implemented
     ("/v1/completions", {**COMPLETION, "min_tokens": -1}, "min_tokens"),
+    ("/v1/completions", {**COMPLETION, "no_stop_trim": "yes"}, "no_stop_trim"),
     ("/v1/completions", {**COMPLETION, "echo": True, "logprobs": 1}, "echo"),  # no input logprobs on this engine
     ("/v1/completions", b'{"prompt": "Hello", ', None),  # malformed JSON
     ("/v1/completions", [1, 2], None),  # not an object
