@@ -1,14 +1,21 @@
-"""Incremental detokenization and stop strings.
+"""Incremental detokenization, stop strings and stop regular expressions.
 
 Decoding a growing output from scratch every step is quadratic; instead each request keeps two
 offsets and decodes only a short window: the text of `ids[prefix:]` minus the text of
 `ids[prefix:read]` is what the newest tokens added. A window ending in an incomplete UTF-8
 sequence (U+FFFD) waits for the next token.
+
+Stops are searched only where a match could end in the text the newest tokens added (a stop
+string's length, a regular expression's longest match, `regex_reach`, before it), so a long
+output is not scanned again at every token; a regular expression with no bound on its matches
+is searched from the start.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 
 
 @dataclasses.dataclass
@@ -64,3 +71,37 @@ def stop_prefix_len(text: str, stops: list[str]) -> int:
                 best = n
                 break
     return best
+
+
+@functools.lru_cache(maxsize=256)
+def regex_reach(pattern: str) -> int | None:
+    """The most characters a match of `pattern` spans, or None when that is unbounded (or cannot
+    be read: Python's own regex parser is private, so its absence only costs longer searches)."""
+    try:
+        from re import _constants, _parser
+
+        hi = _parser.parse(pattern).getwidth()[1]
+    except Exception:  # noqa: BLE001 - any failure means "not known"
+        return None
+    return None if hi >= _constants.MAXREPEAT else int(hi)
+
+
+def find_stop_regex(text: str, patterns, search_from: int) -> tuple[int, str] | None:
+    """Leftmost match of any of `patterns` in `text` that may end at or after `search_from`:
+    (its start, the matched text). An earlier match would have ended before `search_from`."""
+    best = None
+    for p in patterns:
+        reach = regex_reach(p)
+        m = re.compile(p).search(text, 0 if reach is None else max(0, search_from - reach + 1))
+        if m is not None and (best is None or m.start() < best[0]):
+            best = (m.start(), m.group(0))
+    return best
+
+
+def stop_regex_hold(text: str, patterns) -> int:
+    """Length of the tail of `text` where a match of `patterns` may still begin (the whole text
+    for a pattern whose matches have no bound)."""
+    if not patterns:
+        return 0
+    reaches = [regex_reach(p) for p in patterns]
+    return len(text) if None in reaches else min(len(text), max(reaches) - 1)

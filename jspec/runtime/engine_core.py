@@ -15,7 +15,7 @@ from collections import deque
 from jspec.models.batch import ForwardMode
 from jspec.runtime import outputs
 from jspec.runtime.adaptive import SpecPolicy
-from jspec.runtime.detokenizer import DetokState, Detokenizer, find_stop
+from jspec.runtime.detokenizer import DetokState, Detokenizer, find_stop, find_stop_regex
 from jspec.runtime.model_runner import ModelRunner, StepHandle
 from jspec.runtime.request import Request
 from jspec.runtime.scheduler import NeedSync, Scheduler
@@ -261,15 +261,16 @@ class EngineCore:
             return {"type": "stop", "matched": tok}
         if not early and sp.stop_token_ids and tok in sp.stop_token_ids:
             return {"type": "stop", "matched": tok}
-        if sp.stop:  # a stream without stop strings is decoded by its reader (outputs.StreamChunks)
+        if sp.stop or sp.stop_regex:  # a stream without stops is decoded by its reader (outputs.StreamChunks)
             if req.detok_state is None:
                 req.detok_state = DetokState()
             state = req.detok_state
             before = len(state.text)
             self.detok.step(state, req.output_ids, sp.skip_special_tokens)
             if not early:
-                stops = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop)
-                hit = find_stop(state.text, stops, before)
+                hits = [find_stop(state.text, sp.stop or (), before), find_stop_regex(state.text, sp.stop_regex or (),
+                                                                                      before)]
+                hit = min((h for h in hits if h is not None), default=None)  # the earlier start
                 if hit is not None:
                     req.stop_text_end = None if sp.no_stop_trim else hit[0]
                     return {"type": "stop", "matched": hit[1]}

@@ -8,13 +8,14 @@ import contextlib
 import threading
 import time
 
-from jspec.runtime.detokenizer import DetokState, Detokenizer, find_stop, stop_prefix_len
+from jspec.runtime.detokenizer import (DetokState, Detokenizer, find_stop, find_stop_regex, stop_prefix_len,
+                                       stop_regex_hold)
 from jspec.runtime.request import Request
 
 
 def text(detok: Detokenizer, req: Request) -> str:
-    """The output decoded; cut before the stop string that finished it, if one did (unless the
-    request keeps it: `no_stop_trim`)."""
+    """The output decoded; cut before the stop string or stop-regex match that finished it, if one
+    did (unless the request keeps it: `no_stop_trim`)."""
     out = detok.decode(req.output_ids, req.sampling.skip_special_tokens)
     if req.stop_text_end is not None:
         out = (req.detok_state.text if req.detok_state is not None else out)[:req.stop_text_end]
@@ -69,12 +70,13 @@ def result(detok: Detokenizer, req: Request, *, speculative: bool) -> dict:
             "meta_info": meta_info(req, speculative=speculative)}
 
 
-def _safe_prefix(now: str, stops: list[str]) -> str:
-    """What of a not-yet-final text may be sent: the text before the first whole stop string (the
-    loop may have matched it already and not yet said so), less a tail that may grow into one."""
-    found = find_stop(now, stops, 0)
-    now = now[:found[0]] if found else now
-    return now[:len(now) - stop_prefix_len(now, stops)]
+def _safe_prefix(now: str, stops: list[str], regexes=()) -> str:
+    """What of a not-yet-final text may be sent: the text before the first whole stop string or
+    match of a stop regex (the loop may have matched it already and not yet said so), less a tail
+    that may grow into one."""
+    found = [f for f in (find_stop(now, stops, 0), find_stop_regex(now, regexes, 0)) if f is not None]
+    now = now[:min(found)[0]] if found else now
+    return now[:len(now) - max(stop_prefix_len(now, stops), stop_regex_hold(now, regexes))]
 
 
 class StreamChunks:
@@ -93,8 +95,9 @@ class StreamChunks:
         self.sent_text = ""
         self.rows = _LogprobRows()
         self.state = DetokState()  # the reader's own decoding, when the engine loop keeps none
-        stop = None if req.sampling.no_stop_trim else req.sampling.stop  # kept stops need no holding back
-        self.stops = [stop] if isinstance(stop, str) else list(stop or [])
+        kept = req.sampling.no_stop_trim  # stops kept in the text need no holding back
+        self.stops = [] if kept else list(req.sampling.stop or [])
+        self.regexes = () if kept else req.sampling.stop_regex or ()
 
     def _text_now(self, upto: int) -> str:
         """The text that may be sent with the first `upto` output tokens in (not final)."""
@@ -102,7 +105,7 @@ class StreamChunks:
         if state is None:
             state = self.state
             self.detok.step(state, self.req.output_ids[:upto], self.req.sampling.skip_special_tokens)
-        return _safe_prefix(state.text, self.stops)
+        return _safe_prefix(state.text, self.stops, self.regexes)
 
     def next(self, final: bool) -> dict | None:
         """The chunk for one signal: None when it brings nothing new (signals coalesce: a reader

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import numbers
+import re
 from collections.abc import Mapping
 
 from jspec.errors import InvalidRequestError
@@ -65,9 +66,9 @@ class SamplingParams:
     """SGLang's sampling keys with SGLang's defaults.
 
     Construction validates every field except the upper bound of token ids (`stop_token_ids`,
-    `logit_bias`), which needs the vocabulary (`check_vocab`, called by `from_dict`). `stop` and
-    `stop_token_ids` are stored as tuples so the params stay hashable; a single `stop` string
-    becomes a 1-tuple; `logit_bias` ({token id: bias}, the id an int or its decimal string as in
+    `logit_bias`), which needs the vocabulary (`check_vocab`, called by `from_dict`). `stop`,
+    `stop_regex` and `stop_token_ids` are stored as tuples so the params stay hashable; a single
+    `stop` or `stop_regex` string becomes a 1-tuple; `logit_bias` ({token id: bias}, the id an int or its decimal string as in
     OpenAI's JSON) becomes a tuple of (id, bias) pairs sorted by id.
     """
 
@@ -79,13 +80,15 @@ class SamplingParams:
     min_p: float = 0.0
     stop: tuple[str, ...] | None = None
     stop_token_ids: tuple[int, ...] | None = None
+    # Python regular expressions: the request stops once its text holds a match (cut before it)
+    stop_regex: tuple[str, ...] | None = None
     ignore_eos: bool = False
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     seed: int | None = None
     skip_special_tokens: bool = True
-    no_stop_trim: bool = False  # keep the stop string that ended the request in its text (SGLang's)
+    no_stop_trim: bool = False  # keep the stop string (or stop-regex match) that ended the request in its text
     n: int = 1
     # Added to the token's logit after the penalties, before temperature and filters (SGLang's order).
     logit_bias: tuple[tuple[int, float], ...] | None = None
@@ -122,6 +125,7 @@ class SamplingParams:
             _fail("min_p", f"must be in [0, 1], got {self.min_p!r}")
         v["stop"] = self._validated_stop()
         v["stop_token_ids"] = self._validated_stop_token_ids()
+        v["stop_regex"] = self._validated_stop_regex()
         v["ignore_eos"] = _as_bool("ignore_eos", self.ignore_eos)
         v["repetition_penalty"] = _as_float("repetition_penalty", self.repetition_penalty)
         if v["repetition_penalty"] <= 0:
@@ -202,6 +206,24 @@ class SamplingParams:
         if any(s == "" for s in stop):
             _fail("stop", "must not contain empty strings")
         return tuple(stop)
+
+    def _validated_stop_regex(self) -> tuple[str, ...] | None:
+        patterns = self.stop_regex
+        if patterns is None:
+            return None
+        if isinstance(patterns, str):
+            patterns = (patterns,)
+        if not isinstance(patterns, (list, tuple)) or not all(isinstance(p, str) for p in patterns):
+            _fail("stop_regex", f"must be a string or a list of strings, got {_show(self.stop_regex)}")
+        for p in patterns:
+            try:
+                compiled = re.compile(p)
+            except re.error as e:
+                _fail("stop_regex", f"{p!r} is not a valid regular expression: {e}")
+            # One that matches nothing at all would end every request at its first token.
+            if compiled.search("") is not None:
+                _fail("stop_regex", f"{p!r} matches the empty string")
+        return tuple(patterns) or None
 
     def _validated_stop_token_ids(self) -> tuple[int, ...] | None:
         ids = self.stop_token_ids

@@ -21,7 +21,7 @@ MAX_N = 128  # choices per request: more would be one client filling the whole b
 # OpenAI / SGLang body fields that are engine sampling keys of the same name.
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos",
                  "repetition_penalty", "frequency_penalty", "presence_penalty", "seed", "skip_special_tokens",
-                 "regex", "json_schema", "ebnf", "logit_bias", "no_stop_trim")
+                 "regex", "json_schema", "ebnf", "logit_bias", "no_stop_trim", "stop_regex")
 
 
 def engine_names(kind: str, max_tokens_field: str = "max_tokens") -> dict[str, str]:

@@ -45,6 +45,7 @@ class _SamplingFields(_Body):
     min_tokens: int | None = None  # the engine's min_new_tokens
     skip_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
+    stop_regex: str | list[str] | None = None
     # SGLang's structured-output extras (the engine needs grammar_backend)
     regex: str | None = None
     json_schema: str | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 import time
 
@@ -141,6 +142,27 @@ def test_stop_string_trims_text(engine):
     assert kept["output_ids"] == out["output_ids"] and kept["meta_info"]["finish_reason"] == {"type": "stop",
                                                                                             "matched": stop}
     assert kept["text"].split() == words[:words.index(stop) + 1] and free["text"].startswith(kept["text"])
+
+
+def test_stop_regex_trims_text_and_streams(engine):
+    """SGLang's stop_regex: the request stops at the first token after which its text holds a
+    match, cut before the match; streamed, the pieces add up to that text, a bounded pattern's
+    arriving as the output grows (only its longest match's worth is held back), an unbounded
+    one's at the end."""
+    p = tm.random_ids(9, seed=3)
+    sp = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
+    free = engine.generate(input_ids=p, sampling_params=sp)
+    word = free["text"].split()[6]
+    for pattern, bounded in ((rf"{word}\b", True), (rf"{word}[0-9]*", False)):
+        m = re.search(pattern, free["text"])
+        out = engine.generate(input_ids=p, sampling_params={**sp, "stop_regex": pattern})
+        assert out["text"] == free["text"][:m.start()] and out["output_ids"] == free["output_ids"][:len(out["output_ids"])]
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
+        pieces = list(engine.generate(input_ids=p, sampling_params={**sp, "stop_regex": pattern}, stream=True))
+        assert "".join(c["text"] for c in pieces) == out["text"]
+        assert (sum(bool(c["text"]) for c in pieces) > 1) == bounded
+        kept = engine.generate(input_ids=p, sampling_params={**sp, "stop_regex": [pattern], "no_stop_trim": True})
+        assert kept["output_ids"] == out["output_ids"] and kept["text"].startswith(out["text"] + word)
 
 
 def test_text_prompt_and_streaming(engine):

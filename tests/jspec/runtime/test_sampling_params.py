@@ -85,6 +85,10 @@ def test_valid_values_are_normalised():
         (dict(json_schema=["a"]), "json_schema"),
         (dict(regex="a", ebnf="root ::= \"a\""), "ebnf"),
         (dict(no_stop_trim=1), "no_stop_trim"),
+        (dict(stop_regex=5), "stop_regex"),
+        (dict(stop_regex=["a", 3]), "stop_regex"),
+        (dict(stop_regex="(unclosed"), "stop_regex"),
+        (dict(stop_regex="x*"), "stop_regex"),  # matches the empty string: every request would end at once
         (dict(logit_bias=[5]), "logit_bias"),
         (dict(logit_bias={"a": 1.0}), "logit_bias"),
         (dict(logit_bias={-1: 1.0}), "logit_bias"),

@@ -231,8 +231,8 @@ def test_concurrent_clients(served):
 
 
 def test_logprobs_and_penalties_under_speculation(served):
-    """The server passes logprobs, penalties, a logit bias and min_tokens to the speculative engine:
-    the same logprobs and tokens as Engine.generate on the same request."""
+    """The server passes logprobs, penalties, a logit bias, min_tokens and stop_regex to the
+    speculative engine: the same logprobs, tokens and text as Engine.generate on the same request."""
     ref = served.engine.generate(prompt="Hello", sampling_params={"max_new_tokens": 6, **GREEDY},
                                  return_logprob=True, top_logprobs_num=2)
     r = served.client.completions.create(model="m", prompt="Hello", max_tokens=6, logprobs=2, **GREEDY)
@@ -258,6 +258,19 @@ def test_logprobs_and_penalties_under_speculation(served):
     assert len(want["output_ids"]) >= 3 and want["output_ids"][0] != free[0]
     got = served.client.completions.create(model="m", prompt="Hello", max_tokens=6, **GREEDY,
                                            extra_body={"stop_token_ids": free[:1], "min_tokens": 3})
+    assert got.choices[0].text == want["text"]
+    # SGLang's stop_regex under speculation: the first token whose text completes a match ends the
+    # request inside its accepted run, the text cut before the match.
+    sp = {"max_new_tokens": 12, **GREEDY, "ignore_eos": True}
+    whole = served.engine.generate(prompt="Hello", sampling_params=sp)
+    text = whole["text"]
+    pattern = re.escape(text[len(text) // 2:len(text) // 2 + 2])
+    m = re.search(pattern, text)
+    want = served.engine.generate(prompt="Hello", sampling_params={**sp, "stop_regex": pattern})
+    assert want["text"] == text[:m.start()] and want["meta_info"]["finish_reason"]["matched"] == m.group(0)
+    assert want["output_ids"] == whole["output_ids"][:len(want["output_ids"])]
+    got = served.client.completions.create(model="m", prompt="Hello", max_tokens=12, **GREEDY,
+                                           extra_body={"stop_regex": pattern, "ignore_eos": True})
     assert got.choices[0].text == want["text"]
 
 
@@ -288,6 +301,7 @@ BAD = [  # (endpoint, body or raw bytes, the param the 400 must name)
     ("/v1/completions", {**COMPLETION, "suffix": "!"}, "suffix"),  # known, not implemented
     ("/v1/completions", {**COMPLETION, "min_tokens": -1}, "min_tokens"),
     ("/v1/completions", {**COMPLETION, "no_stop_trim": "yes"}, "no_stop_trim"),
+    ("/v1/completions", {**COMPLETION, "stop_regex": "(a"}, "stop_regex"),
     ("/v1/completions", {**COMPLETION, "echo": True, "logprobs": 1}, "echo"),  # no input logprobs on this engine
     ("/v1/completions", b'{"prompt": "Hello", ', None),  # malformed JSON
     ("/v1/completions", [1, 2], None),  # not an object
