@@ -260,7 +260,7 @@ def test_logprobs_and_penalties_under_speculation(served):
                                            extra_body={"stop_token_ids": free[:1], "min_tokens": 3})
     assert got.choices[0].text == want["text"]
     # SGLang's stop_regex under speculation: the first token whose text completes a match ends the
-    # request inside its accepted run, the text cut before the match.
+    # request (tokens accepted after it in the same step are dropped), the text cut before the match.
     sp = {"max_new_tokens": 12, **GREEDY, "ignore_eos": True}
     whole = served.engine.generate(prompt="Hello", sampling_params=sp)
     text = whole["text"]
