@@ -1,5 +1,6 @@
-"""Device sampler against a numpy reference: penalties, top-k / top-p / min-p, ties, greedy rows,
-sampling frequencies, seeded reproducibility across batches, static shapes, the no-sort fast path.
+"""Device sampler against a numpy reference: penalties, logit bias, top-k / top-p / min-p, ties,
+greedy rows, sampling frequencies, seeded reproducibility across batches, static shapes, the no-sort
+fast path, and the sampling fields' way from the host (packed) to the device.
 
 Compilation dominates CPU time here, so almost every call uses one shape, [B, V] = [8, 64], and
 one top-logprob count, and hits the same compiled functions.
