@@ -17,6 +17,11 @@ import dataclasses
 import functools
 import re
 
+try:  # Python's own regex parser (private): what it tells only shortens searches (`regex_reach`)
+    from re import _constants as _re_constants, _parser as _re_parser
+except ImportError:  # pragma: no cover - a Python without it searches unbounded
+    _re_parser = None
+
 
 @dataclasses.dataclass
 class DetokState:
@@ -77,13 +82,13 @@ def stop_prefix_len(text: str, stops: list[str]) -> int:
 def regex_reach(pattern: str) -> int | None:
     """The most characters a match of `pattern` spans, or None when that is unbounded (or cannot
     be read: Python's own regex parser is private, so its absence only costs longer searches)."""
+    if _re_parser is None:
+        return None
     try:
-        from re import _constants, _parser
-
-        hi = _parser.parse(pattern).getwidth()[1]
+        hi = _re_parser.parse(pattern).getwidth()[1]
     except Exception:  # noqa: BLE001 - any failure means "not known"
         return None
-    return None if hi >= _constants.MAXREPEAT else int(hi)
+    return None if hi >= _re_constants.MAXREPEAT else int(hi)
 
 
 def find_stop_regex(text: str, patterns, search_from: int) -> tuple[int, str] | None:
@@ -98,6 +103,14 @@ def find_stop_regex(text: str, patterns, search_from: int) -> tuple[int, str] | 
     return best
 
 
+def first_stop(text: str, stops, patterns, search_from: int) -> tuple[int, str] | None:
+    """The earliest-starting stop string or stop-regex match that may end at or after
+    `search_from`: (its start, the matched text), or None."""
+    found = [f for f in (find_stop(text, stops, search_from), find_stop_regex(text, patterns, search_from))
+             if f is not None]
+    return min(found, default=None)
+
+
 def stop_regex_hold(text: str, patterns) -> int:
     """Length of the tail of `text` where a match of `patterns` may still begin (the whole text
     for a pattern whose matches have no bound)."""
@@ -105,3 +118,12 @@ def stop_regex_hold(text: str, patterns) -> int:
         return 0
     reaches = [regex_reach(p) for p in patterns]
     return len(text) if None in reaches else min(len(text), max(reaches) - 1)
+
+
+def safe_prefix(now: str, stops, patterns=()) -> str:
+    """What of a not-yet-final text may be sent: the text before the first whole stop string or
+    stop-regex match (the engine may have matched it already and not yet said so), less a tail
+    that may still grow into one."""
+    found = first_stop(now, stops, patterns, 0)
+    now = now[:found[0]] if found else now
+    return now[:len(now) - max(stop_prefix_len(now, stops), stop_regex_hold(now, patterns))]

@@ -15,7 +15,7 @@ from collections import deque
 from jspec.models.batch import ForwardMode
 from jspec.runtime import outputs
 from jspec.runtime.adaptive import SpecPolicy
-from jspec.runtime.detokenizer import DetokState, Detokenizer, find_stop, find_stop_regex
+from jspec.runtime.detokenizer import DetokState, Detokenizer, first_stop
 from jspec.runtime.model_runner import ModelRunner, StepHandle
 from jspec.runtime.request import Request
 from jspec.runtime.scheduler import NeedSync, Scheduler
@@ -268,9 +268,7 @@ class EngineCore:
             before = len(state.text)
             self.detok.step(state, req.output_ids, sp.skip_special_tokens)
             if not early:
-                hits = [find_stop(state.text, sp.stop or (), before), find_stop_regex(state.text, sp.stop_regex or (),
-                                                                                      before)]
-                hit = min((h for h in hits if h is not None), default=None)  # the earlier start
+                hit = first_stop(state.text, sp.stop or (), sp.stop_regex or (), before)
                 if hit is not None:
                     req.stop_text_end = None if sp.no_stop_trim else hit[0]
                     return {"type": "stop", "matched": hit[1]}

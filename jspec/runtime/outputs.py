@@ -8,8 +8,7 @@ import contextlib
 import threading
 import time
 
-from jspec.runtime.detokenizer import (DetokState, Detokenizer, find_stop, find_stop_regex, stop_prefix_len,
-                                       stop_regex_hold)
+from jspec.runtime.detokenizer import DetokState, Detokenizer, safe_prefix
 from jspec.runtime.request import Request
 
 
@@ -70,15 +69,6 @@ def result(detok: Detokenizer, req: Request, *, speculative: bool) -> dict:
             "meta_info": meta_info(req, speculative=speculative)}
 
 
-def _safe_prefix(now: str, stops: list[str], regexes=()) -> str:
-    """What of a not-yet-final text may be sent: the text before the first whole stop string or
-    match of a stop regex (the loop may have matched it already and not yet said so), less a tail
-    that may grow into one."""
-    found = [f for f in (find_stop(now, stops, 0), find_stop_regex(now, regexes, 0)) if f is not None]
-    now = now[:min(found)[0]] if found else now
-    return now[:len(now) - max(stop_prefix_len(now, stops), stop_regex_hold(now, regexes))]
-
-
 class StreamChunks:
     """A streamed request's incremental dicts, one per signal of the engine loop (`put(final)` on
     the request's stream_queue), whose texts add up to the final text: a tail that may still grow
@@ -105,7 +95,7 @@ class StreamChunks:
         if state is None:
             state = self.state
             self.detok.step(state, self.req.output_ids[:upto], self.req.sampling.skip_special_tokens)
-        return _safe_prefix(state.text, self.stops, self.regexes)
+        return safe_prefix(state.text, self.stops, self.regexes)
 
     def next(self, final: bool) -> dict | None:
         """The chunk for one signal: None when it brings nothing new (signals coalesce: a reader

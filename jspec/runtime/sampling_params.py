@@ -61,6 +61,16 @@ def _as_bool(field: str, value) -> bool:
     return value
 
 
+def _strings(field: str, value) -> tuple[str, ...] | None:
+    """A string or a list of strings as a tuple (None stays None)."""
+    if value is None:
+        return None
+    items = (value,) if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
+        _fail(field, f"must be a string or a list of strings, got {_show(value)}")
+    return tuple(items)
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """SGLang's sampling keys with SGLang's defaults.
@@ -195,35 +205,23 @@ class SamplingParams:
         return v
 
     def _validated_stop(self) -> tuple[str, ...] | None:
-        stop = self.stop
-        if stop is None:
-            return None
-        if isinstance(stop, str):
-            stop = (stop,)
-        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-            _fail("stop", f"must be a string or a list of strings, got {_show(self.stop)}")
+        stop = _strings("stop", self.stop)
         # An empty stop string matches everywhere and would end every request at once.
-        if any(s == "" for s in stop):
+        if stop is not None and any(s == "" for s in stop):
             _fail("stop", "must not contain empty strings")
-        return tuple(stop)
+        return stop
 
     def _validated_stop_regex(self) -> tuple[str, ...] | None:
-        patterns = self.stop_regex
-        if patterns is None:
-            return None
-        if isinstance(patterns, str):
-            patterns = (patterns,)
-        if not isinstance(patterns, (list, tuple)) or not all(isinstance(p, str) for p in patterns):
-            _fail("stop_regex", f"must be a string or a list of strings, got {_show(self.stop_regex)}")
-        for p in patterns:
+        patterns = _strings("stop_regex", self.stop_regex)
+        for p in patterns or ():
             try:
                 compiled = re.compile(p)
             except re.error as e:
                 _fail("stop_regex", f"{p!r} is not a valid regular expression: {e}")
-            # One that matches nothing at all would end every request at its first token.
+            # One that matches the empty string matches everywhere: every request would end at once.
             if compiled.search("") is not None:
                 _fail("stop_regex", f"{p!r} matches the empty string")
-        return tuple(patterns) or None
+        return patterns or None
 
     def _validated_stop_token_ids(self) -> tuple[int, ...] | None:
         ids = self.stop_token_ids

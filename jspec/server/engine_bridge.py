@@ -127,7 +127,9 @@ class EngineBridge:
                 chunks = self.engine.generate_stream_async(**{**kw, "rid": rid}, detokenize=False)
                 streams.rids.append(rid)
                 sp = kw.get("sampling_params") or {}
-                text = StreamText(self.tokenizer, stop=sp.get("stop"),
+                text = StreamText(self.tokenizer, stop=sp.get("stop"), stop_regex=sp.get("stop_regex"),
+                                  no_stop_trim=sp.get("no_stop_trim", False),
+                                  min_new_tokens=sp.get("min_new_tokens", 0),
                                   skip_special_tokens=sp.get("skip_special_tokens", True))
                 streams.sources.append((chunks, text))
         except BaseException:

@@ -174,6 +174,20 @@ def test_streamed_text_equals_the_whole_answer(served, stop):
     assert r.choices[0].finish_reason == "stop" and r.choices[0].matched_stop == " capital of"
 
 
+def test_streamed_text_equals_the_whole_answer_under_every_stop(served):
+    """Stop regexes, stops kept in the text (no_stop_trim) and stops that count only after
+    min_tokens: streamed pieces add up to the whole answer's text as well."""
+    prompt, kw = "The capital of France is", dict(model="m", max_tokens=40, **GREEDY)
+    for extra in ({"stop_regex": [r"capital\b"]}, {"stop_regex": r"Fr[a-z]*"},
+                  {"stop_regex": r"capital\b", "no_stop_trim": True}, {"stop": ["."], "no_stop_trim": True},
+                  {"stop": [" capital of"], "min_tokens": 8}):
+        whole = served.client.completions.create(prompt=prompt, **kw, extra_body=extra)
+        assert whole.choices[0].finish_reason == "stop", extra
+        text, reason = _stream_text(served.client.completions.create(prompt=prompt, stream=True, **kw,
+                                                                     extra_body=extra), False)
+        assert (text, reason) == (whole.choices[0].text, "stop"), extra
+
+
 def test_stream_usage_chunk_and_done(served):
     body = dict(model="m", prompt="Once upon a time", max_tokens=12, stream=True, stream_options={"include_usage": True},
                 **GREEDY)

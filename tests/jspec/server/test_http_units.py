@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from jspec.cli import main
 from jspec.errors import InvalidRequestError
-from jspec.runtime.detokenizer import find_stop
+from jspec.runtime.detokenizer import find_stop, find_stop_regex
 from jspec.server.chat_template import ChatTemplate, ChatTemplateError
 from jspec.server.errors import from_engine, validation_message
 from jspec.server.openai_adapter import Responder, fan_out
@@ -76,25 +76,39 @@ def test_template_errors_and_the_sandbox():
     assert ChatTemplate.from_dir("/nonexistent") is None
 
 
-def _engine_text(tokenizer, ids, stops):
+def _engine_text(tokenizer, ids, stops, patterns=(), min_new=0, keep=False):
     """`Engine.generate`'s final text, the tokens it keeps and its finish reason: decoded token by
-    token, cut at the first stop string found."""
+    token, cut at the first stop string or stop-regex match found once `min_new` tokens are out
+    (kept in the text with `keep`, `no_stop_trim`)."""
     st = StreamText(tokenizer)  # no stops: only its detokenizer, as the engine's
     for k in range(1, len(ids) + 1):
         before = len(st.state.text)
         st.detok.step(st.state, ids[:k])
-        hit = find_stop(st.state.text, stops, before) if stops else None
-        if hit is not None:
-            return st.state.text[:hit[0]], ids[:k], {"type": "stop", "matched": hit[1]}
+        found = [f for f in (find_stop(st.state.text, stops, before), find_stop_regex(st.state.text, patterns, before))
+                 if f is not None and k >= min_new]
+        if found:
+            start, matched = min(found)
+            return st.detok.decode(ids[:k]) if keep else st.state.text[:start], ids[:k], {"type": "stop",
+                                                                                         "matched": matched}
     return st.detok.decode(ids), ids, {"type": "length"}
 
 
-@pytest.mark.parametrize("stops", [[], ["."], [" capital of", "xyz"], ["s a", "e c"], ["France is a capital"]])
+STOPS = [dict(stops=s) for s in ([], ["."], [" capital of", "xyz"], ["s a", "e c"], ["France is a capital"])] + [
+    dict(stops=[], patterns=[r"capital\b"]),  # a bounded stop regex: the text streams as it grows
+    dict(stops=[], patterns=[r"Fr[a-z]*"]),  # an unbounded one: held back to the end
+    dict(stops=["."], patterns=[r"of F"]),  # the earlier of a string and a match
+    dict(stops=[" capital of"], min_new=6),  # the first " capital of" completes too early to count
+    dict(stops=[" capital of"], patterns=[r"which"], keep=True),  # no_stop_trim: nothing cut, nothing held
+]
+
+
+@pytest.mark.parametrize("case", STOPS)
 @pytest.mark.parametrize("chunk", [1, 3])
-def test_streamed_text_adds_up_to_the_final_text(tokenizer, stops, chunk):
+def test_streamed_text_adds_up_to_the_final_text(tokenizer, case, chunk):
     ids = tokenizer.encode("The capital of France is a capital of France, which is a capital.").ids
-    final, used, reason = _engine_text(tokenizer, ids, stops)
-    st = StreamText(tokenizer, stop=stops)
+    final, used, reason = _engine_text(tokenizer, ids, **case)
+    st = StreamText(tokenizer, stop=case["stops"], stop_regex=case.get("patterns"), min_new_tokens=case.get("min_new", 0),
+                    no_stop_trim=case.get("keep", False))
     pieces = []
     for i in range(0, len(used), chunk):
         st.add(used[i:i + chunk])
@@ -104,6 +118,8 @@ def test_streamed_text_adds_up_to_the_final_text(tokenizer, stops, chunk):
         assert final.startswith("".join(pieces)), (pieces, final)
     pieces.append(st.finish(reason))
     assert "".join(pieces) == final and st.text == final
+    if case.get("min_new") or case.get("keep"):  # the case does what it says: a later stop, or a kept one
+        assert reason["type"] == "stop" and case["stops"][0] in final
 
 
 def test_engine_errors_name_the_endpoint_field():
