@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import gc
 import json
 import os
 import sys
@@ -76,6 +77,21 @@ def install(events: list) -> None:
             setattr(self, attr, _span(events, name, getattr(self, attr)))
 
     split_step.SplitExecutable.__init__ = init
+    gc.callbacks.append(_gc_spans(events))
+
+
+def _gc_spans(events: list):
+    """A `gc.callbacks` hook recording each collection as a span named `gcN` (N: its generation):
+    a full collection holds the GIL, so it stops the loop wherever it falls."""
+    started: dict[int, float] = {}
+
+    def hook(phase: str, info: dict) -> None:
+        me = threading.get_ident()
+        if phase == "start":
+            started[me] = time.perf_counter()
+        elif me in started:
+            events.append((f"gc{info['generation']}", started.pop(me), time.perf_counter(), me))
+    return hook
 
 
 def record(out: str, argv: list[str]) -> int:
@@ -92,7 +108,9 @@ def record(out: str, argv: list[str]) -> int:
 
 def summarize(events: list) -> list[dict]:
     """One dict per run window (the whole trace when no `run` span): decode steps, wall per step
-    (median, mean, p10, p90), and per phase its median duration and start within the step."""
+    (median, mean, p10, p90), and per phase its median duration and start within the step; the
+    run's seconds, of which between the starts of its decode steps and their next steps; its
+    garbage collections per generation (count, total and longest ms)."""
     runs = sorted((e for e in events if e[0] == "run"), key=lambda e: e[1]) or [("run", -np.inf, np.inf, 0)]
     out = []
     for run in runs:
@@ -116,7 +134,14 @@ def summarize(events: list) -> list[dict]:
         wall = np.array([r["wall"] for r in mid]) * 1e3
         names = sorted({k for r in mid for k in r if k != "wall" and not k.endswith("@")},
                        key=lambda k: np.median([r[k + "@"] for r in mid if k in r]))
+        gcs: dict[str, list[float]] = {}
+        for e in inside:
+            if e[0].startswith("gc"):
+                g = gcs.setdefault(e[0], [0, 0.0, 0.0])
+                g[0], g[1], g[2] = g[0] + 1, g[1] + (e[2] - e[1]) * 1e3, max(g[2], (e[2] - e[1]) * 1e3)
         out.append({
+            "run_s": float(run[2] - run[1]) if np.isfinite(run[1]) else None,
+            "decode_s": float(sum(r["wall"] for r in rows)), "gc": gcs,
             "decode_steps": len(rows), "summarised": len(mid),
             "wall_ms": {"median": float(np.median(wall)), "mean": float(wall.mean()),
                         "p10": float(np.percentile(wall, 10)), "p90": float(np.percentile(wall, 90))},
@@ -144,6 +169,10 @@ def main(argv=None) -> int:
             w = run["wall_ms"]
             print(f"run {i}: {run['decode_steps']} decode steps; wall per step median {w['median']:.3f} ms, mean "
                   f"{w['mean']:.3f} (p10 {w['p10']:.3f}, p90 {w['p90']:.3f}) over the middle {run['summarised']}")
+            if run["run_s"] is not None:
+                print(f"  run {run['run_s']:.3f} s, of which in the steps above {run['decode_s']:.3f} s")
+            for gen, (n, total, longest) in sorted(run["gc"].items()):
+                print(f"  {gen}: {n} collections, {total:.1f} ms in all, longest {longest:.1f} ms")
             for name, p in run["phases_ms"].items():
                 print(f"  {name:15s} at {p['at']:7.3f} ms  median {p['median']:7.3f} ms  (in {p['in_steps']} steps)")
     return 0

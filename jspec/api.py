@@ -29,6 +29,7 @@ from jspec.models.loader import Model, load_model, load_tokenizer
 from jspec.runtime.adaptive import SpecPolicy
 from jspec.runtime import outputs
 from jspec.runtime.engine_core import EngineCore
+from jspec.runtime import gc_heap
 from jspec.runtime.grammar import GrammarBackend
 from jspec.runtime.executable_cache import enable_compilation_cache, open_executable_cache
 from jspec.runtime.model_runner import ModelRunner
@@ -135,6 +136,7 @@ class Engine:
                                     disable_top_k_top_p=cfg.disable_top_k_top_p,
                                     eos_token_ids=tuple(sorted(self.eos_token_ids)),
                                     input_logprobs=cfg.enable_input_logprobs)
+        self._frozen = gc_heap.freeze_startup()  # before the loop starts, so no pause scans start-up
         self._wake = threading.Condition()
         self._stopped = False
         self._error: BaseException | None = None
@@ -386,6 +388,8 @@ class Engine:
                 if isinstance(leaf, jax.Array) and id(leaf) not in keep and not leaf.is_deleted():
                     leaf.delete()
         self._owned, self._given = [], []
+        if self._frozen:
+            gc_heap.unfreeze()
 
     def __enter__(self):
         return self

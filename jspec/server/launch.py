@@ -11,9 +11,7 @@ exits 0.
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
 import signal
 import sys
 
@@ -97,13 +95,6 @@ def run(args) -> int:
     kw = {**engine_kwargs(args), **spec_kwargs(args)}
     model = open_model(args)
     engine = Engine(model, **with_draft(kw, model, args))
-    if os.environ.get("JSPEC_GC_FREEZE", "1") != "0":
-        # What start-up allocated (modules, weights' Python objects, compiled steps) lives as long
-        # as the server: move it out of the collector's reach, so that a full collection, which
-        # holds the GIL and so stops the engine loop and the event loop, scans only what serving
-        # allocated since (`jspec:gc_pause_seconds` in /metrics; JSPEC_GC_FREEZE=0: off).
-        gc.collect()
-        gc.freeze()
     try:
         app = build_app(engine, served_model_name=args.served_model_name, stream_output=args.stream_output)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from bench.host_phases import summarize
+import gc
+
+from bench.host_phases import _gc_spans, summarize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -46,4 +48,23 @@ def test_record_wraps_the_loop_of_this_checkout(tmp_path):
     cmd = [sys.executable, "bench/host_phases.py", "record", str(out), "--", "bench", "serve", "--help"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(out.read_text()) == []
+    # Nothing ran but the argument parser: no loop spans (garbage collections may have run).
+    assert [e for e in json.loads(out.read_text()) if not e[0].startswith("gc")] == []
+
+
+def test_garbage_collections_are_spans_counted_per_run():
+    events: list = []
+    hook = _gc_spans(events)
+    gc.callbacks.append(hook)
+    try:
+        gc.collect(2)
+    finally:
+        gc.callbacks.remove(hook)
+    assert [e[0] for e in events] == ["gc2"] and events[0][1] <= events[0][2]
+    run = _steps(100.0, 40, 0.008, 0.002)
+    run += [("gc2", 100.1, 100.22, 1), ("gc0", 100.2, 100.201, 1), ("gc0", 100.3, 100.303, 1)]
+    (summary,) = summarize(run + [("gc2", 99.0, 99.5, 1)])  # before the run: not its own
+    assert summary["gc"]["gc2"] == pytest.approx([1, 120.0, 120.0])
+    assert summary["gc"]["gc0"] == pytest.approx([2, 4.0, 3.0])
+    assert summary["run_s"] == pytest.approx(40 * 0.008 + 1.0)
+    assert summary["decode_s"] == pytest.approx(39 * 0.008)

@@ -1,8 +1,11 @@
 """`Engine.shutdown()` gives the device back: every buffer the engine owns is freed at once, not
 when the Python object goes, so the next engine in the process sizes its pool from the whole
-device; an engine used after shutdown raises a typed error."""
+device; an engine used after shutdown raises a typed error. What start-up allocated is frozen out
+of the garbage collector's reach while the engine serves, and handed back at shutdown."""
 
 from __future__ import annotations
+
+import gc
 
 import jax
 import pytest
@@ -34,10 +37,12 @@ def _live_ids() -> set[int]:
 def test_shutdown_frees_every_device_buffer(name):
     before = _live_ids()
     eng = Engine(**ENGINES[name], **SETTINGS)
+    assert gc.get_freeze_count() > 0  # start-up's objects: no full collection scans them while serving
     out = eng.generate(input_ids=[5, 6, 7, 8], sampling_params={"max_new_tokens": 6, "temperature": 0})
     assert len(out["output_ids"]) == 6
     assert len(_live_ids() - before) > 0
     eng.shutdown()
+    assert gc.get_freeze_count() == 0  # the engine's own objects can be collected once it is dropped
     left = [a for a in jax.live_arrays() if id(a) not in before]
     assert not left, f"{name}: {len(left)} arrays ({sum(a.nbytes for a in left)} bytes) outlive shutdown: " \
                      f"{[(a.shape, a.dtype) for a in left[:8]]}"
@@ -46,14 +51,18 @@ def test_shutdown_frees_every_device_buffer(name):
     eng.shutdown()  # idempotent
 
 
-def test_a_model_passed_in_stays_the_callers():
-    """Weights the caller loaded survive the engine's shutdown and serve the next engine."""
+def test_a_model_passed_in_stays_the_callers(monkeypatch):
+    """Weights the caller loaded survive the engine's shutdown and serve the next engine (here
+    with the start-up heap left collectable, JSPEC_GC_FREEZE=0)."""
     model = load_model(tiny_dir("qwen3"), dtype="float32")
     before = _live_ids()
     with Engine(model, **SETTINGS) as eng:
         first = eng.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 4, "temperature": 0})
     assert not [a for a in jax.live_arrays() if id(a) not in before]
     assert not any(x.is_deleted() for x in jax.tree.leaves(model.params))
+    gc.unfreeze()
+    monkeypatch.setenv("JSPEC_GC_FREEZE", "0")
     with Engine(model, **SETTINGS) as eng:
+        assert gc.get_freeze_count() == 0
         again = eng.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 4, "temperature": 0})
     assert again["output_ids"] == first["output_ids"]
