@@ -39,6 +39,7 @@ SPANS = (
     ("jspec.runtime.split_step", "SplitExecutable.complete", "complete"),
     ("jspec.runtime.split_step", "_launch", "forward_launch"),
     ("jspec.runtime.grammar", "draft_inputs", "walk"),
+    ("jspec.runtime.startup_runs", "warm_up", "warm_up"),  # start-up, before any run
     ("jspec.bench.serve", "measure", "run"),
     ("jspec.bench.sweep", "measure", "run"),  # the sweep holds its own name of it
 )

@@ -29,7 +29,7 @@ from jspec.models.loader import Model, load_model, load_tokenizer
 from jspec.runtime.adaptive import SpecPolicy
 from jspec.runtime import outputs
 from jspec.runtime.engine_core import EngineCore
-from jspec.runtime import gc_heap
+from jspec.runtime import gc_heap, startup_runs
 from jspec.runtime.grammar import GrammarBackend
 from jspec.runtime.executable_cache import enable_compilation_cache, open_executable_cache
 from jspec.runtime.model_runner import ModelRunner
@@ -109,7 +109,7 @@ class Engine:
             self.policy = SpecPolicy(adaptive=self.spec.adaptive, disable_by_batch_size=self.spec.disable_by_batch_size,
                                      max_drafts=drafting.max_accept - 1)
             if self.spec.adaptive:
-                self.policy.step_times = self.runner.time_decode_steps()
+                self.policy.step_times = startup_runs.time_decode_steps(self.runner)
         layout = cfg.layout
         self.pages = PageAllocator(layout.num_pages, layout.page_size)
         # EAGLE-family draft KV at p depends on token p + 1: such engines key the cache by token pairs.

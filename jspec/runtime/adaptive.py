@@ -5,7 +5,7 @@ drafter current, `jspec.speculative.plain_step`) takes t_k(B) and yields E(k) = 
 ... + P(n >= k) tokens per request, n being the drafts the target keeps. The policy picks the k
 with the most tokens per second, E(k) / t_k(B), among the variants compiled for the engine: plain,
 the configured chain and, for a hidden-state chain drafter, shorter chains. The times are measured
-per bucket when the engine starts (`ModelRunner.time_decode_steps`); each P(n >= i) is a running
+per bucket when the engine starts (`startup_runs.time_decode_steps`); each P(n >= i) is a running
 average over the steps that drafted at least i tokens (in a chain, whether the first i drafts are
 kept does not depend on how many follow). At small batches a verify costs about what a decode does
 (memory-bound), so the longest chain wins; at large batches verify is compute-bound, its time grows

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from jspec.cache.pool import PoolLayout, allocate_caches, pool_shardings
 from jspec.models import dispatch
 from jspec.models.batch import ForwardMode
-from jspec.runtime import compile_options, grammar, sampler, split_step, static_carry
+from jspec.runtime import compile_options, grammar, sampler, split_step, startup_runs, static_carry
 from jspec.runtime.bucket_set import sampler_twins, step_buckets
 from jspec.runtime.executable_cache import (ExecutableCache, abstract_signature, models_signature, stores_served,
                                             xla_cache_hits)
@@ -101,13 +101,15 @@ class ModelRunner:
             self.capture(layout)
 
     def capture(self, layout: PoolLayout) -> None:
-        """Allocate the device state for `layout` and compile every bucket ("graph capture").
-        An engine whose pool is sized from the device's memory builds the runner with
+        """Allocate the device state for `layout`, compile every bucket ("graph capture") and, where
+        `startup_runs.warms_up`, run each once. An engine whose pool is sized from the device's memory builds the runner with
         compile=False, measures (`state_bytes`, `workspace_bytes`), then captures."""
         self.layout = layout
         shapes = jax.eval_shape(lambda: self.allocate_state(layout))
         self.state = jax.jit(lambda: self.allocate_state(layout), out_shardings=self.state_shardings(shapes))()
         self._compile_all(self._progress)
+        if startup_runs.warms_up(self.mesh.devices.flat[0].platform):
+            startup_runs.warm_up(self)
 
     def allocate_state(self, layout: PoolLayout) -> DeviceState:
         """Zeroed device state for a pool layout: the KV and GDN pools of the target (and the
@@ -319,27 +321,14 @@ class ModelRunner:
         """The batch bucket a decode step of num_requests requests is padded to."""
         return min(b.batch_size for b in self.buckets if b.mode is ForwardMode.DECODE and b.batch_size >= num_requests)
 
-    def time_decode_steps(self, repeats: int = 3) -> dict[int, dict[int, float]]:
-        """Seconds per decode step of each batch bucket and variant, {B: {drafts per request: s}}
-        (0: the plain step), measured now on padding rows (every weight read and every matmul at
-        the bucket's shape; attention over an empty context). Runs at start-up only: it waits for
-        the device."""
-        full = self.drafting.max_accept - 1
-        times: dict[int, dict[int, float]] = {}
-        for bucket in self.buckets:
-            if bucket.mode is not ForwardMode.DECODE or bucket.sort:
-                continue
-            packed = jax.device_put(pack(StepPlan(ForwardMode.DECODE, [], []), bucket), self._replicated)
-            samples = []
-            for i in range(repeats + 1):  # the first run pays for loading the executable
-                t0 = time.perf_counter()
-                self.state, out = self._run(bucket, packed)
-                out.block_until_ready()
-                if i:
-                    samples.append(time.perf_counter() - t0)
-            k = 0 if not bucket.speculate else bucket.draft_steps or full
-            times.setdefault(bucket.batch_size, {})[k] = min(samples)
-        return times
+    def run_padding(self, bucket: Bucket, every_part: bool = False):
+        """Run a bucket's step on padding rows (start-up: `startup_runs`) -> its output; every_part:
+        a split step's parts too, not only its fused twin."""
+        packed = jax.device_put(pack(StepPlan(bucket.mode, [], []), bucket), self._replicated)
+        if every_part and bucket.grammar_split:
+            self.state, _ = self.compiled[bucket].warm_up(self.params, self.state, packed)
+        self.state, out = self._run(bucket, packed)
+        return out
 
     def bucket_for(self, plan: StepPlan) -> Bucket:
         n_tok, n_req = plan.num_tokens, len(plan.reqs)

@@ -165,6 +165,21 @@ class SplitExecutable:
             masks = np.full((b.batch_size, b.grammar_nodes, b.mask_words), -1, np.int32)
         return jax.device_put(masks, self.sharding)
 
+    def warm_up(self, params, state, packed):
+        """Run every part once on `packed` (padding rows: start-up), every node walkable and every
+        token allowed -> (state, out): as a constrained step would, without a plan to walk."""
+        masks = self._put(None)
+        if self.plain:
+            state, logits = self.first(params, state, packed)
+            return self.second(params, state, packed, logits, masks)
+        buffers, rest, _ = self.first(params, state, packed, *([self._take_arena()] if self.static else []))
+        decisions = jax.device_put(np.zeros((self.bucket.grammar_size,), np.int32), self.sharding)
+        if self.forward is not None:
+            buffers, rest = self.forward(params, buffers, rest, decisions)
+        if self.static:
+            self._arenas.keep(self._shapes, rest)
+        return self.second(params, buffers, rest, decisions, masks)
+
     def __call__(self, params, state, packed, plan=None):
         """(state, out) of the step; plan None (start-up timing) or without constrained rows: the fused step."""
         if plan is None or not grammar.constrained(plan):

@@ -18,7 +18,7 @@ from scipy import stats
 from jspec import Engine
 from jspec.errors import ConfigError, InvalidRequestError
 from jspec.models.batch import ForwardMode
-from jspec.runtime import sampler as sampling
+from jspec.runtime import sampler as sampling, startup_runs
 from jspec.runtime.grammar import GrammarBackend, mask_words
 from jspec.runtime.sampling_params import SamplingParams
 from jspec.runtime.split_step import SplitExecutable
@@ -392,6 +392,25 @@ def test_every_chain_length_of_a_width_shares_one_carry_arena(engine, ngram_engi
     assert {k for k, _ in seen} == {1, 2, 0} and set(ran) == set(ks), (seen, ran)  # 0 in seen: the full chain
     assert len({where for _, where in seen}) == 1, seen
     assert eng.get_server_info()["num_carry_arena_fills"] - fills <= 1  # at most the first step's
+
+
+def test_the_start_up_warm_up_runs_every_split_part_and_changes_no_answer(engine, ngram_engine, monkeypatch):
+    """`startup_runs.warm_up` (on GPUs, at start-up) runs each bucket once on padding rows, a split
+    step part by part. Run on engines that have served, it leaves the next constrained and free
+    answers as they were (no cached page, slot or carry arena disturbed)."""
+    asks = (("go", {"max_new_tokens": 20, "temperature": 0, "regex": REGEX}),
+            ("ab", {"max_new_tokens": 12, "temperature": 0}))
+    ran, warm = [], SplitExecutable.warm_up
+    monkeypatch.setattr(SplitExecutable, "warm_up", lambda self, *a: ran.append(self.bucket) or warm(self, *a))
+    ngram_engine.policy.choose = lambda b, n: ngram_engine.policy.max_drafts
+    for eng in (engine, ngram_engine):
+        before = [eng.generate(input_ids=_ids(p), sampling_params=sp)["output_ids"] for p, sp in asks]
+        assert eng.wait_idle(30)
+        ran.clear()
+        assert startup_runs.warm_up(eng.runner) == len(eng.runner.buckets)
+        assert set(ran) == {b for b in eng.runner.buckets if b.grammar_split} != set()
+        assert [eng.generate(input_ids=_ids(p), sampling_params=sp)["output_ids"] for p, sp in asks] == before
+        check_no_leaks(eng)
 
 
 def test_split_parts_take_only_the_arrays_they_read(ngram_engine):
