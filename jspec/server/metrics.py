@@ -7,7 +7,8 @@ scrape time, so they are never stale: running and waiting requests, pages in use
 cache hit rate, retractions, and the speculative accept-length histogram (tokens per verify step,
 as the engine counts them). Each server owns its registry, so two in one process do not collide.
 Also the process's garbage-collector pauses by generation (a full collection stops the engine
-loop and the event loop alike; `jspec serve` freezes what start-up allocated to keep them short).
+loop and the event loop alike; every `Engine` freezes what its start-up allocated to keep them
+short, `jspec.runtime.gc_heap`).
 """
 
 from __future__ import annotations

@@ -267,11 +267,12 @@ def test_outputs_follow_regex_json_schema_and_ebnf(engine):
     assert not re.fullmatch(REGEX, free["text"])  # the grammar, not the model, made the text match
 
 
-def test_masks_are_filled_while_the_next_forward_runs(engine):
+def test_masks_are_filled_while_the_next_forward_runs(engine, monkeypatch):
     """With overlap, a constrained decode step launches its forward before the loop reads the step
     before it (whose token the grammar must consume before it can give the next mask), and the
     text is that of the loop without overlap on the target split over 2 devices (its split step
-    hands the vocabulary-split logits from the forward to the sampling part)."""
+    hands the vocabulary-split logits from the forward to the sampling part; that engine runs the
+    GPU's start-up warm-up first, every split part on padding rows)."""
     unread, launches, will_read = [], [], watch_reads(engine)  # per queued forward, per launch
     unwrap = [watch_launches(engine, exe, "queue_first", "first", will_read, unread, launches)
               for exe in engine.runner.compiled.values() if isinstance(exe, SplitExecutable)]
@@ -289,10 +290,14 @@ def test_masks_are_filled_while_the_next_forward_runs(engine):
     # launching the last one.)
     assert until(lambda: len(launches) == len(unread)) and all(
         n.startswith("jspec-launch") and read and refused for n, read, refused in launches), launches
+    warmed, warm = [], startup_runs.warm_up
+    monkeypatch.setenv("JSPEC_WARM_UP", "1")
+    monkeypatch.setattr(startup_runs, "warm_up", lambda runner: warmed.append(warm(runner)) or warmed[-1])
     with Engine(engine.model.path, page_size=4, chunked_prefill_size=16, context_length=96, tp_size=2,
                 grammar_backend="llguidance", disable_overlap_schedule=True, disable_top_k_top_p=True,  # greedy only
                 **SMALL) as v1:
         assert any(isinstance(e, SplitExecutable) for e in v1.runner.compiled.values())
+        assert warmed == [len(v1.runner.buckets)]
         assert v1.generate(input_ids=_ids("go"), sampling_params=sp)["output_ids"] == out["output_ids"]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from jspec import Engine
+from jspec.runtime import startup_runs
 from tests.support import drafters as td
 from tests.support import models as tm
 from tests.support.engines import check_no_leaks, generates
@@ -43,8 +44,12 @@ CASES = [
 
 @pytest.mark.parametrize("algo,target,draft,tp,steps,topk,ndt,overlap", CASES)
 def test_speculation_on_a_split_target_equals_target_greedy(models, greedy_reference, algo, target, draft, tp,
-                                                            steps, topk, ndt, overlap):
+                                                            steps, topk, ndt, overlap, monkeypatch):
     want = reference(greedy_reference, models[target])
+    warmed, warm = [], startup_runs.warm_up
+    if (algo, overlap) == ("NEXTN", True):  # the GPU's start-up warm-up over split GDN pools: answers unchanged
+        monkeypatch.setenv("JSPEC_WARM_UP", "1")
+        monkeypatch.setattr(startup_runs, "warm_up", lambda runner: warmed.append(warm(runner)) or warmed[-1])
     kw = dict(speculative_algorithm=algo, speculative_num_draft_tokens=ndt)
     if draft is not None:
         kw["speculative_draft_model_path"] = models[draft]
@@ -53,6 +58,7 @@ def test_speculation_on_a_split_target_equals_target_greedy(models, greedy_refer
     kw.update(dict(transfer_guard="disallow") if overlap else dict(disable_overlap_schedule=True))
     eng = Engine(models[target], page_size=4, tp_size=tp, **kw, **BASE)
     try:
+        assert warmed == ([len(eng.runner.buckets)] if (algo, overlap) == ("NEXTN", True) else [])
         generates(eng, PROMPTS, GREEDY, want)
         # A logit bias on a split vocabulary (each device adds the entries in its slice): the free
         # output's tokens banned, or the last shard's token 90 forced.
