@@ -9,6 +9,7 @@ this file only turns flags into their arguments, so those modules import nothing
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import shlex
 import sys
@@ -110,7 +111,8 @@ def _cmd_target(args) -> int:
 
 
 def _cmd_plot(args) -> int:
-    with open(args.history) as f:
+    # The shipped tiny models keep their histories xz-compressed (history.json.xz).
+    with (lzma.open(args.history, "rt") if args.history.endswith(".xz") else open(args.history)) as f:
         history = json.load(f)
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.history)), "loss.png")
     lm.plot_history(history, out, title=args.title)
@@ -335,7 +337,7 @@ def add_train_parser(sub) -> None:
     g.set_defaults(func=_cmd_target)
 
     p = tsub.add_parser("plot", help="loss-curve PNG from a run's history.json (where the GPU lacks matplotlib)")
-    p.add_argument("history", help="history.json written by `jspec train target`")
+    p.add_argument("history", help="history.json written by `jspec train target` (or history.json.xz)")
     p.add_argument("--out", help="PNG path (default: loss.png beside the history)")
     p.add_argument("--title")
     p.set_defaults(func=_cmd_plot)

@@ -56,3 +56,13 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert model.tokenizer is not None and model.config.vocab_size == 512
     ids = model.tokenizer.encode(data.prompt_text(convs[0])).ids
     assert ids[0] == 1 and ids[-1] == 2 and np.isfinite(model.score(ids)).all()
+
+
+def test_plot_reads_a_shipped_compressed_history(tmp_path, capsys):
+    """The shipped tiny target's history is kept xz-compressed; `jspec train plot` reads it."""
+    pytest.importorskip("matplotlib")
+    from jspec.tiny import tiny_dir
+
+    out = tmp_path / "loss.png"
+    assert main(["train", "plot", os.path.join(tiny_dir("qwen3"), "history.json.xz"), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "wrote" in capsys.readouterr().out
