@@ -102,8 +102,9 @@ class ModelRunner:
 
     def capture(self, layout: PoolLayout) -> None:
         """Allocate the device state for `layout`, compile every bucket ("graph capture") and, where
-        `startup_runs.warms_up`, run each once. An engine whose pool is sized from the device's memory builds the runner with
-        compile=False, measures (`state_bytes`, `workspace_bytes`), then captures."""
+        `startup_runs.warms_up`, run each once. An engine whose pool is sized from the device's
+        memory builds the runner with compile=False, measures (`state_bytes`, `workspace_bytes`),
+        then captures."""
         self.layout = layout
         shapes = jax.eval_shape(lambda: self.allocate_state(layout))
         self.state = jax.jit(lambda: self.allocate_state(layout), out_shardings=self.state_shardings(shapes))()
