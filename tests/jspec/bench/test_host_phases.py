@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 
 import pytest
-
-import gc
 
 from bench.host_phases import _gc_spans, summarize
 
