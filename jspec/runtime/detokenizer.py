@@ -120,10 +120,11 @@ def stop_regex_hold(text: str, patterns) -> int:
     return len(text) if None in reaches else min(len(text), max(reaches) - 1)
 
 
-def safe_prefix(now: str, stops, patterns=()) -> str:
+def safe_prefix(now: str, stops, patterns=(), sent: int = 0) -> str:
     """What of a not-yet-final text may be sent: the text before the first whole stop string or
     stop-regex match (the engine may have matched it already and not yet said so), less a tail
-    that may still grow into one."""
-    found = first_stop(now, stops, patterns, 0)
+    that may still grow into one. sent: how much of `now` was sent already, which holds no stop
+    and no beginning of one (it was held back), so the search starts where a stop could end."""
+    found = first_stop(now, stops, patterns, sent)
     now = now[:found[0]] if found else now
     return now[:len(now) - max(stop_prefix_len(now, stops), stop_regex_hold(now, patterns))]

@@ -2,7 +2,7 @@
 
 Building an engine leaves hundreds of thousands of long-lived Python objects (modules, traced and
 compiled steps, the tokenizer). A full collection scans them all while holding the GIL, which stops
-the engine loop for as long: on the order of 0.1-0.3 s a pause, at a time chosen by how much
+the engine loop for as long (a pause that grows with that heap), at a time chosen by how much
 serving has allocated since. `gc.freeze` moves what exists now to a generation the collector never
 scans, so later collections see only what serving allocates. Every `Engine` does this at the end
 of its construction, after one full collection (so start-up's garbage is freed, not frozen), and

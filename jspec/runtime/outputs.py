@@ -95,7 +95,7 @@ class StreamChunks:
         if state is None:
             state = self.state
             self.detok.step(state, self.req.output_ids[:upto], self.req.sampling.skip_special_tokens)
-        return safe_prefix(state.text, self.stops, self.regexes)
+        return safe_prefix(state.text, self.stops, self.regexes, len(self.sent_text))
 
     def next(self, final: bool) -> dict | None:
         """The chunk for one signal: None when it brings nothing new (signals coalesce: a reader

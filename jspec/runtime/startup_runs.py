@@ -2,10 +2,10 @@
 decode steps timed for the adaptive speculation policy.
 
 The first run of a compiled step on a GPU loads its kernels and builds its command buffers (CUDA
-graphs): tens of milliseconds a part, which would otherwise fall on the first request that needs
-that step; SGLang's CUDA-graph capture runs every graph for the same reason. Padding rows read
-every weight at the bucket's shape and write only the padding slot and page, so the state the
-engine serves from is as if nothing ran.
+graphs), work that would otherwise fall on the first request that needs that step; SGLang's
+CUDA-graph capture runs every graph for the same reason. Padding rows read every weight at the
+bucket's shape and write only the padding slot and page, so the state the engine serves from is
+as if nothing ran.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class StreamText:
     def delta(self) -> str:
         """New text that no later token can take back."""
         visible = self.state.text if self.stop_end is None else self.state.text[:self.stop_end]
-        return self._send(safe_prefix(visible, self.stops, self.patterns))
+        return self._send(safe_prefix(visible, self.stops, self.patterns, len(self.text)))
 
     def finish(self, finish_reason) -> str:
         """The rest of the final text. finish_reason: the engine's (a stop string or stop-regex

@@ -7,7 +7,7 @@ from __future__ import annotations
 import queue
 
 from jspec.runtime import outputs
-from jspec.runtime.detokenizer import DetokState, Detokenizer
+from jspec.runtime.detokenizer import DetokState, Detokenizer, safe_prefix
 from jspec.runtime.request import Request
 from jspec.runtime.sampling_params import SamplingParams
 
@@ -48,6 +48,20 @@ def test_a_tail_that_may_become_a_stop_string_waits_and_is_sent_when_it_does_not
     req.detok_state.text = "w96 w5"
     req.stream_queue.put(False)
     assert next(gen)["text"] == "6 w5"
+
+
+def test_the_sendable_text_searched_from_what_was_sent_equals_the_whole_search():
+    """A stream searches for whole stops only past what it sent (which held no stop and no start
+    of one); grown character by character, every step's answer equals the search from the start."""
+    text = "ab xx 12-34 tail STOP after 56-78 end"
+    for stops, patterns in ((["STOP"], ()), ([], (r"[0-9]{2}-[0-9]{2}",)), (["xx"], (r"t[a-z]il",)),
+                            ([], (r"e.*d",))):  # unbounded: held whole
+        sent = ""
+        for n in range(len(text) + 1):
+            now = text[:n]
+            whole = safe_prefix(now, stops, patterns)
+            assert safe_prefix(now, stops, patterns, len(sent)) == whole, (stops, patterns, now)
+            sent = max(sent, whole, key=len)
 
 
 def test_without_stop_strings_the_reader_decodes_and_the_pieces_add_up():
