@@ -3,7 +3,10 @@ goes (scheduling, packing, each part's launch, the forward's launch on the launc
 reading the step in flight, the grammar walk) and how long the loop waits for the device.
 
 A profiler slows the host several times over and so shows a host-bound loop more host-bound than
-it is; these spans cost a `perf_counter` pair each. `record` wraps the loop's functions, runs a
+it is; these spans cost a `perf_counter` and a `thread_time` pair each. Each span also records the
+CPU time its thread spent inside it: a span whose wall time exceeds its CPU time waited (for the
+device, a lock, or the GIL, which the engine loop shares with the launcher thread and with the
+event loop that reads the streams; `chunk` spans are that reader's work per streamed chunk). `record` wraps the loop's functions, runs a
 `jspec` command in this process and writes the spans; `summary` prints, per benchmark run (each
 `measure` call, e.g. each side of `--alternate-constraint`), the median of every phase over the
 middle half of the decode steps, with the wall time per step and the loop's wait.
@@ -39,6 +42,7 @@ SPANS = (
     ("jspec.runtime.split_step", "SplitExecutable.complete", "complete"),
     ("jspec.runtime.split_step", "_launch", "forward_launch"),
     ("jspec.runtime.grammar", "draft_inputs", "walk"),
+    ("jspec.runtime.outputs", "StreamChunks.next", "chunk"),  # the stream reader's thread (an event loop)
     ("jspec.runtime.startup_runs", "warm_up", "warm_up"),  # start-up, before any run
     ("jspec.bench.serve", "measure", "run"),
     ("jspec.bench.sweep", "measure", "run"),  # the sweep holds its own name of it
@@ -47,12 +51,13 @@ PARTS = (("first", "first_call"), ("second", "second_call"), ("fused", "fused_ca
 
 
 def _span(events: list, name: str, fn):
+    """fn, recording each call as (name, start, end, thread id, thread CPU seconds inside)."""
     def timed(*args, **kwargs):
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
-            events.append((name, t, time.perf_counter(), threading.get_ident()))
+            events.append((name, t, time.perf_counter(), threading.get_ident(), time.thread_time() - cpu))
     return timed
 
 
@@ -109,9 +114,11 @@ def record(out: str, argv: list[str]) -> int:
 
 def summarize(events: list) -> list[dict]:
     """One dict per run window (the whole trace when no `run` span): decode steps, wall per step
-    (median, mean, p10, p90), and per phase its median duration and start within the step; the
-    run's seconds, of which between the starts of its decode steps and their next steps; its
-    garbage collections per generation (count, total and longest ms)."""
+    (median, mean, p10, p90) and the loop thread's CPU time per step (median, where spans carry
+    CPU times), and per phase its median duration, thread CPU time and start within the step, summed
+    over the phase's calls in the step; the run's seconds, of which between the starts of its
+    decode steps and their next steps; its garbage collections per generation (count, total and
+    longest ms)."""
     runs = sorted((e for e in events if e[0] == "run"), key=lambda e: e[1]) or [("run", -np.inf, np.inf, 0)]
     out = []
     for run in runs:
@@ -125,15 +132,19 @@ def summarize(events: list) -> list[dict]:
             if not any(e[0] in ("first_call", "fused_call") for e in spans):
                 continue  # not a step that launched a decode bucket's split or fused executable
             row = {"wall": nxt[1] - s[1]}
-            for name, start, end, _ in spans:
+            if len(s) > 4:  # the step span's CPU time: the loop thread's, from the step's start to its end
+                row["cpu"] = s[4]
+            for name, start, end, _, *cpu in spans:
                 row[name] = row.get(name, 0.0) + end - start
                 row.setdefault(name + "@", start - s[1])
+                if cpu:
+                    row[name + "#"] = row.get(name + "#", 0.0) + cpu[0]
             rows.append(row)
         mid = rows[len(rows) // 4: 3 * len(rows) // 4]
         if not mid:
             continue
         wall = np.array([r["wall"] for r in mid]) * 1e3
-        names = sorted({k for r in mid for k in r if k != "wall" and not k.endswith("@")},
+        names = sorted({k for r in mid for k in r if k not in ("wall", "cpu") and not k.endswith(("@", "#"))},
                        key=lambda k: np.median([r[k + "@"] for r in mid if k in r]))
         gcs: dict[str, list[float]] = {}
         for e in inside:
@@ -146,11 +157,17 @@ def summarize(events: list) -> list[dict]:
             "decode_steps": len(rows), "summarised": len(mid),
             "wall_ms": {"median": float(np.median(wall)), "mean": float(wall.mean()),
                         "p10": float(np.percentile(wall, 10)), "p90": float(np.percentile(wall, 90))},
+            "loop_cpu_ms": _median_ms([r["cpu"] for r in mid if "cpu" in r]),
             "phases_ms": {k: {"median": float(np.median([r[k] for r in mid if k in r]) * 1e3),
+                              "cpu": _median_ms([r[k + "#"] for r in mid if k + "#" in r]),
                               "at": float(np.median([r[k + "@"] for r in mid if k in r]) * 1e3),
                               "in_steps": sum(k in r for r in mid)} for k in names},
         })
     return out
+
+
+def _median_ms(seconds: list) -> float | None:
+    return float(np.median(seconds) * 1e3) if seconds else None
 
 
 def main(argv=None) -> int:
@@ -170,12 +187,15 @@ def main(argv=None) -> int:
             w = run["wall_ms"]
             print(f"run {i}: {run['decode_steps']} decode steps; wall per step median {w['median']:.3f} ms, mean "
                   f"{w['mean']:.3f} (p10 {w['p10']:.3f}, p90 {w['p90']:.3f}) over the middle {run['summarised']}")
+            if run["loop_cpu_ms"] is not None:
+                print(f"  the loop thread's CPU time per step: median {run['loop_cpu_ms']:.3f} ms")
             if run["run_s"] is not None:
                 print(f"  run {run['run_s']:.3f} s, of which in the steps above {run['decode_s']:.3f} s")
             for gen, (n, total, longest) in sorted(run["gc"].items()):
                 print(f"  {gen}: {n} collections, {total:.1f} ms in all, longest {longest:.1f} ms")
             for name, p in run["phases_ms"].items():
-                print(f"  {name:15s} at {p['at']:7.3f} ms  median {p['median']:7.3f} ms  (in {p['in_steps']} steps)")
+                cpu = "" if p["cpu"] is None else f"  cpu {p['cpu']:7.3f} ms"
+                print(f"  {name:15s} at {p['at']:7.3f} ms  median {p['median']:7.3f} ms{cpu}  (in {p['in_steps']} steps)")
     return 0
 
 

@@ -157,9 +157,9 @@ def add_bench_parser(sub) -> None:
     s.add_argument("--profile", metavar="DIR", help="also write a jax.profiler trace of the timed run under DIR "
                    "(engine backend; bench/trace_summary.py reads it)")
     s.add_argument("--alternate-constraint", type=int, metavar="ROUNDS",
-                   help="with --regex or --json-schema (engine backend): run the workload 2 x ROUNDS times on one "
-                        "engine, with and without the constraint, alternated, each run its own seed; one record "
-                        "per run and the constraint's cost")
+                   help="with --regex or --json-schema: run the workload 2 x ROUNDS times on one engine (in "
+                        "process, or the server's with --backend http), with and without the constraint, "
+                        "alternated, each run its own seed; one record per run and the constraint's cost")
     s.set_defaults(func=_cmd_serve, _parser=s)
 
     w = bsub.add_parser("sweep", help="grid of speculative settings x max concurrency, speedup table")
@@ -271,8 +271,8 @@ def _validate_serve(args) -> None:
     if args.alternate_constraint is not None:
         if args.regex is None and args.json_schema is None:
             raise ConfigError("--alternate-constraint needs --regex or --json-schema (the constraint it alternates)")
-        if args.backend != "engine" or args.profile:
-            raise ConfigError("--alternate-constraint runs on the in-process engine, without --profile")
+        if args.profile:
+            raise ConfigError("--alternate-constraint runs without --profile")
 
 
 def _validate_sweep(args) -> None:

@@ -201,13 +201,15 @@ def with_draft(kw: dict, model, args) -> dict:
     return {**kw, "speculative_draft_model_path": drafter}
 
 
-def alternate_constraint(engine, args, kw: dict, env: dict, command: str) -> list[dict]:
+def alternate_constraint(engine, args, kw: dict, env: dict, command: str, **extra) -> list[dict]:
     """`--alternate-constraint ROUNDS`: the workload run 2 x ROUNDS times on one engine, with the
     requests' --regex / --json-schema and without, alternated (off, on, then on, off, ...), each
     run with its own seed (so no run finds another's prompts in the prefix cache). A constraint's
     cost can be smaller than what separate engines (separate compiles, runs apart in time) scatter
     by: on one engine, interleaved, both sides see the same compile and the same drift. One record
-    per run (`constraint`: "on" / "off", `round`)."""
+    per run (`constraint`: "on" / "off", `round`, and `extra`'s fields). engine: an in-process
+    Engine or the HTTP client of a running `jspec serve` (whose client then runs in this process,
+    apart from the engine's GIL)."""
     records = []
     for r in range(args.alternate_constraint):
         for phase in (("off", "on") if r % 2 == 0 else ("on", "off")):
@@ -215,8 +217,17 @@ def alternate_constraint(engine, args, kw: dict, env: dict, command: str) -> lis
             a.seed = args.seed + 2 * r + (phase == "on")
             if phase == "off":
                 a.regex = a.json_schema = None
-            records.append(measure(engine, a, kw, env, command, backend="engine", constraint=phase, round=r))
+            records.append(measure(engine, a, kw, env, command, **{"backend": "engine", **extra}, constraint=phase,
+                                   round=r))
     return records
+
+
+def _alternated(records: list[dict], output_file: str) -> dict:
+    """Write and print the alternated runs -> the run the caller checks (the one that completed least)."""
+    append_jsonl(output_file, records)
+    print(constraint_cost(records))
+    print(f"{len(records)} records appended to {output_file}")
+    return min(records, key=lambda r: r["metrics"]["completed"])
 
 
 def constraint_rates(records: list[dict]) -> dict[str, list[float]]:
@@ -245,6 +256,9 @@ def run_serve(args, command: str) -> dict:
         server = HttpEngine(args.base_url, tokenizer_path=args.model_path)
         info = server.get_server_info()
         kw = {k: info[k] for k in ("model_path", *ENGINE_FLAGS, *SPEC_KEYS) if info.get(k) is not None}
+        if getattr(args, "alternate_constraint", None):
+            return _alternated(alternate_constraint(server, args, kw, env, command, backend="http",
+                                                    base_url=args.base_url), args.output_file)
         rec = measure(server, args, kw, env, command, backend="http", base_url=args.base_url)
     else:
         from jspec.api import Engine
@@ -254,11 +268,7 @@ def run_serve(args, command: str) -> dict:
         engine = Engine(model, **with_draft(kw, model, args))
         try:
             if getattr(args, "alternate_constraint", None):
-                records = alternate_constraint(engine, args, kw, env, command)
-                append_jsonl(args.output_file, records)
-                print(constraint_cost(records))
-                print(f"{len(records)} records appended to {args.output_file}")
-                return min(records, key=lambda r: r["metrics"]["completed"])  # the caller checks the worst run
+                return _alternated(alternate_constraint(engine, args, kw, env, command), args.output_file)
             rec = measure(engine, args, kw, env, command, backend="engine")
         finally:
             engine.shutdown()

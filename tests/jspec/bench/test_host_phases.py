@@ -67,3 +67,33 @@ def test_garbage_collections_are_spans_counted_per_run():
     assert summary["gc"]["gc0"] == pytest.approx([2, 4.0, 3.0])
     assert summary["run_s"] == pytest.approx(40 * 0.008 + 1.0)
     assert summary["decode_s"] == pytest.approx(39 * 0.008)
+
+
+def test_spans_with_cpu_times_report_the_time_their_thread_ran():
+    """A span's fifth field is its thread's CPU seconds inside it: summed per step and phase (a
+    phase called several times a step, as the stream reader's chunks, adds up), and the step span's
+    is the loop thread's CPU time per step."""
+    events = [("run", 99.0, 101.0, 1)]
+    for i in range(20):
+        t = 100.0 + i * 0.01
+        events += [("step", t, t + 0.009, 1, 0.006), ("fused_call", t + 0.001, t + 0.003, 1, 0.0005),
+                   ("chunk", t + 0.004, t + 0.0045, 2, 0.0004), ("chunk", t + 0.005, t + 0.0055, 2, 0.0003)]
+    (summary,) = summarize(events)
+    assert summary["loop_cpu_ms"] == pytest.approx(6.0)
+    assert summary["phases_ms"]["fused_call"]["median"] == pytest.approx(2.0)
+    assert summary["phases_ms"]["fused_call"]["cpu"] == pytest.approx(0.5)
+    assert summary["phases_ms"]["chunk"]["median"] == pytest.approx(1.0)
+    assert summary["phases_ms"]["chunk"]["cpu"] == pytest.approx(0.7)
+    # Spans recorded without CPU times (older records) leave it None.
+    (old,) = summarize(_steps(100.0, 20, 0.008, 0.002))
+    assert old["loop_cpu_ms"] is None and old["phases_ms"]["walk"]["cpu"] is None
+
+
+def test_record_writes_cpu_times_of_the_wrapped_calls(tmp_path):
+    from bench.host_phases import _span
+
+    events: list = []
+    busy = _span(events, "busy", lambda: sum(range(200_000)))
+    busy()
+    ((name, start, end, _, cpu),) = events
+    assert name == "busy" and 0 < cpu <= (end - start) * 1.05 + 1e-3

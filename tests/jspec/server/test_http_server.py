@@ -536,6 +536,17 @@ def test_bench_serve_through_http(served, tmp_path):
     assert m["completed"] == 6 and m["total_output_tokens"] == 42 == rec["engine_generated_tokens"]
     assert m["mean_ttft_ms"] > 0 and m["mean_tpot_ms"] > 0 and m["accept_length"] > 1.0
     assert rec["engine_args"]["speculative_algorithm"] == "EAGLE3" and rec["engine_args"]["page_size"] == 16
+    # The constraint alternated on the server's engine, the client in this process.
+    alt = tmp_path / "alt.jsonl"
+    assert main(["bench", "serve", "--backend", "http", "--base-url", served.url, "--model-path", tiny_dir("qwen3"),
+                 "--dataset-name", "random", "--num-prompts", "3", "--random-input-len", "12", "--random-output-len",
+                 "5", "--random-range-ratio", "1.0", "--max-concurrency", "3", "--regex", "[a-z]+",
+                 "--alternate-constraint", "1", "--output-file", str(alt)]) == 0
+    recs = [json.loads(line) for line in open(alt)]
+    assert [(r["constraint"], r["backend"]) for r in recs] == [("off", "http"), ("on", "http")]
+    for r in recs:
+        assert r["metrics"]["completed"] == 3 and r["errors"] == [] and r["base_url"] == served.url
+        assert r["settings"]["regex"] == ("[a-z]+" if r["constraint"] == "on" else None)
 
 
 # ----------------------------------------------------------------------------- SIGTERM
