@@ -10,10 +10,11 @@ ends, like any page it allocated. `lock` / `unlock` count the running requests t
 and its ancestors: a locked node is never evicted. `evict` frees unlocked leaves, least recently
 used first, until enough pages are free (the scheduler asks before it retracts anyone).
 
-With `bigram` (SGLang's EAGLE keys) position p is keyed by the pair (token p, token p + 1): an
-EAGLE-family drafter's KV at p is computed from the target's hidden at p and the token after it, so
-a page is reusable only where the next token matches too. A page then needs the token after it to be
-known before it can be cached, and a match never covers a prompt's last token either way.
+With `bigram` (SGLang's EAGLE keys) position p is keyed by the pair (token p, token p + 1), so a
+page's key holds its tokens and the one after them: an EAGLE-family drafter's KV at p is computed
+from the target's hidden at p and the token after it, so a page is reusable only where the next
+token matches too. A page then needs the token after it to be known before it can be cached, and a
+match never covers a prompt's last token either way.
 
 Hybrid targets (`state_slots` given): a Gated-DeltaNet layer's state at a prefix cannot be rebuilt
 from KV pages, so a node may also hold a state snapshot (the recurrent state and conv window after
@@ -86,17 +87,18 @@ class RadixCache:
         self.hit_tokens = 0  # of which found cached
 
     # ----------------------------------------------------------------------------- lookup
-    def _keys(self, token_ids, limit: int):
-        """The keys of the full pages among the first `limit` positions that have one."""
-        ps = self.page_size
-        if self.bigram:
-            limit = min(limit, len(token_ids) - 1)
-            for i in range(max(limit, 0) // ps):
-                yield tuple(zip(token_ids[i * ps:(i + 1) * ps], token_ids[i * ps + 1:(i + 1) * ps + 1]))
-            return
-        limit = min(limit, len(token_ids))
-        for i in range(limit // ps):
-            yield tuple(token_ids[i * ps:(i + 1) * ps])
+    def _keys(self, token_ids, limit: int) -> list[tuple]:
+        """The keys of the full pages among the first `limit` positions that have one: each page's
+        tokens, with `bigram` and the token after it: those fix its positions' pairs, and a flat
+        tuple is much cheaper to build than one of pairs (the scheduler builds a prompt's keys at
+        each admission)."""
+        ps, extra = self.page_size, 1 if self.bigram else 0
+        n = max(min(limit, len(token_ids) - extra), 0) // ps
+        return [tuple(token_ids[i * ps:(i + 1) * ps + extra]) for i in range(n)]
+
+    def key_tokens(self, key: tuple) -> list[int]:
+        """The tokens of the page that `key` names (without a bigram key's next token)."""
+        return list(key[:self.page_size])
 
     def page_keys(self, token_ids, max_tokens: int) -> list[tuple]:
         """The page keys `match_prefix` walks, for a caller that looks the same prompt up often."""

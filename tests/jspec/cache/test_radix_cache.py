@@ -36,6 +36,24 @@ def test_match_is_page_aligned_capped_and_shares_pages():
     assert cache.hit_rate == pytest.approx(8 / 16)
 
 
+def test_bigram_keys_cover_the_token_after_each_page():
+    """With bigram keys a page matches only where the token after it matches too, so a page is
+    cached only once the token after it is known; without them the page's own tokens decide. Large
+    token ids (a 151k vocabulary) key as any other; `key_tokens` reads a key's page back."""
+    for bigram in (False, True):
+        pages = PageAllocator(32, PS)
+        cache = RadixCache(pages, bigram=bigram)
+        a = [150_000 + i for i in range(8)] + [7]  # two full pages and the token after them
+        a_pages = _request(pages, a)
+        assert cache.insert(a, a_pages) == 2
+        assert cache.insert(a[:8], a_pages) == 0  # cached already
+        fresh = PageAllocator(32, PS)
+        assert RadixCache(fresh, bigram=bigram).insert(a[:8], _request(fresh, a[:8])) == (1 if bigram else 2)
+        assert cache.match_prefix(a[:8] + [5, 0]).num_tokens == (4 if bigram else 8)  # the ninth token differs
+        assert cache.match_prefix(a + [0]).num_tokens == 8
+        assert sorted(cache.key_tokens(n.key) for n in cache.root.children.values()) == [a[:4]]
+
+
 def test_duplicates_keep_the_cached_copy_and_branches_share_their_prefix():
     pages = PageAllocator(32, PS)
     cache = RadixCache(pages)

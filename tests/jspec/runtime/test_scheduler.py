@@ -267,7 +267,7 @@ def test_cache_reference_counts_and_page_contents_over_random_sequences(ops, big
         for p in range(1, pages.num_pages):
             assert pages._refs[p] == held.count(p) + (p in tree), p
         for page, n in tree.items():
-            tokens = [k[0] for k in n.key] if bigram else list(n.key)
+            tokens = cache.key_tokens(n.key)
             assert content[page] == tokens, (page, content[page], n.key)
         for n in nodes():
             readers = sum(1 for r in sched.running if r.cache_node is not None and _under(r.cache_node, n))

@@ -133,7 +133,7 @@ def test_speculative_decode_snapshots_hold_exactly_their_tokens(ops, overlap, se
             if node.state is not None:
                 path, n = [], node
                 while n.parent is not None:
-                    path = [k[0] for k in n.key] + path
+                    path = cache.key_tokens(n.key) + path
                     n = n.parent
                 assert device.state.get(node.state) == path, (node.state, path)
         check_accounting_shared(sched)
