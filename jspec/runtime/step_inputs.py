@@ -252,11 +252,9 @@ def pack(plan: StepPlan, bucket: Bucket) -> np.ndarray:
         nxt[:] = -1
         t = 0
         for s in plan.reqs:
-            if s.token_ids is not None:
-                seq = s.req.all_ids
-                for k in range(s.num_tokens):
-                    i = s.start + k + 1
-                    nxt[t + k] = seq[i] if i < len(seq) else -1
+            if s.token_ids is not None:  # the known tokens after positions start .. start + n - 1
+                after = s.req.all_ids[s.start + 1:s.start + 1 + s.num_tokens]
+                nxt[t:t + len(after)] = after
             t += s.num_tokens
     if len(plan.page_updates) > u_cap:
         raise AssertionError(f"{len(plan.page_updates)} page updates exceed the bucket's {u_cap}")
