@@ -102,7 +102,7 @@ class RadixCache:
 
     def page_keys(self, token_ids, max_tokens: int) -> list[tuple]:
         """The page keys `match_prefix` walks, for a caller that looks the same prompt up often."""
-        return list(self._keys(token_ids, max_tokens))
+        return self._keys(token_ids, max_tokens)
 
     def match_prefix(self, token_ids=None, *, max_tokens: int | None = None, keys=None) -> PrefixMatch:
         """The longest cached page-aligned prefix of token_ids, at most max_tokens long (a prompt

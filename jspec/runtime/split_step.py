@@ -119,9 +119,13 @@ class SplitExecutable:
         view.copy_to_host_async()
         if self.forward is None or self._replace:
             return carry
-        if self._no_decisions is None:  # nothing replaced, every node walkable: kept on the device
+        return self.queue_forward(params, buffers, rest, self._walkable()), None, view
+
+    def _walkable(self):
+        """Decisions that replace nothing and leave every node walkable, kept on the device."""
+        if self._no_decisions is None:
             self._no_decisions = jax.device_put(np.zeros((self.bucket.grammar_size,), np.int32), self.sharding)
-        return self.queue_forward(params, buffers, rest, self._no_decisions), None, view
+        return self._no_decisions
 
     def queue_first(self, params, state, packed) -> Future:
         """Launch a plain step's forward on the launcher thread -> a future of its (state, logits)."""
@@ -173,7 +177,7 @@ class SplitExecutable:
             state, logits = self.first(params, state, packed)
             return self.second(params, state, packed, logits, masks)
         buffers, rest, _ = self.first(params, state, packed, *([self._take_arena()] if self.static else []))
-        decisions = jax.device_put(np.zeros((self.bucket.grammar_size,), np.int32), self.sharding)
+        decisions = self._walkable()
         if self.forward is not None:
             buffers, rest = self.forward(params, buffers, rest, decisions)
         if self.static:
