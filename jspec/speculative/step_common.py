@@ -121,10 +121,15 @@ _BUFFERS = ("state", "caches", "draft_caches", "spec_state")  # donated from one
 
 def carry(c: SpecStep) -> tuple[dict, dict]:
     """The arrays of a SpecStep between the two parts of a split step: (the device state's buffers,
-    donated and updated in place; everything else, small). The pools travel once, in caches /
+    donated and updated in place; everything else). The pools travel once, in caches /
     draft_caches / spec_state, not again inside the state they came from."""
     out = {f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.name not in _REBUILT}
     out["state"] = dataclasses.replace(c.state, caches=None, draft_caches=None, spec_state=None)
+    fwd = c.scratch.get("out")
+    if "logits" in c.scratch and getattr(fwd, "logits", None) is not None:
+        # The verify logits travel once, as scratch["logits"] (the forward's, reshaped), which the
+        # later phases read; at a large vocabulary they are most of the carry's bytes.
+        out["scratch"] = dict(c.scratch, out=dataclasses.replace(fwd, logits=None))
     return {k: out.pop(k) for k in _BUFFERS}, out
 
 
