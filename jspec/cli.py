@@ -199,11 +199,6 @@ def main(argv=None) -> int:
     from checkpoints.errors import CheckpointError
 
     args = build_parser().parse_args(argv)
-    from jspec import allocator_env
-
-    # Before anything (a random model's weights, a benchmark record's device query) touches a
-    # device: a command serving constrained requests picks their steps' graph update mode.
-    allocator_env.choose_for_grammar(getattr(args, "grammar_backend", None), getattr(args, "tp_size", None))
     try:
         return args.func(args)
     except (JspecError, CheckpointError) as e:

@@ -13,7 +13,6 @@ import os
 
 import jax
 
-from jspec import allocator_env
 from jspec.cache import memory
 from jspec.cache.memory import MemoryPlan
 from jspec.cache.pool import PoolLayout, size_pools
@@ -145,7 +144,6 @@ class EngineConfig:
         unknown = sorted(k for k in speculative if not k.startswith("speculative_") or k not in SPEC_KEYS)
         if unknown:
             raise ConfigError(f"unknown Engine argument(s): {', '.join(unknown)}")
-        allocator_env.choose_for_grammar(grammar_backend, tp_size)  # before anything touches a device
         config = _target_config(model_path, dtype)
         tp, ep, rep = _tp_size(model_path, config, tp_size, ep_size, replicate_attention)
         if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:

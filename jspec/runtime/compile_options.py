@@ -44,10 +44,9 @@ That allocator serves the whole process: it reports no memory statistics (pools 
 the driver's figures and the live arrays, `jspec.cache.memory`) and nothing is preallocated.
 Process-wide (XLA_FLAGS) the mode selects that allocator by itself and applies to every step,
 which measured slower at concurrency 32 (bench/README.md, "XLA's command-buffer update modes on
-the constrained step"). An engine with a grammar backend on one GPU sets it to SKIP_TEMP when it
-is the process's first use of the device (`jspec.allocator_env.choose_for_grammar`); other
-processes keep XLA's default (TP is not measured under the VMM allocator). A user who names the
-mode (empty: XLA's default) or the allocator, or the mode in XLA_FLAGS, keeps that.
+the constrained step"). Unset by default: TP is not yet measured under the VMM allocator, and
+the switch would move every process, constrained or not, onto it. A user who names the mode in
+XLA_FLAGS keeps that.
 `JSPEC_GRAMMAR_UNCAPTURED_PARTS=draft,forward,verify` (any of the three, or `none`) names exactly
 the parts of every constrained speculative split step, pipelined or not, that compile uncaptured,
 in place of that choice (measured by `bench/grammar_cost.sh OUT graph-parts`). A user who names
