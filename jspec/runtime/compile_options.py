@@ -44,8 +44,10 @@ That allocator serves the whole process: it reports no memory statistics (pools 
 the driver's figures and the live arrays, `jspec.cache.memory`) and nothing is preallocated.
 Process-wide (XLA_FLAGS) the mode selects that allocator by itself and applies to every step,
 which measured slower at concurrency 32 (bench/README.md, "XLA's command-buffer update modes on
-the constrained step"). Unset by default: TP is not yet measured under the VMM allocator, and
-the switch would move every process, constrained or not, onto it. A user who names the mode in
+the constrained step"). Unset by default: the switch would move the whole process, constrained or
+not, onto that allocator, under which a grammar engine's unconstrained steps measured slower at
+concurrency 1 and its constrained steps at 32 (bench/README.md, "the grammar engine choosing the
+update mode itself"); TP is not measured under it. A user who names the mode in
 XLA_FLAGS keeps that.
 `JSPEC_GRAMMAR_UNCAPTURED_PARTS=draft,forward,verify` (any of the three, or `none`) names exactly
 the parts of every constrained speculative split step, pipelined or not, that compile uncaptured,
