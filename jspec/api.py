@@ -310,6 +310,7 @@ class Engine:
             "num_steps": dict(self.core.num_steps),
             "num_carry_arena_fills": self.runner.arenas.fills,
             "num_generated_tokens": self.core.num_generated,
+            "eos_token_ids": sorted(self.eos_token_ids),
             "compile_seconds": self.runner.compile_seconds,
             "workspace_compile_seconds": self.runner.workspace_seconds,
             "compile_seconds_per_bucket": dict(self.runner.compile_times),

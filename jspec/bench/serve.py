@@ -56,7 +56,9 @@ def spec_kwargs(args) -> dict:
     return {k: getattr(args, k) for k in SPEC_KEYS if getattr(args, k, None) is not None}
 
 
-def sampling_params(args) -> dict:
+def sampling_params(args, eos_token_ids=()) -> dict:
+    """Every request's sampling parameters. eos_token_ids: the engine's, biased away when the
+    workload is constrained (`eos_bias`)."""
     # ignore_eos by default, as SGLang's bench_serving: every request makes exactly the tokens
     # its workload asks for, so runs compare whatever the weights.
     out = {"temperature": args.temperature, "ignore_eos": not args.disable_ignore_eos}
@@ -66,7 +68,24 @@ def sampling_params(args) -> dict:
             out[key] = getattr(args, key)
     if getattr(args, "return_logprob", False) or out.get("top_logprobs_num"):
         out["return_logprob"] = True  # with top_logprobs_num: passed to Engine.generate, not sampling
+    bias = eos_bias(args, eos_token_ids)
+    if bias:
+        out["logit_bias"] = bias
     return out
+
+
+def eos_bias(args, eos_token_ids) -> dict | None:
+    """{EOS id: -100} (OpenAI's lowest bias) for a workload under --regex / --json-schema with
+    ignore_eos, else None. A grammar ends when it takes EOS, whatever ignore_eos says (SGLang's
+    rule too), so a constrained request would stop wherever the weights pick EOS and its run would
+    make fewer tokens than the same workload unconstrained; biased away, EOS is picked only where
+    the grammar allows nothing else. Alternated runs (`alternate_constraint`) bias both sides, so
+    both sample under the same parameters but the constraint."""
+    constrained = getattr(args, "regex", None) or getattr(args, "json_schema", None) or \
+        getattr(args, "alternated_constraint", False)
+    if args.disable_ignore_eos or not constrained or not eos_token_ids:
+        return None
+    return {str(t): -100.0 for t in eos_token_ids}
 
 
 def settings(args) -> dict:
@@ -78,11 +97,11 @@ def settings(args) -> dict:
     return s
 
 
-def _warmup(engine, requests: list[BenchRequest], args) -> None:
+def _warmup(engine, requests: list[BenchRequest], args, sampling: dict) -> None:
     # SGLang's warm-up: the first prompt, at most 32 new tokens, sent `warmup_requests` times at once.
     if args.warmup_requests and requests:
         first = BenchRequest(requests[0].input_ids, min(requests[0].output_len, 32))
-        run_requests(engine, [first] * args.warmup_requests, sampling_params(args))
+        run_requests(engine, [first] * args.warmup_requests, sampling)
         engine.wait_idle(timeout=120.0)
 
 
@@ -94,7 +113,9 @@ def measure(engine, args, engine_args: dict, env: dict, command: str, kind: str 
         tok = load_tokenizer(args.model_path)  # the engine skips it; ShareGPT still needs it
     requests, tokenizer = build_workload(args, engine.config.vocab_size, tok)
     chats = bool(requests) and isinstance(requests[0], Conversation)
-    _warmup(engine, [c.turns[0] for c in requests] if chats else requests, args)
+    eos = engine.get_server_info().get("eos_token_ids") or ()  # a server of an older jspec: none known
+    sampling = sampling_params(args, eos)
+    _warmup(engine, [c.turns[0] for c in requests] if chats else requests, args, sampling)
     before = engine.get_server_info()
     run = run_conversations if chats else run_requests
     trace_dir = _trace_dir(args, engine_args)
@@ -106,8 +127,7 @@ def measure(engine, args, engine_args: dict, env: dict, command: str, kind: str 
         sys.setswitchinterval(interval)
     try:
         with _profiled(trace_dir):
-            results, duration = run(engine, requests, sampling_params(args), args.request_rate, args.max_concurrency,
-                                    args.seed)
+            results, duration = run(engine, requests, sampling, args.request_rate, args.max_concurrency, args.seed)
     finally:
         sys.setswitchinterval(previous)
     engine.wait_idle(timeout=120.0)
@@ -116,6 +136,7 @@ def measure(engine, args, engine_args: dict, env: dict, command: str, kind: str 
     s["num_requests"] = len(results)
     s["tokenizer"] = tokenizer
     s["switch_interval"] = interval
+    s["eos_logit_bias"] = sampling.get("logit_bias")
     errors = sorted({r.error for r in results if not r.success})
     return make_record(
         kind, command, s, {"model_path": args.model_path, **engine_args}, env,
@@ -215,6 +236,7 @@ def alternate_constraint(engine, args, kw: dict, env: dict, command: str, **extr
         for phase in (("off", "on") if r % 2 == 0 else ("on", "off")):
             a = argparse.Namespace(**vars(args))
             a.seed = args.seed + 2 * r + (phase == "on")
+            a.alternated_constraint = True  # both sides: EOS biased away (`eos_bias`)
             if phase == "off":
                 a.regex = a.json_schema = None
             records.append(measure(engine, a, kw, env, command, **{"backend": "engine", **extra}, constraint=phase,

@@ -12,6 +12,7 @@ import math
 import jax
 import pytest
 
+from jspec.bench import serve
 from jspec.cli import main
 from jspec.models.presets import write_random_checkpoint
 
@@ -139,28 +140,75 @@ def test_serve_multiturn_chats_grow_their_prompts_and_hit_the_prefix_cache(engin
         i += len(chat.turns)
 
 
-def test_serve_alternates_a_constraint_on_one_engine(engine_flags, tmp_path, capsys):
+def test_eos_bias_only_for_constrained_workloads_that_ignore_eos():
+    from argparse import Namespace
+
+    def bias(**kw):
+        args = Namespace(**{"regex": None, "json_schema": None, "disable_ignore_eos": False, **kw})
+        return serve.eos_bias(args, [7, 3])
+
+    assert bias(regex="a+") == bias(json_schema="{}") == bias(alternated_constraint=True) == {"7": -100.0, "3": -100.0}
+    assert bias() is None and bias(regex="a+", disable_ignore_eos=True) is None
+    assert serve.eos_bias(Namespace(regex="a+", json_schema=None, disable_ignore_eos=False), ()) is None
+    args = Namespace(temperature=0.0, disable_ignore_eos=False, regex="a+", json_schema=None)
+    assert serve.sampling_params(args, [7])["logit_bias"] == {"7": -100.0}
+    assert "logit_bias" not in serve.sampling_params(Namespace(**{**vars(args), "regex": None}), [7])
+
+
+ANY_TEXT = r"[\s\S]*"  # allows EOS from the first token on
+
+
+def _eos_heavy_checkpoint(path: str) -> str:
+    """The tiny Qwen3 with its EOS (token 2) embedding scaled 4x: with tied embeddings, greedy
+    decoding of the bench's random prompts then picks EOS within a few tokens for most of them."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    write_random_checkpoint(path, "tiny-qwen3")
+    f = f"{path}/model.safetensors"
+    weights = load_file(f)
+    weights["model.embed_tokens.weight"][2] *= np.float32(4.0)
+    save_file(weights, f, metadata={"format": "pt"})
+    return path
+
+
+def test_serve_alternates_a_constraint_on_one_engine(engine_flags, tmp_path, capsys, monkeypatch):
     """--alternate-constraint: the workload with and without the regex, alternated on one engine,
-    each run its own seed (its own prompts), one record per run, and the constraint's cost."""
+    each run its own seed (its own prompts), one record per run, and the constraint's cost. On a
+    model that picks EOS early, both sides still make every token the workload asks for: EOS,
+    which would end the grammar whatever ignore_eos says, is biased away on both."""
     from bench.vocab_tokenizer import build
 
     tok = tmp_path / "tok"
     tok.mkdir()
     build(512).save(str(tok / "tokenizer.json"))
     out = tmp_path / "ab.jsonl"
-    assert main(["bench", "serve", *engine_flags, "--dataset-name", "random", "--num-prompts", "4",
+    flags = list(engine_flags)
+    flags[flags.index("--model-path") + 1] = _eos_heavy_checkpoint(str(tmp_path / "eos_heavy"))
+    assert main(["bench", "serve", *flags, "--dataset-name", "random", "--num-prompts", "4",
                  "--random-input-len", "16", "--random-output-len", "8", "--random-range-ratio", "1",
                  "--max-concurrency", "4", "--grammar-backend", "llguidance", "--tokenizer-path", str(tok),
-                 "--regex", "[a-z]+", "--alternate-constraint", "2", "--output-file", str(out)]) == 0
+                 "--regex", ANY_TEXT, "--alternate-constraint", "2", "--output-file", str(out)]) == 0
     recs = read(out)
     assert [(r["constraint"], r["round"]) for r in recs] == [("off", 0), ("on", 0), ("on", 1), ("off", 1)]
     for r in recs:
         check_serve_record(r, 4, out_lens=[8] * 4)
-        assert r["settings"]["regex"] == ("[a-z]+" if r["constraint"] == "on" else None)
+        assert r["settings"]["regex"] == (ANY_TEXT if r["constraint"] == "on" else None)
+        assert r["settings"]["eos_logit_bias"] == {"2": -100.0} and r["server_info"]["eos_token_ids"] == [2]
         assert "--alternate-constraint 2" in r["command"]
     assert len({r["settings"]["seed"] for r in recs}) == 4  # no run reuses another's prompts
     text = capsys.readouterr().out
     assert "constraint on:" in text and "constraint off:" in text and "constraint cost:" in text
+    # Without the bias the constrained requests end at EOS (the model above picks it early).
+    monkeypatch.setattr(serve, "eos_bias", lambda args, eos_token_ids: None)
+    unbiased = tmp_path / "unbiased.jsonl"
+    assert main(["bench", "serve", *flags, "--dataset-name", "random", "--num-prompts", "8",
+                 "--random-input-len", "16", "--random-output-len", "8", "--random-range-ratio", "1",
+                 "--max-concurrency", "4", "--grammar-backend", "llguidance", "--tokenizer-path", str(tok),
+                 "--regex", ANY_TEXT, "--alternate-constraint", "1", "--output-file", str(unbiased)]) == 0
+    made = {r["constraint"]: r["metrics"]["total_output_tokens"] for r in read(unbiased)}
+    assert made["off"] == 64 > made["on"]
+    monkeypatch.undo()
     for bad in (["--alternate-constraint", "2"], ["--regex", "a", "--alternate-constraint", "0"],
                 ["--regex", "a", "--alternate-constraint", "2", "--profile", str(tmp_path / "t")]):
         assert main(["bench", "serve", *engine_flags, *bad]) == 2
