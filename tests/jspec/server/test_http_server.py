@@ -547,6 +547,8 @@ def test_bench_serve_through_http(served, tmp_path):
     for r in recs:
         assert r["metrics"]["completed"] == 3 and r["errors"] == [] and r["base_url"] == served.url
         assert r["settings"]["regex"] == ("[a-z]+" if r["constraint"] == "on" else None)
+        # The server reports its EOS ids, which both sides bias away (a grammar ends at EOS).
+        assert r["settings"]["eos_logit_bias"] == {str(t): -100.0 for t in served.info()["eos_token_ids"]} != {}
 
 
 # ----------------------------------------------------------------------------- SIGTERM
