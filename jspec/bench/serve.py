@@ -225,7 +225,8 @@ def with_draft(kw: dict, model, args) -> dict:
 def alternate_constraint(engine, args, kw: dict, env: dict, command: str, **extra) -> list[dict]:
     """`--alternate-constraint ROUNDS`: the workload run 2 x ROUNDS times on one engine, with the
     requests' --regex / --json-schema and without, alternated (off, on, then on, off, ...), each
-    run with its own seed (so no run finds another's prompts in the prefix cache). A constraint's
+    run with its own seed (so no run finds another's prompts in the prefix cache) and EOS biased
+    away on both sides (`eos_bias`: the same sampling but the constraint). A constraint's
     cost can be smaller than what separate engines (separate compiles, runs apart in time) scatter
     by: on one engine, interleaved, both sides see the same compile and the same drift. One record
     per run (`constraint`: "on" / "off", `round`, and `extra`'s fields). engine: an in-process
