@@ -34,7 +34,9 @@ chosen per bucket (`default_uncaptured_parts`; bench/README.md, "Structured outp
 A captured part's graph is re-recorded before a launch whenever a buffer it uses has moved; a
 split step with any captured part therefore hands its carry over in static buffers
 (`uses_static_carry`, `jspec.runtime.static_carry`).
-Temporaries move too: each part's scratch buffer is allocated afresh at every launch.
+Temporaries move too: each part's scratch buffer is allocated afresh at every launch. The
+forward part's alternates between two addresses from step to step, so it runs as two loaded copies
+taken in turn (`forward_copies`, `jspec.runtime.part_copies`), each of which keeps its graph.
 `JSPEC_GRAMMAR_UPDATE_MODE=SKIP_TEMP` (any of XLA's `CommandBufferUpdateMode` names; jaxlib 0.11
 or later for SKIP_TEMP) compiles the captured parts of constrained speculative split steps with
 that command-buffer update mode, which keeps their temporaries at stable virtual addresses, so
@@ -49,6 +51,8 @@ not, onto that allocator, under which a grammar engine's unconstrained steps mea
 concurrency 1 and its constrained steps at 32 (bench/README.md, "the grammar engine choosing the
 update mode itself"); TP is not measured under it. A user who names the mode in
 XLA_FLAGS keeps that.
+`JSPEC_GRAMMAR_FORWARD_COPIES=0` or `1` decides the forward's second copy for every pipelined
+bucket on a GPU.
 `JSPEC_GRAMMAR_UNCAPTURED_PARTS=draft,forward,verify` (any of the three, or `none`) names exactly
 the parts of every constrained speculative split step, pipelined or not, that compile uncaptured,
 in place of that choice (measured by `bench/grammar_cost.sh OUT graph-parts`). A user who names
@@ -77,6 +81,7 @@ CUBLAS_FROM_ROWS = 24
 GRAPH_COLLECTIVES_ENV = "JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS"
 UNCAPTURED_PARTS_ENV = "JSPEC_GRAMMAR_UNCAPTURED_PARTS"
 STATIC_CARRY_ENV = "JSPEC_GRAMMAR_STATIC_CARRY"
+FORWARD_COPIES_ENV = "JSPEC_GRAMMAR_FORWARD_COPIES"
 SPLIT_PARTS = ("draft", "forward", "verify")
 
 
@@ -221,3 +226,18 @@ def uses_static_carry(bucket: Bucket, drafting) -> bool:
     if value:
         return value == "1"
     return not set(split_parts(bucket)) <= chosen_uncaptured_parts(bucket)
+
+
+def forward_copies(platform: str, bucket: Bucket) -> bool:
+    """Whether a pipelined constrained step's forward part runs as two loaded copies in turn
+    (`jspec.runtime.part_copies`), on a GPU only (where graphs are captured and re-recorded): by
+    default where the forward is captured (not named uncaptured). `JSPEC_GRAMMAR_FORWARD_COPIES=0`
+    or `1` decides it for every pipelined bucket on a GPU."""
+    if platform != "gpu" or not bucket.grammar_pipeline:
+        return False
+    value = os.environ.get(FORWARD_COPIES_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"{FORWARD_COPIES_ENV} must be 0 or 1, got {value!r}")
+    if value:
+        return value == "1"
+    return "forward" not in chosen_uncaptured_parts(bucket)

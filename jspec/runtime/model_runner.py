@@ -29,7 +29,7 @@ from tqdm import tqdm
 from jspec.cache.pool import PoolLayout, allocate_caches, pool_shardings
 from jspec.models import dispatch
 from jspec.models.batch import ForwardMode
-from jspec.runtime import compile_options, grammar, sampler, split_step, startup_runs, static_carry
+from jspec.runtime import compile_options, grammar, sampler, split_step, startup_runs, static_carry, part_copies
 from jspec.runtime.bucket_set import sampler_twins, step_buckets
 from jspec.runtime.executable_cache import (ExecutableCache, abstract_signature, models_signature, stores_served,
                                             xla_cache_hits)
@@ -286,9 +286,11 @@ class ModelRunner:
                 after.result()
             t = time.perf_counter()
             parts = self._compiled_parts(b, self.state, lowered)
+            second = part_copies.load_copy(parts[1], self.mesh.devices.flat) \
+                if compile_options.forward_copies(self.mesh.devices.flat[0].platform, b) else None
             exe = parts[0] if not b.grammar_split else SplitExecutable(
                 parts, b, self._replicated, plain=self.drafting is None, guard=self.transfer_guard,
-                arenas=self.arenas)
+                arenas=self.arenas, second_copy=second)
             return b, exe, time.perf_counter() - t
 
         # Tracing holds the GIL and runs here, one bucket after another; XLA's compilation releases

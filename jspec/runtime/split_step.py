@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jspec.runtime import grammar, slim_part, static_carry
+from jspec.runtime import grammar, slim_part, static_carry, part_copies
 from jspec.runtime.step import SplitSample
 from jspec.runtime.step_inputs import Bucket
 from jspec.sharding import TP
@@ -79,15 +79,20 @@ class SplitExecutable:
     """The compiled parts of one bucket's split step (first, [forward,] second) and its fused twin."""
 
     def __init__(self, parts: list, bucket: Bucket, sharding, *, plain: bool, guard: str | None = None,
-                 arenas: static_carry.ArenaKeeper | None = None):
+                 arenas: static_carry.ArenaKeeper | None = None, second_copy=None):
         """parts: as `lower` returns them, compiled (a draft part that takes a fourth argument was
         lowered with `static=True`: the carry in an arena, kept by `arenas` between steps, shared
         by the runner's executables so that one arena lives at a time); plain: a plain
         engine's step (a SplitSample: the carry is the state and the logits); else a speculative
         engine's (`step_common.SplitStep`, its plain steps included); guard: the loop's transfer
-        guard level, which launches on the launcher thread run under too."""
+        guard level, which launches on the launcher thread run under too; second_copy: a second
+        compiled copy of a pipelined step's forward part (`part_copies`), launched in turn with the
+        first so that neither copy's graph is re-recorded before each launch
+        (`compile_options.forward_copies`)."""
         self.first, *forward, self.second, self.fused = parts
         self.forward = forward[0] if forward else None
+        if second_copy is not None:
+            self.forward = part_copies.Alternating(self.forward, second_copy)
         self.bucket, self.sharding = bucket, sharding
         self.plain, self.guard = plain, guard
         self._replace = False  # pipelined: the next step's forward waits for the walk (a forced run)
@@ -178,8 +183,9 @@ class SplitExecutable:
             return self.second(params, state, packed, logits, masks)
         buffers, rest, _ = self.first(params, state, packed, *([self._take_arena()] if self.static else []))
         decisions = self._walkable()
-        if self.forward is not None:
-            buffers, rest = self.forward(params, buffers, rest, decisions)
+        # Every copy of a forward run as two copies once, in launch order: each records its graph now.
+        for forward in getattr(self.forward, "copies", [self.forward] if self.forward is not None else []):
+            buffers, rest = forward(params, buffers, rest, decisions)
         if self.static:
             self._arenas.keep(self._shapes, rest)
         return self.second(params, buffers, rest, decisions, masks)

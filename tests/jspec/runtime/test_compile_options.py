@@ -219,3 +219,29 @@ def test_speculative_split_steps_with_a_captured_part_carry_in_static_buffers(mo
     monkeypatch.setenv(STATIC_CARRY_ENV, "yes")
     with pytest.raises(ConfigError, match=STATIC_CARRY_ENV):
         uses_static_carry(split(1), Chain(3))
+
+
+def test_a_captured_pipelined_forward_runs_as_two_copies_on_a_gpu(monkeypatch):
+    """A pipelined constrained step's forward part runs as two loaded copies (`part_copies`) where
+    its graph can be re-recorded: on a GPU, unless it is named uncaptured; never on a CPU or for a
+    split step without a forward part of its own; JSPEC_GRAMMAR_FORWARD_COPIES=0 / 1 decides for
+    every pipelined step on a GPU, anything else is a ConfigError naming it."""
+    from jspec.runtime.compile_options import FORWARD_COPIES_ENV, UNCAPTURED_PARTS_ENV, forward_copies
+
+    monkeypatch.delenv(FORWARD_COPIES_ENV, raising=False)
+    monkeypatch.delenv(UNCAPTURED_PARTS_ENV, raising=False)
+    split = lambda b, **kw: decode(b, grammar_split=True, grammar_nodes=4, mask_words=8, **kw)  # noqa: E731
+    piped = split(1, grammar_pipeline=True)
+    assert forward_copies("gpu", piped) and forward_copies("gpu", split(64, grammar_pipeline=True))
+    assert not forward_copies("cpu", piped)
+    assert not forward_copies("gpu", split(1)) and not forward_copies("gpu", decode(1))
+    monkeypatch.setenv(UNCAPTURED_PARTS_ENV, "forward")
+    assert not forward_copies("gpu", piped)
+    monkeypatch.setenv(FORWARD_COPIES_ENV, "1")
+    assert forward_copies("gpu", piped) and not forward_copies("cpu", piped) and not forward_copies("gpu", split(1))
+    monkeypatch.setenv(UNCAPTURED_PARTS_ENV, "draft,verify")
+    monkeypatch.setenv(FORWARD_COPIES_ENV, "0")
+    assert not forward_copies("gpu", piped)
+    monkeypatch.setenv(FORWARD_COPIES_ENV, "2")
+    with pytest.raises(ConfigError, match=FORWARD_COPIES_ENV):
+        forward_copies("gpu", piped)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -416,6 +417,50 @@ def test_the_start_up_warm_up_runs_every_split_part_and_changes_no_answer(engine
         assert set(ran) == {b for b in eng.runner.buckets if b.grammar_split} != set()
         assert [eng.generate(input_ids=_ids(p), sampling_params=sp)["output_ids"] for p, sp in asks] == before
         check_no_leaks(eng)
+
+
+def test_a_forward_run_as_two_copies_launches_them_in_turn_and_changes_no_answer(engine, ngram_engine):
+    """On a GPU a pipelined step's forward part runs as two loaded copies taken in turn
+    (`part_copies`), so that each copy's graph keeps the scratch address it sees. Here (a CPU,
+    where a second loaded copy is refused) the second copy is a second compile of the same part:
+    the copies are launched alternately on the launcher thread, the constrained greedy text equals
+    the plain engine's, and the start-up warm-up runs each copy once, in order."""
+    from jspec.runtime import part_copies
+
+    with pytest.raises(ValueError, match="CPU"):
+        part_copies.load_copy(next(e for e in ngram_engine.runner.compiled.values()
+                                    if isinstance(e, SplitExecutable) and e.forward is not None).forward, jax.devices())
+    sp = {"max_new_tokens": 24, "temperature": 0, "regex": REGEX}
+    want = engine.generate(input_ids=_ids("go"), sampling_params=sp)["output_ids"]
+    eng = ngram_engine
+    eng.policy.choose = lambda b, n: eng.policy.max_drafts  # the full chain: its buckets get the copies
+    runner, kept, launched = eng.runner, {}, []
+    for b, exe in list(runner.compiled.items()):
+        if isinstance(exe, SplitExecutable) and exe.forward is not None and not b.draft_steps:
+            second = runner._lower(b, runner.state)[1].compile()
+            doubled = SplitExecutable([exe.first, exe.forward, exe.second, exe.fused], b, exe.sharding, plain=False,
+                                      guard=exe.guard, arenas=runner.arenas, second_copy=second)
+            copies = doubled.forward.copies
+            assert copies == (exe.forward, second) and doubled.forward.plan is exe.forward.plan
+            doubled.forward.copies = tuple(
+                lambda *a, _c=c, _i=i, _b=b: (launched.append((_b, _i, threading.current_thread().name)), _c(*a))[1]
+                for i, c in enumerate(copies))
+            kept[b], runner.compiled[b] = exe, doubled
+    assert len(kept) == 2  # the full chain at both widths
+    try:
+        out = eng.generate(input_ids=_ids("go"), sampling_params=sp)
+        steps = [i for _, i, _ in launched]
+        assert {thread for *_, thread in launched} == {"jspec-launch_0"}, launched
+        assert len(steps) >= 4 and steps == [k % 2 for k in range(len(steps))], steps
+        assert eng.wait_idle(30)
+        launched.clear()
+        startup_runs.warm_up(runner)
+        warmed = list(dict.fromkeys(b for b, *_ in launched))  # the buckets in their warm-up order
+        assert set(warmed) == set(kept) and [(b, i) for b, i, _ in launched] == [(b, i) for b in warmed for i in (0, 1)]
+    finally:
+        runner.compiled.update(kept)
+    check_no_leaks(eng)
+    assert out["output_ids"] == want and re.fullmatch(REGEX, out["text"])
 
 
 def test_split_parts_take_only_the_arrays_they_read(ngram_engine):

@@ -1,0 +1,53 @@
+"""Two loaded copies of one compiled part, launched in turn, so that each copy's captured graph
+keeps its buffer addresses.
+
+XLA records a compiled step's kernels into a CUDA graph per loaded executable and re-records it
+before a launch whenever a buffer it uses sits at a new address. A pipelined constrained step's
+target forward (`split_step.py`) is launched while the host walks the grammar, and its scratch
+buffer lands at one of two addresses, alternating from one step to the next: the overlapped loop
+holds two steps' outputs and uploads at any time, so the allocator's free space alternates
+between two layouts. One copy then re-records its ~560-command graph before nearly every launch
+(milliseconds of host time on the path to the device); two copies taken in turn each see one of
+the two addresses and keep their graphs (bench/README.md, "Structured output").
+
+The second copy is the part serialized and loaded again (`load_copy`): the same program, no
+compile, its own graphs, as jspec's executable cache loads steps on a warm start. Not on a CPU,
+where loading a second copy of a program disturbs the executables already loaded (seen: the
+device state's buffers left deleted after serving), and where nothing is captured anyway.
+"""
+
+from __future__ import annotations
+
+from jax.experimental import serialize_executable
+
+from jspec.runtime.slim_part import SlimPart
+
+
+def load_copy(part: SlimPart, devices) -> SlimPart:
+    """A second loaded copy of a compiled slim part on devices (the part's own devices, in order);
+    GPUs only (a ValueError on a CPU: see above)."""
+    devices = list(devices)
+    if any(d.platform == "cpu" for d in devices):
+        raise ValueError("load_copy: a second loaded copy of a CPU executable is not supported (it disturbs the "
+                         "executables already loaded); compile the part again instead")
+    exe = serialize_executable.deserialize_and_load(*serialize_executable.serialize(part.compiled),
+                                                    execution_devices=devices)
+    return SlimPart(exe, part.plan)
+
+
+class Alternating:
+    """Calls the copies of a part in turn, from the first; otherwise it reads as the first copy
+    (`plan`, `args_info`). Called from one thread at a time (the launcher thread, or the loop
+    before serving)."""
+
+    def __init__(self, *copies: SlimPart):
+        self.copies = copies
+        self._next = 0
+
+    def __call__(self, *args):
+        part = self.copies[self._next]
+        self._next = (self._next + 1) % len(self.copies)
+        return part(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.copies[0], name)
