@@ -2,7 +2,9 @@
 # What logprobs and penalties cost under speculation (bench/README.md, "Logprobs and penalties"):
 # Qwen3-8B shape + random EAGLE3 head at simulated accept 3 (spec v2), random 1024 in / 512 out,
 # concurrency 1 and 32, one stage per call. Writes JSONL under OUT.
-#   bench/logprob_cost.sh OUT off | logprobs | penalties | before
+#   bench/logprob_cost.sh OUT off | logprobs | input | penalties | before
+# input: every request also asks for its prompt's logprobs from position 0 (SGLang's
+#   input_token_logprobs; the engine compiles its input-logprob prompt steps for it).
 # before: the same run on an older tree (CODE=DIR holding its jspec/, pallas_kernels/, checkpoints/),
 #   e.g. the commit before speculative steps computed penalties and logprobs.
 set -euo pipefail
@@ -17,6 +19,7 @@ code=.
 case $stage in
   off) extra=() ;;
   logprobs) extra=(--return-logprob --top-logprobs-num 5) ;;
+  input) extra=(--return-logprob --top-logprobs-num 5 --logprob-start-len 0) ;;
   penalties) extra=(--frequency-penalty 0.5 --presence-penalty 0.3 --repetition-penalty 1.1) ;;
   before) extra=(); code=${CODE:?set CODE to the older tree} ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;

@@ -132,6 +132,9 @@ def _add_workload_flags(p) -> None:
     g.add_argument("--repetition-penalty", type=float, default=None)
     g.add_argument("--return-logprob", action="store_true", help="every request asks for its tokens' logprobs")
     g.add_argument("--top-logprobs-num", type=int, default=None, help="... and this many top logprobs per token")
+    g.add_argument("--logprob-start-len", type=int, default=None,
+                   help="... and its prompt tokens' logprobs from this position on (SGLang's input_token_logprobs; "
+                        "the engine compiles its input-logprob prompt steps)")
     g.add_argument("--regex", help="every request's output matches this regular expression (needs --grammar-backend)")
     g.add_argument("--json-schema", help="every request's output is JSON of this schema (a JSON string)")
 

@@ -33,7 +33,8 @@ class RequestResult:
     cached_tokens: int = 0  # prompt tokens the prefix cache served
 
 
-GENERATE_KEYS = ("return_logprob", "top_logprobs_num")  # Engine.generate keywords, not sampling params
+# Engine.generate keywords (and /generate's top-level fields), not sampling params.
+GENERATE_KEYS = ("return_logprob", "top_logprobs_num", "logprob_start_len")
 
 
 class _Recorder:

@@ -19,6 +19,7 @@ import time
 import types
 import urllib.parse
 
+from jspec.bench.client import GENERATE_KEYS
 from jspec.errors import ConfigError
 
 TIMEOUT = 600.0  # seconds a connection may stay silent (a long prompt queued behind a full batch)
@@ -77,10 +78,13 @@ class HttpEngine:
 
     def generate(self, input_ids, sampling_params=None, stream=True, **kwargs):
         """The engine's stream of incremental chunks ({"output_ids": new ids, "meta_info"}) of one
-        request, read from the server's events."""
-        if not stream or kwargs:
-            raise ValueError("HttpEngine serves the benchmark's streamed requests only")
-        body = json.dumps({"input_ids": list(input_ids), "sampling_params": sampling_params or {}, "stream": True})
+        request, read from the server's events. kwargs: the logprob fields of `client.GENERATE_KEYS`,
+        which /generate takes beside the sampling parameters."""
+        unknown = sorted(set(kwargs) - set(GENERATE_KEYS))
+        if not stream or unknown:
+            raise ValueError(f"HttpEngine serves the benchmark's streamed requests only (unknown: {unknown})")
+        body = json.dumps({"input_ids": list(input_ids), "sampling_params": sampling_params or {}, "stream": True,
+                           **kwargs})
         conn = self._connect()
         try:
             conn.request("POST", self._prefix + "/generate", body=body,

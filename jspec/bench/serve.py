@@ -35,7 +35,7 @@ SETTING_KEYS = ("dataset_name", "dataset_path", "num_prompts", "seed", "request_
                 "random_range_ratio", "gsp_num_groups", "gsp_prompts_per_group", "gsp_system_prompt_len",
                 "gsp_question_len", "gsp_output_len", "sharegpt_output_len", "sharegpt_context_len",
                 "multiturn_max_turns", "frequency_penalty", "presence_penalty", "repetition_penalty",
-                "return_logprob", "top_logprobs_num", "regex", "json_schema")
+                "return_logprob", "top_logprobs_num", "logprob_start_len", "regex", "json_schema")
 
 
 def engine_kwargs(args) -> dict:
@@ -45,6 +45,8 @@ def engine_kwargs(args) -> dict:
         kw["skip_tokenizer_init"] = True  # no per-step detokenization of streamed requests
     if getattr(args, "enable_mixed_chunk", False):
         kw["enable_mixed_chunk"] = True
+    if getattr(args, "logprob_start_len", None) is not None and kw.get("enable_input_logprobs") is None:
+        kw["enable_input_logprobs"] = True  # the prompt steps that report input logprobs
     kw["random_seed"] = args.seed
     kw["show_progress"] = not args.quiet
     return kw
@@ -62,12 +64,12 @@ def sampling_params(args, eos_token_ids=()) -> dict:
     # ignore_eos by default, as SGLang's bench_serving: every request makes exactly the tokens
     # its workload asks for, so runs compare whatever the weights.
     out = {"temperature": args.temperature, "ignore_eos": not args.disable_ignore_eos}
-    for key in ("frequency_penalty", "presence_penalty", "repetition_penalty", "top_logprobs_num", "regex",
-                "json_schema"):
+    for key in ("frequency_penalty", "presence_penalty", "repetition_penalty", "top_logprobs_num",
+                "logprob_start_len", "regex", "json_schema"):
         if getattr(args, key, None) is not None:
             out[key] = getattr(args, key)
-    if getattr(args, "return_logprob", False) or out.get("top_logprobs_num"):
-        out["return_logprob"] = True  # with top_logprobs_num: passed to Engine.generate, not sampling
+    if getattr(args, "return_logprob", False) or out.get("top_logprobs_num") or "logprob_start_len" in out:
+        out["return_logprob"] = True  # with the other two: passed to Engine.generate, not sampling
     bias = eos_bias(args, eos_token_ids)
     if bias:
         out["logit_bias"] = bias

@@ -155,6 +155,46 @@ def test_eos_bias_only_for_constrained_workloads_that_ignore_eos():
     assert "logit_bias" not in serve.sampling_params(Namespace(**{**vars(args), "regex": None}), [7])
 
 
+def test_logprob_flags_reach_generate_beside_the_sampling_params():
+    """--return-logprob / --top-logprobs-num / --logprob-start-len ride in the workload's sampling
+    dict and reach Engine.generate (and /generate) as its own keywords, not as sampling params;
+    asking for input logprobs has the engine compile its input-logprob prompt steps."""
+    from argparse import Namespace
+
+    from jspec.bench.client import _request_args
+    from jspec.bench.datasets import BenchRequest
+
+    args = Namespace(temperature=0.0, disable_ignore_eos=False, regex=None, json_schema=None, top_logprobs_num=2,
+                     logprob_start_len=0)
+    sampling = serve.sampling_params(args)
+    req = _request_args(BenchRequest(input_ids=[5, 6, 7], output_len=4), sampling)
+    assert req["return_logprob"] is True and req["top_logprobs_num"] == 2 and req["logprob_start_len"] == 0
+    assert req["sampling_params"] == {"temperature": 0.0, "ignore_eos": True, "max_new_tokens": 4}
+    plain = serve.sampling_params(Namespace(temperature=0.0, disable_ignore_eos=False))
+    assert "return_logprob" not in plain and "logprob_start_len" not in plain
+
+
+def test_serve_asks_for_input_logprobs(engine_flags, tmp_path, monkeypatch):
+    """A run with --logprob-start-len 0 serves every request with its prompt's and its output's
+    logprobs (the engine's input-logprob prompt steps compiled for it), without an error."""
+    from jspec.bench import client
+
+    metas, end = [], client._Recorder.end
+    monkeypatch.setattr(client._Recorder, "end", lambda self: (metas.append(self.meta), end(self))[1])
+    out = tmp_path / "serve.jsonl"
+    assert main(["bench", "serve", *engine_flags, "--dataset-name", "random", "--num-prompts", "3",
+                 "--random-input-len", "20", "--random-output-len", "5", "--random-range-ratio", "1",
+                 "--max-concurrency", "3", "--top-logprobs-num", "2", "--logprob-start-len", "0",
+                 "--warmup-requests", "0", "--output-file", str(out)]) == 0
+    (rec,) = read(out)
+    check_serve_record(rec, 3, out_lens=[5] * 3)
+    assert rec["settings"]["logprob_start_len"] == 0 and rec["engine_args"]["enable_input_logprobs"] is True
+    assert len(metas) == 3
+    for meta in metas:
+        assert len(meta["output_token_logprobs"]) == 5 and len(meta["output_top_logprobs"][0]) == 2
+        assert len(meta["input_token_logprobs"]) == 20  # from position 0: the first one has no logprob
+
+
 ANY_TEXT = r"[\s\S]*"  # allows EOS from the first token on
 
 

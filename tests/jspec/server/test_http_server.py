@@ -536,6 +536,13 @@ def test_bench_serve_through_http(served, tmp_path):
     assert m["completed"] == 6 and m["total_output_tokens"] == 42 == rec["engine_generated_tokens"]
     assert m["mean_ttft_ms"] > 0 and m["mean_tpot_ms"] > 0 and m["accept_length"] > 1.0
     assert rec["engine_args"]["speculative_algorithm"] == "EAGLE3" and rec["engine_args"]["page_size"] == 16
+    # Logprobs asked over HTTP: /generate takes them beside the sampling parameters.
+    lp = tmp_path / "lp.jsonl"
+    assert main(["bench", "serve", "--backend", "http", "--base-url", served.url, "--model-path", tiny_dir("qwen3"),
+                 "--dataset-name", "random", "--num-prompts", "2", "--random-input-len", "12", "--random-output-len",
+                 "4", "--random-range-ratio", "1.0", "--top-logprobs-num", "2", "--output-file", str(lp)]) == 0
+    rec = [json.loads(line) for line in open(lp)][-1]
+    assert rec["errors"] == [] and rec["metrics"]["completed"] == 2 and rec["settings"]["top_logprobs_num"] == 2
     # The constraint alternated on the server's engine, the client in this process.
     alt = tmp_path / "alt.jsonl"
     assert main(["bench", "serve", "--backend", "http", "--base-url", served.url, "--model-path", tiny_dir("qwen3"),
