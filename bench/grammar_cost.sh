@@ -4,7 +4,7 @@
 # 1 and 32, a byte-level tokenizer of the whole 151,936-token vocabulary (bench/vocab_tokenizer.py:
 # the machine has no model hub, and random drafters propose anywhere in it), one stage per call.
 # Writes JSONL under OUT.
-#   bench/grammar_cost.sh OUT nogrammar | off | open | json | graph-parts | static-carry | update-mode | alternate
+#   bench/grammar_cost.sh OUT nogrammar | off | open | json | graph-parts | static-carry | update-mode | copies | alternate
 # nogrammar: an engine without grammar_backend (fused steps), the baseline;
 # off: the grammar engine (split steps), no request constrained: the cost of the split alone;
 # open: every request under a regex that allows any text: the host's mid-step drafts read, grammar
@@ -32,6 +32,8 @@
 #   (nvidia-smi); each run's peak goes to OUT/memory_peaks.txt. JSPEC_* knobs in the environment
 #   (e.g. JSPEC_GRAMMAR_UNCAPTURED_PARTS=none JSPEC_GRAMMAR_STATIC_CARRY=1 for captured c32 parts)
 #   reach every run and are named in its record. RUNS: which of `open off` to run (default both).
+# copies: `alternate` with the pipelined forward part as two loaded copies and as one
+#   (JSPEC_GRAMMAR_FORWARD_COPIES=1 / 0, jspec/runtime/part_copies.py), c1 twice each, c32 once each.
 # alternate: one engine, every request under the allow-all regex and then none, alternated ROUNDS
 #   times (default 3; `jspec bench serve --alternate-constraint`), decode-heavy (1024 out, PROMPTS
 #   prompts a run, default twice CONCURRENCY, which defaults to 32): the constraint's cost without
@@ -77,6 +79,20 @@ case $stage in
           --max-concurrency-list "${CONCURRENCY:-32}" ${CONCURRENCY:+--cuda-graph-bs "$CONCURRENCY"} \
           --random-output-len 256 ${EXTRA:-} \
           --output-file "$out/serve_grammar_parts_$name.jsonl" 2>&1 | tee "$out/serve_grammar_parts_$name.log" | grep -E "^ +EAGLE3"
+    done
+    exit 0 ;;
+  copies)
+    # The pipelined forward part as two loaded copies (JSPEC_GRAMMAR_FORWARD_COPIES=1, the GPU
+    # default) against one (=0): `alternate` at concurrency 1 (4 prompts) twice each, alternated,
+    # then at 32 (32 prompts) once each; one engine per run, each in OUT/copies_<c>_<setting>_r<round>.
+    for c in 1 32; do
+      rounds=2; (( c > 1 )) && rounds=1
+      for round in $(seq $rounds); do
+        for copies in 1 0; do
+          dir=$out/copies_c${c}_${copies}_r$round; mkdir -p "$dir"; echo "== c$c JSPEC_GRAMMAR_FORWARD_COPIES=$copies (round $round)"
+          JSPEC_GRAMMAR_FORWARD_COPIES=$copies CONCURRENCY=$c PROMPTS=$(( c > 1 ? 32 : 4 )) ROUNDS=1 bash "$0" "$dir" alternate
+        done
+      done
     done
     exit 0 ;;
   static-carry)
