@@ -29,7 +29,7 @@ from tqdm import tqdm
 from jspec.cache.pool import PoolLayout, allocate_caches, pool_shardings
 from jspec.models import dispatch
 from jspec.models.batch import ForwardMode
-from jspec.runtime import compile_options, grammar, sampler, split_step, startup_runs, static_carry, part_copies
+from jspec.runtime import compile_options, grammar, part_copies, sampler, split_step, startup_runs, static_carry
 from jspec.runtime.bucket_set import sampler_twins, step_buckets
 from jspec.runtime.executable_cache import (ExecutableCache, abstract_signature, models_signature, stores_served,
                                             xla_cache_hits)

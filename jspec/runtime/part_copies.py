@@ -4,11 +4,11 @@ keeps its buffer addresses.
 XLA records a compiled step's kernels into a CUDA graph per loaded executable and re-records it
 before a launch whenever a buffer it uses sits at a new address. A pipelined constrained step's
 target forward (`split_step.py`) is launched while the host walks the grammar, and its scratch
-buffer lands at one of two addresses, alternating from one step to the next: the overlapped loop
-holds two steps' outputs and uploads at any time, so the allocator's free space alternates
-between two layouts. One copy then re-records its ~560-command graph before nearly every launch
-(milliseconds of host time on the path to the device); two copies taken in turn each see one of
-the two addresses and keep their graphs (bench/README.md, "Structured output").
+buffer lands at one of two addresses, alternating from one step to the next (with overlap two
+steps' buffers are live at a time; launching the forward from the loop's own thread, in one fixed
+order, changed nothing). One copy then re-records its ~560-command graph before nearly every
+launch (milliseconds of host time on the path to the device); two copies taken in turn each see
+one of the two addresses and keep their graphs (bench/README.md, "Structured output").
 
 The second copy is the part serialized and loaded again (`load_copy`): the same program, no
 compile, its own graphs, as jspec's executable cache loads steps on a warm start. Not on a CPU,

@@ -12,8 +12,8 @@ work a constrained row needs overlaps the device.
   itself runs on a worker thread (`queue_forward`; JAX releases the GIL while it launches), so the
   host reads the previous step and walks the grammar while the forward's graph is updated and
   launched rather than after. On GPUs the forward part is two loaded copies launched in turn
-  (`part_copies`), so that neither copy's graph needs that update. Without overlap the forward waits for the walk, which may replace a
-  row's drafts by the grammar's forced run.
+  (`part_copies`), so that neither copy's graph needs that update. Without overlap the forward
+  waits for the walk, which may replace a row's drafts by the grammar's forced run.
 - Plain decode (`jspec.runtime.step.SplitSample`): the forward runs first, launched on the same
   worker thread (`queue_first`), so the host reads the previous step and fills the masks while the
   forward's graph is updated and launched; the sampling half takes the masks
