@@ -5,8 +5,8 @@ XLA records a compiled step's kernels into a CUDA graph per loaded executable an
 before a launch whenever a buffer it uses sits at a new address. A pipelined constrained step's
 target forward (`split_step.py`) is launched while the host walks the grammar, and its scratch
 buffer lands at one of two addresses, alternating from one step to the next (with overlap two
-steps' buffers are live at a time; launching the forward from the loop's own thread, in one fixed
-order, changed nothing). One copy then re-records its ~560-command graph before nearly every
+steps' buffers are live at a time; the loop waiting for each of its launches, so that a step's
+allocations come in one fixed order, changed nothing). One copy then re-records its ~560-command graph before nearly every
 launch (milliseconds of host time on the path to the device); two copies taken in turn each see
 one of the two addresses and keep their graphs (bench/README.md, "Structured output").
 
