@@ -31,6 +31,9 @@ class EngineCore:
         self.eos = set(eos_token_ids)
         self.overlap = overlap
         self.pending: StepHandle | None = None
+        # A step being dispatched: its `between` may read the step in flight and finish the last
+        # request before the runner holds the new device state again, so the loop is not idle yet.
+        self.dispatching = False
         self.inbox: deque[Request] = deque()
         self.requests: dict[str, Request] = {}
         self.lock = threading.RLock()
@@ -64,7 +67,8 @@ class EngineCore:
 
     # ------------------------------------------------------------------ loop thread only
     def has_work(self) -> bool:
-        return bool(self.inbox) or self.sched.has_work() or self.pending is not None or bool(self.flush_waiters)
+        return (bool(self.inbox) or self.sched.has_work() or self.pending is not None or self.dispatching
+                or bool(self.flush_waiters))
 
     def _answer_flushes(self) -> None:
         with self.lock:
@@ -103,19 +107,23 @@ class EngineCore:
             self._handle_aborts()
             plan = self.sched.schedule(inflight=False)
         handle = None
-        if plan is not None:
-            if plan.mode is ForwardMode.DECODE and self.policy is not None:
-                n = len(plan.reqs)
-                k = self.policy.choose(self.runner.decode_batch_size(n), n)
-                plan.speculate, plan.draft_steps = k > 0, (k if 0 < k < self.policy.max_drafts else 0)
-            handle = self.runner.dispatch(plan, between=self._read_pending if self._grammar_waits(plan) else None)
-            self.num_steps[self._step_kind(handle)] += 1
-        if self.overlap:
-            if self.pending is not None:
-                self._process(self.pending)
-            self.pending = handle
-        elif handle is not None:
-            self._process(handle)
+        self.dispatching = plan is not None
+        try:
+            if plan is not None:
+                if plan.mode is ForwardMode.DECODE and self.policy is not None:
+                    n = len(plan.reqs)
+                    k = self.policy.choose(self.runner.decode_batch_size(n), n)
+                    plan.speculate, plan.draft_steps = k > 0, (k if 0 < k < self.policy.max_drafts else 0)
+                handle = self.runner.dispatch(plan, between=self._read_pending if self._grammar_waits(plan) else None)
+                self.num_steps[self._step_kind(handle)] += 1
+            if self.overlap:
+                if self.pending is not None:
+                    self._process(self.pending)
+                self.pending = handle
+            elif handle is not None:
+                self._process(handle)
+        finally:
+            self.dispatching = False
 
     def _grammar_waits(self, plan) -> bool:
         """Whether a constrained request samples in plan after sampling in the step in flight: its
