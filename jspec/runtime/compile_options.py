@@ -220,12 +220,8 @@ def uses_static_carry(bucket: Bucket, drafting) -> bool:
     (`chosen_uncaptured_parts`). `JSPEC_GRAMMAR_STATIC_CARRY=0` or `1` decides it for every bucket."""
     if drafting is None or not bucket.grammar_split or not bucket.speculate:
         return False
-    value = os.environ.get(STATIC_CARRY_ENV, "").strip()
-    if value not in ("", "0", "1"):
-        raise ConfigError(f"{STATIC_CARRY_ENV} must be 0 or 1, got {value!r}")
-    if value:
-        return value == "1"
-    return not set(split_parts(bucket)) <= chosen_uncaptured_parts(bucket)
+    chosen = _switch(STATIC_CARRY_ENV)
+    return not set(split_parts(bucket)) <= chosen_uncaptured_parts(bucket) if chosen is None else chosen
 
 
 def forward_copies(platform: str, bucket: Bucket) -> bool:
@@ -235,9 +231,14 @@ def forward_copies(platform: str, bucket: Bucket) -> bool:
     or `1` decides it for every pipelined bucket on a GPU."""
     if platform != "gpu" or not bucket.grammar_pipeline:
         return False
-    value = os.environ.get(FORWARD_COPIES_ENV, "").strip()
+    chosen = _switch(FORWARD_COPIES_ENV)
+    return "forward" not in chosen_uncaptured_parts(bucket) if chosen is None else chosen
+
+
+def _switch(name: str) -> bool | None:
+    """The on / off environment variable `name`: True for 1, False for 0, None when unset;
+    anything else is a ConfigError naming it."""
+    value = os.environ.get(name, "").strip()
     if value not in ("", "0", "1"):
-        raise ConfigError(f"{FORWARD_COPIES_ENV} must be 0 or 1, got {value!r}")
-    if value:
-        return value == "1"
-    return "forward" not in chosen_uncaptured_parts(bucket)
+        raise ConfigError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1" if value else None
