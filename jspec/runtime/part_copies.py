@@ -6,10 +6,9 @@ before a launch whenever a buffer it uses sits at a new address. A pipelined con
 target forward (`split_step.py`) is launched while the host walks the grammar, and its scratch
 buffer lands at one of two addresses, alternating from one step to the next (with overlap two
 steps' buffers are live at a time; the loop waiting for each of its launches, so that a step's
-allocations come in one fixed order, changed nothing). One copy then re-records its
-~560-command graph before nearly every launch (milliseconds of host time on the path to the
-device); two copies taken in turn each see one of the two addresses and keep their graphs
-(bench/README.md, "Structured output").
+allocations come in one fixed order, changed nothing). One copy then re-records its whole
+graph before nearly every launch (host time on the path to the device); two copies taken in turn
+each see one of the two addresses and keep their graphs (bench/README.md, "Structured output").
 
 The second copy is the part serialized and loaded again (`load_copy`): the same program, no
 compile, its own graphs, as jspec's executable cache loads steps on a warm start.

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jspec.runtime import grammar, slim_part, static_carry, part_copies
+from jspec.runtime import grammar, part_copies, slim_part, static_carry
 from jspec.runtime.step import SplitSample
 from jspec.runtime.step_inputs import Bucket
 from jspec.sharding import TP
