@@ -22,18 +22,35 @@ def text(detok: Detokenizer, req: Request) -> str:
 
 
 class _LogprobRows:
-    """A streamed request's logprob entries in meta_info's format, built once per token as the
-    stream goes (rebuilding them from the start at every chunk is quadratic in the output)."""
+    """A streamed request's logprob entries in meta_info's format, each built once as the stream
+    goes: every chunk carries them all (SGLang's cumulative meta_info), and rebuilding them at
+    every chunk is quadratic in the output, and costs the prompt's length (times its top
+    logprobs) per chunk when the request asked for its input logprobs."""
 
     def __init__(self):
         self.tokens: list = []
         self.top: list = []
+        self.input_tokens: list = []
+        self.input_top: list = []
 
     def update(self, req: Request) -> tuple[list, list]:
         n = len(self.tokens)
         self.tokens += [(lp, t, None) for lp, t in zip(req.output_logprobs[n:], req.output_ids[n:])]
-        self.top += [[(lp, t, None) for lp, t in row] for row in req.output_top_logprobs[len(self.top):]]
+        self.top += [_top_row(row) for row in req.output_top_logprobs[len(self.top):]]
         return list(self.tokens), list(self.top)
+
+    def update_input(self, req: Request) -> tuple[list, list]:
+        """The prompt's rows from logprob_start_len on (they grow while the prompt is prefilled
+        in chunks, then stay)."""
+        n = len(self.input_tokens)
+        ids = req.input_ids[req.logprob_start_len + n:]
+        self.input_tokens += [(lp, t, None) for lp, t in zip(req.input_logprobs[n:], ids)]
+        self.input_top += [_top_row(row) for row in req.input_top_logprobs[len(self.input_top):]]
+        return list(self.input_tokens), list(self.input_top)
+
+
+def _top_row(row: list | None) -> list | None:
+    return None if row is None else [(lp, t, None) for lp, t in row]
 
 
 def meta_info(req: Request, *, speculative: bool, rows: _LogprobRows | None = None) -> dict:
@@ -50,14 +67,14 @@ def meta_info(req: Request, *, speculative: bool, rows: _LogprobRows | None = No
     if speculative:
         meta["spec_verify_ct"] = req.spec_verify_ct
         meta["spec_accept_length"] = len(req.output_ids) / max(req.spec_verify_ct, 1)
+    rows = rows or _LogprobRows()
     if req.logprob_start_len >= 0:
-        ids = req.input_ids[req.logprob_start_len:]
-        meta["input_token_logprobs"] = [(lp, t, None) for lp, t in zip(req.input_logprobs, ids)]
+        tokens, top = rows.update_input(req)
+        meta["input_token_logprobs"] = tokens
         if req.top_logprobs_num:
-            meta["input_top_logprobs"] = [None if row is None else [(lp, t, None) for lp, t in row]
-                                          for row in req.input_top_logprobs]
+            meta["input_top_logprobs"] = top
     if req.return_logprob:
-        tokens, top = (rows or _LogprobRows()).update(req)
+        tokens, top = rows.update(req)
         meta["output_token_logprobs"] = tokens
         if req.top_logprobs_num:
             meta["output_top_logprobs"] = top

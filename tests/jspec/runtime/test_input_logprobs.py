@@ -50,6 +50,29 @@ def test_input_logprobs_over_chunks_equal_transformers(setup):
     assert len(out["meta_info"]["output_token_logprobs"]) == 2  # output logprobs come with them
 
 
+def test_a_stream_builds_its_input_logprobs_once(setup):
+    """Every streamed chunk carries the prompt's rows (SGLang's cumulative meta_info); they are
+    built at the first chunk and reused after, not rebuilt per chunk (that cost the prompt's length
+    times its top logprobs per chunk, and at concurrency 32 most of the throughput)."""
+    eng, _ = setup
+    p = tm.random_ids(15, seed=9)
+    whole = eng.generate(input_ids=p, sampling_params={"max_new_tokens": 5, "temperature": 0},
+                         top_logprobs_num=TOP, logprob_start_len=2)
+    chunks = list(eng.generate(input_ids=p, sampling_params={"max_new_tokens": 5, "temperature": 0},
+                               top_logprobs_num=TOP, logprob_start_len=2, stream=True))
+    assert len(chunks) >= 2
+    want = whole["meta_info"]
+    for c in chunks:
+        meta = c["meta_info"]
+        assert meta["input_token_logprobs"] == want["input_token_logprobs"]
+        assert meta["input_top_logprobs"] == want["input_top_logprobs"]
+    first, last = chunks[0]["meta_info"], chunks[-1]["meta_info"]
+    assert all(a is b for a, b in zip(first["input_token_logprobs"], last["input_token_logprobs"]))
+    assert all(a is b for a, b in zip(first["input_top_logprobs"], last["input_top_logprobs"]))
+    assert first["input_token_logprobs"] is not last["input_token_logprobs"]  # each chunk its own list
+    assert last["output_token_logprobs"] == want["output_token_logprobs"]
+
+
 def test_a_cached_prefix_is_computed_again_when_its_logprobs_are_asked_for(setup):
     eng, hf = setup
     p = tm.random_ids(19, seed=6)
