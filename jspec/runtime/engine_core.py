@@ -203,14 +203,13 @@ class EngineCore:
         t = 0
         for s in handle.plan.reqs:
             req = s.req
-            if s.token_ids is not None and not req.finished:
-                k = req.input_logprob_next  # the prompt token it needs next, predicted at position k - 1
-                while k < len(req.input_ids) and s.start <= k - 1 < s.start + s.num_tokens:
-                    i = t + k - 1 - s.start
-                    req.input_logprobs.append(float(logprobs[i]))
-                    n = req.top_logprobs_num
-                    req.input_top_logprobs.append(list(zip(top_lps[i, :n].tolist(), top_ids[i, :n].tolist())))
-                    k += 1
+            k = req.input_logprob_next  # the prompt token it needs next, predicted at position k - 1
+            if s.token_ids is not None and not req.finished and s.start <= k - 1 < s.start + s.num_tokens:
+                end = min(len(req.input_ids), s.start + s.num_tokens + 1)  # prompt tokens this chunk predicts
+                i, j, n = t + k - 1 - s.start, t + end - 1 - s.start, req.top_logprobs_num
+                req.input_logprobs += logprobs[i:j].tolist()  # one conversion per chunk, not per token
+                req.input_top_logprobs += [list(zip(a, b)) for a, b in zip(top_lps[i:j, :n].tolist(),
+                                                                            top_ids[i:j, :n].tolist())]
             t += s.num_tokens
 
     def _process_spec(self, handle: StepHandle) -> None:

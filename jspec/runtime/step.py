@@ -227,20 +227,32 @@ def _rows(tokens, logprobs, top_ids, top_logprobs):
                             top_ids.astype(jnp.int32), bits(top_logprobs)], axis=1)
 
 
-INPUT_LOGPROB_BLOCK = 128  # tokens whose full-vocabulary logits exist at once
+INPUT_LOGPROB_BYTES = 512 << 20  # float32 logits of one block of tokens, live at once
 
 
-def input_logprobs(target, hidden, next_ids, temperature, num_top: int):
+def input_logprob_block(vocab_size: int) -> int:
+    """Tokens per block of `input_logprobs`: the most, a power of two from 16 to 1024, whose
+    float32 logits fit in INPUT_LOGPROB_BYTES. Small blocks read the whole LM head once per few
+    rows (a 2048-token chunk in blocks of 128 read it 16 times), while the logits' bytes grow with
+    the block."""
+    rows = max(16, min(1024, INPUT_LOGPROB_BYTES // (4 * vocab_size)))
+    return 1 << (rows.bit_length() - 1)
+
+
+def input_logprobs(target, hidden, next_ids, temperature, num_top: int, block: int | None = None):
     """SGLang's input_token_logprobs: for each of the T tokens, log_softmax(logits / T) (T = 1 for
     greedy rows; no penalties, as SGLang) of the token after it (next_ids `[T]`, -1: none) and the
-    top num_top, from the final hidden states `[T, E]`, INPUT_LOGPROB_BLOCK tokens at a time so a
-    long chunk never holds `[T, V]` logits."""
+    top num_top, from the final hidden states `[T, E]`, `block` tokens at a time
+    (`input_logprob_block` by default) so a long chunk never holds `[T, V]` logits. The loop stops
+    after the last token that has a next token: the blocks after it (a chunk's padding) cost
+    nothing, and their rows are zeros."""
     t = hidden.shape[0]
-    blocks = -(-t // INPUT_LOGPROB_BLOCK)
-    pad = blocks * INPUT_LOGPROB_BLOCK - t
+    vocab = jax.eval_shape(target.compute_logits, hidden[:1]).shape[-1]
+    rows = min(block or input_logprob_block(vocab), t)
+    blocks = -(-t // rows)
+    pad = blocks * rows - t
 
-    def block(args):
-        h, nxt, tb = args
+    def one(h, nxt, tb):
         lp = sampling.logprobs_at_temperature(target.compute_logits(h), tb)
         chosen = ops.vocab_take(lp, jnp.maximum(nxt, 0)[:, None], tp=target.tp_size)[:, 0]
         if num_top > 0:
@@ -250,9 +262,18 @@ def input_logprobs(target, hidden, next_ids, temperature, num_top: int):
         return chosen, top_ids.astype(jnp.int32), top_lp
 
     split = lambda v: jnp.pad(v, ((0, pad),) + ((0, 0),) * (v.ndim - 1)).reshape(  # noqa: E731
-        (blocks, INPUT_LOGPROB_BLOCK) + v.shape[1:])
-    lp, top_ids, top_lp = jax.lax.map(block, (split(hidden), split(next_ids), split(temperature)))
-    merge = lambda v: v.reshape((blocks * INPUT_LOGPROB_BLOCK,) + v.shape[2:])[:t]  # noqa: E731
+        (blocks, rows) + v.shape[1:])
+    hs, nxts, tbs = split(hidden), split(next_ids), split(temperature)
+    last = jnp.max(jnp.where(next_ids >= 0, jnp.arange(t), -1))
+    todo = (last + rows) // rows  # blocks up to the one holding `last` (none when it is -1)
+
+    def body(i, acc):
+        return tuple(a.at[i].set(o) for a, o in zip(acc, one(hs[i], nxts[i], tbs[i])))
+
+    init = (jnp.zeros((blocks, rows), jnp.float32), jnp.zeros((blocks, rows, num_top), jnp.int32),
+            jnp.zeros((blocks, rows, num_top), jnp.float32))
+    lp, top_ids, top_lp = jax.lax.fori_loop(0, todo, body, init)
+    merge = lambda v: v.reshape((blocks * rows,) + v.shape[2:])[:t]  # noqa: E731
     return merge(lp), merge(top_ids), merge(top_lp)
 
 
