@@ -17,7 +17,7 @@ from jspec.runtime import outputs
 from jspec.runtime.adaptive import SpecPolicy
 from jspec.runtime.detokenizer import DetokState, Detokenizer, first_stop
 from jspec.runtime.model_runner import ModelRunner, StepHandle
-from jspec.runtime.request import Request
+from jspec.runtime.request import Request, top_rows
 from jspec.runtime.scheduler import NeedSync, Scheduler
 from jspec.runtime.step_inputs import unpack_outputs
 
@@ -189,7 +189,7 @@ class EngineCore:
             if req.return_logprob:
                 req.output_logprobs.append(float(logprobs[i]))
                 n = req.top_logprobs_num
-                req.output_top_logprobs.append(list(zip(top_lps[i, :n].tolist(), top_ids[i, :n].tolist())))
+                req.output_top_logprobs += top_rows([top_lps[i, :n].tolist()], [top_ids[i, :n].tolist()])
             reason = self._stop_reason(req, tok)
             if reason is not None:
                 self._finish(req, reason)
@@ -208,8 +208,7 @@ class EngineCore:
                 end = min(len(req.input_ids), s.start + s.num_tokens + 1)  # prompt tokens this chunk predicts
                 i, j, n = t + k - 1 - s.start, t + end - 1 - s.start, req.top_logprobs_num
                 req.input_logprobs += logprobs[i:j].tolist()  # one conversion per chunk, not per token
-                req.input_top_logprobs += [list(zip(a, b)) for a, b in zip(top_lps[i:j, :n].tolist(),
-                                                                            top_ids[i:j, :n].tolist())]
+                req.input_top_logprobs += top_rows(top_lps[i:j, :n].tolist(), top_ids[i:j, :n].tolist())
             t += s.num_tokens
 
     def _process_spec(self, handle: StepHandle) -> None:
@@ -236,15 +235,15 @@ class EngineCore:
             row = tokens[i, :count].tolist()  # Python ints and floats at once, not per element
             if req.return_logprob:
                 k = req.top_logprobs_num
-                lps, top = logprobs[i, :count].tolist(), top_lps[i, :count, :k].tolist()
-                ids = top_ids[i, :count, :k].tolist()
+                lps = logprobs[i, :count].tolist()
+                top = top_rows(top_lps[i, :count, :k].tolist(), top_ids[i, :count, :k].tolist())
             for j, tok in enumerate(row):
                 req.output_ids.append(tok)
                 req.token_times.append(now)
                 self.num_generated += 1
                 if req.return_logprob:
                     req.output_logprobs.append(lps[j])
-                    req.output_top_logprobs.append(list(zip(top[j], ids[j])))
+                    req.output_top_logprobs.append(top[j])
                 reason = self._stop_reason(req, tok)
                 if reason is not None:
                     break

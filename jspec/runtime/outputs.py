@@ -36,7 +36,7 @@ class _LogprobRows:
     def update(self, req: Request) -> tuple[list, list]:
         n = len(self.tokens)
         self.tokens += [(lp, t, None) for lp, t in zip(req.output_logprobs[n:], req.output_ids[n:])]
-        self.top += [_top_row(row) for row in req.output_top_logprobs[len(self.top):]]
+        self.top += req.output_top_logprobs[len(self.top):]  # built by the engine in this format
         return list(self.tokens), list(self.top)
 
     def update_input(self, req: Request) -> tuple[list, list]:
@@ -45,12 +45,8 @@ class _LogprobRows:
         n = len(self.input_tokens)
         ids = req.input_ids[req.logprob_start_len + n:]
         self.input_tokens += [(lp, t, None) for lp, t in zip(req.input_logprobs[n:], ids)]
-        self.input_top += [_top_row(row) for row in req.input_top_logprobs[len(self.input_top):]]
+        self.input_top += req.input_top_logprobs[len(self.input_top):]
         return list(self.input_tokens), list(self.input_top)
-
-
-def _top_row(row: list | None) -> list | None:
-    return None if row is None else [(lp, t, None) for lp, t in row]
 
 
 def meta_info(req: Request, *, speculative: bool, rows: _LogprobRows | None = None) -> dict:

@@ -41,12 +41,13 @@ class Request:
     # SGLang's input_token_logprobs: from prompt position logprob_start_len on (-1: none), one entry
     # per prompt token, (None for the first token of all, which nothing predicts).
     logprob_start_len: int = -1
+    # Top logprob rows are built once, in meta_info's format (`top_rows`), and handed out as they are.
     input_logprobs: list = dataclasses.field(default_factory=list)
     input_top_logprobs: list = dataclasses.field(default_factory=list)
 
     output_ids: list[int] = dataclasses.field(default_factory=list)
     output_logprobs: list[float] = dataclasses.field(default_factory=list)
-    output_top_logprobs: list[list[tuple[float, int]]] = dataclasses.field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int, None]]] = dataclasses.field(default_factory=list)
     status: Status = Status.WAITING
     finish_reason: dict | None = None
     aborted: str | None = None  # abort message, set from any thread; acted on by the loop
@@ -202,6 +203,16 @@ def make_request(limits: RequestLimits, tokenizer, *, prompt, input_ids, samplin
         req.input_logprobs.append(None)
         req.input_top_logprobs.append(None)
     return req
+
+
+def top_rows(logprobs: list[list[float]], ids: list[list[int]]) -> list[list[tuple[float, int, None]]]:
+    """Top logprob rows (Python lists of k logprobs and of k ids, one per token) in SGLang's
+    meta_info format: [(logprob, id, None)] per token (None: the token's text, which SGLang fills
+    only on request). Built in C (zip), once per token; a streamed request's chunks reuse them."""
+    if not logprobs:
+        return []
+    nones = (None,) * len(logprobs[0])
+    return [list(zip(a, b, nones)) for a, b in zip(logprobs, ids)]
 
 
 def parallel_samples(req: Request, next_seed) -> list[Request]:
