@@ -13,6 +13,7 @@ middle half of the decode steps, with the wall time per step and the loop's wait
 
     python3 bench/host_phases.py record OUT.json -- bench serve --model-path ... --alternate-constraint 2
     python3 bench/host_phases.py summary OUT.json
+    python3 bench/host_phases.py totals OUT.json    # every span summed per run, prompt steps included
 """
 
 from __future__ import annotations
@@ -166,6 +167,24 @@ def summarize(events: list) -> list[dict]:
     return out
 
 
+def totals(events: list) -> list[dict]:
+    """One dict per run window: every span's calls, wall ms and CPU ms summed over the whole run
+    (prompt steps and streamed chunks included, which `summarize` leaves out), and the run's
+    seconds; to compare two runs of one workload that differ in what a request asks for."""
+    runs = sorted((e for e in events if e[0] == "run"), key=lambda e: e[1]) or [("run", -np.inf, np.inf, 0)]
+    out = []
+    for run in runs:
+        spans: dict[str, list] = {}
+        for name, start, end, _, *cpu in events:
+            if name != "run" and run[1] <= start < run[2]:
+                t = spans.setdefault(name, [0, 0.0, 0.0])
+                t[0], t[1] = t[0] + 1, t[1] + (end - start) * 1e3
+                t[2] += cpu[0] * 1e3 if cpu else 0.0
+        out.append({"run_s": float(run[2] - run[1]) if np.isfinite(run[1]) else None,
+                    "spans": {k: {"calls": v[0], "wall_ms": v[1], "cpu_ms": v[2]} for k, v in sorted(spans.items())}})
+    return out
+
+
 def _median_ms(seconds: list) -> float | None:
     return float(np.median(seconds) * 1e3) if seconds else None
 
@@ -178,10 +197,19 @@ def main(argv=None) -> int:
     r.add_argument("command", nargs=argparse.REMAINDER)
     s = sub.add_parser("summary", help="print what record wrote")
     s.add_argument("path")
+    t = sub.add_parser("totals", help="print each span's calls, wall and CPU time summed per run")
+    t.add_argument("path")
     args = ap.parse_args(argv)
     if args.cmd == "record":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         return record(args.out, command)
+    if args.cmd == "totals":
+        with open(args.path) as f:
+            for i, run in enumerate(totals(json.load(f))):
+                print(f"run {i}: {run['run_s'] or float('nan'):.3f} s")
+                for name, v in run["spans"].items():
+                    print(f"  {name:15s} {v['calls']:6d} calls  wall {v['wall_ms']:9.1f} ms  cpu {v['cpu_ms']:8.1f} ms")
+        return 0
     with open(args.path) as f:
         for i, run in enumerate(summarize(json.load(f))):
             w = run["wall_ms"]

@@ -40,13 +40,16 @@ class _LogprobRows:
         return list(self.tokens), list(self.top)
 
     def update_input(self, req: Request) -> tuple[list, list]:
-        """The prompt's rows from logprob_start_len on (they grow while the prompt is prefilled
-        in chunks, then stay)."""
+        """The prompt's rows from logprob_start_len on. They grow while the prompt is prefilled in
+        chunks and then stay, so every chunk after the prompt gets the same two lists, not copies
+        (a copy per chunk of a long prompt's rows is host time in every decode step)."""
         n = len(self.input_tokens)
+        if n == len(req.input_logprobs) and len(self.input_top) == len(req.input_top_logprobs):
+            return self.input_tokens, self.input_top
         ids = req.input_ids[req.logprob_start_len + n:]
-        self.input_tokens += [(lp, t, None) for lp, t in zip(req.input_logprobs[n:], ids)]
-        self.input_top += req.input_top_logprobs[len(self.input_top):]
-        return list(self.input_tokens), list(self.input_top)
+        self.input_tokens = self.input_tokens + [(lp, t, None) for lp, t in zip(req.input_logprobs[n:], ids)]
+        self.input_top = self.input_top + req.input_top_logprobs[len(self.input_top):]
+        return self.input_tokens, self.input_top
 
 
 def meta_info(req: Request, *, speculative: bool, rows: _LogprobRows | None = None) -> dict:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bench.host_phases import _gc_spans, summarize
+from bench.host_phases import _gc_spans, summarize, totals
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -97,3 +97,16 @@ def test_record_writes_cpu_times_of_the_wrapped_calls(tmp_path):
     busy()
     ((name, start, end, _, cpu),) = events
     assert name == "busy" and 0 < cpu <= (end - start) * 1.05 + 1e-3
+
+
+def test_totals_sum_every_span_of_each_run_prompt_steps_included():
+    """`totals` adds up every span in a run window (calls, wall ms, CPU ms, a span without a CPU
+    time counting none), where `summarize` keeps only decode steps."""
+    events = [("run", 10.0, 11.0, 1), ("run", 20.0, 22.0, 1),
+              ("process", 10.1, 10.13, 1, 0.01), ("process", 10.5, 10.51, 1, 0.005), ("gc0", 10.6, 10.602, 1),
+              ("chunk", 20.1, 20.104, 2, 0.003), ("process", 15.0, 15.5, 1, 0.1)]  # the last: in no run
+    first, second = totals(events)
+    assert first["run_s"] == pytest.approx(1.0) and second["run_s"] == pytest.approx(2.0)
+    assert first["spans"]["process"] == pytest.approx({"calls": 2, "wall_ms": 40.0, "cpu_ms": 15.0})
+    assert first["spans"]["gc0"] == pytest.approx({"calls": 1, "wall_ms": 2.0, "cpu_ms": 0.0})
+    assert list(second["spans"]) == ["chunk"]
