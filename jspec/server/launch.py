@@ -35,7 +35,7 @@ def add_serve_parser(sub) -> None:
     g.add_argument("--random-seed", dest="seed", type=int, default=0,
                    help="seeds of requests that name none are drawn from it")
     g.add_argument("--stream-output", action="store_true",
-                   help="/generate streams disjoint segments instead of the text and ids so far")
+                   help="/generate streams disjoint segments (text, ids and logprob lists) instead of all so far")
     g.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     g.add_argument("--timeout-graceful-shutdown", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGTERM")

@@ -3,7 +3,8 @@
 
 `/generate` takes `Engine.generate`'s arguments as JSON (`text` is its `prompt`) and answers with
 its dicts. Streamed, it sends SGLang's events: `data: {"text", "output_ids", "meta_info"}` with the
-text and ids so far (cumulative, as SGLang by default; disjoint segments with `--stream-output`),
+text and ids so far (cumulative, as SGLang by default; disjoint segments with `--stream-output`,
+SGLang's `incremental_streaming_output`, where the logprob lists of meta_info come in segments too),
 then `data: [DONE]`.
 """
 
@@ -51,18 +52,27 @@ async def generate(body: GenerateRequest, request: Request):
     return JSONResponse(out)
 
 
+LOGPROB_LISTS = ("input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs")
+
+
 async def _stream(st: ServerState, streams):
     text, ids = "", []
+    sent = dict.fromkeys(LOGPROB_LISTS, 0)  # segments: entries of each list already sent
     async with contextlib.aclosing(st.bridge.events(streams)) as events:
         async for ev in events:
             if ev.error is not None:
                 yield sse(error_body(500, ev.error))
                 break
+            meta = ev.meta
             if st.stream_output:
                 text, ids = ev.text, ev.ids
+                meta = dict(meta)
+                for key in LOGPROB_LISTS:
+                    if key in meta:  # the entries not sent yet: each once, over the events
+                        meta[key], sent[key] = meta[key][sent[key]:], len(meta[key])
             else:
                 text, ids = text + ev.text, ids + ev.ids
-            yield sse({"text": text, "output_ids": ids, "meta_info": ev.meta})
+            yield sse({"text": text, "output_ids": ids, "meta_info": meta})
     yield DONE
 
 

@@ -475,6 +475,35 @@ def test_generate_whole_and_streamed(served):
     assert events[-1]["meta_info"]["finish_reason"] == ref["meta_info"]["finish_reason"]
 
 
+def test_generate_streams_segments_with_stream_output(served):
+    """`--stream-output` (SGLang's incremental_streaming_output): each event carries only what is
+    new: its text, ids and the logprob entries not sent before; joined, they are the whole answer."""
+    sp = {"max_new_tokens": 12, "ignore_eos": True, **GREEDY}
+    ids = served.engine.tokenizer.encode("Once upon a time").ids
+    ref = served.engine.generate(input_ids=ids, sampling_params=sp, return_logprob=True, top_logprobs_num=2)
+    state = served.server.config.app.state.jspec
+    state.stream_output = True
+    try:
+        with served.http.stream("POST", "/generate", json={"input_ids": ids, "sampling_params": sp, "stream": True,
+                                                           "return_logprob": True, "top_logprobs_num": 2}) as r:
+            lines = [line for line in r.iter_lines() if line]
+    finally:
+        state.stream_output = False
+    events = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    assert lines[-1] == "data: [DONE]" and len(events) >= 2
+    joined = lambda key: [e for ev in events for e in ev["meta_info"][key]]  # noqa: E731
+    assert [t for ev in events for t in ev["output_ids"]] == ref["output_ids"]
+    assert "".join(ev["text"] for ev in events) == ref["text"]
+    want = ref["meta_info"]
+    assert [t for _, t, _ in joined("output_token_logprobs")] == ref["output_ids"]
+    assert [lp for lp, _, _ in joined("output_token_logprobs")] == pytest.approx(
+        [lp for lp, _, _ in want["output_token_logprobs"]], abs=1e-5)
+    assert [[t for _, t, _ in row] for row in joined("output_top_logprobs")] == \
+        [[t for _, t, _ in row] for row in want["output_top_logprobs"]]
+    assert sum(len(ev["meta_info"]["output_token_logprobs"]) > 0 for ev in events) >= 2  # in segments, not at once
+    assert events[-1]["meta_info"]["completion_tokens"] == len(ref["output_ids"])
+
+
 def test_health_info_and_flush(served):
     assert served.http.get("/health").status_code == 200
     assert served.http.get("/health_generate").status_code == 200
