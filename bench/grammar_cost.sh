@@ -4,7 +4,8 @@
 # 1 and 32, a byte-level tokenizer of the whole 151,936-token vocabulary (bench/vocab_tokenizer.py:
 # the machine has no model hub, and random drafters propose anywhere in it), one stage per call.
 # Writes JSONL under OUT.
-#   bench/grammar_cost.sh OUT nogrammar | off | open | json | graph-parts | static-carry | update-mode | copies | alternate
+#   bench/grammar_cost.sh OUT nogrammar | off | open | json | graph-parts | static-carry | update-mode | copies |
+#                          part-copies | alternate
 # nogrammar: an engine without grammar_backend (fused steps), the baseline;
 # off: the grammar engine (split steps), no request constrained: the cost of the split alone;
 # open: every request under a regex that allows any text: the host's mid-step drafts read, grammar
@@ -34,6 +35,8 @@
 #   reach every run and are named in its record. RUNS: which of `open off` to run (default both).
 # copies: `alternate` with the pipelined forward part as two loaded copies and as one
 #   (JSPEC_GRAMMAR_FORWARD_COPIES=1 / 0, jspec/runtime/part_copies.py), c1 twice each, c32 once each.
+# part-copies: `alternate` at c1 with each JSPEC_GRAMMAR_PART_COPIES setting in SETS (which parts of
+#   the pipelined step run as two copies; default forward, draft+forward, all three), twice each.
 # alternate: one engine, every request under the allow-all regex and then none, alternated ROUNDS
 #   times (default 3; `jspec bench serve --alternate-constraint`), decode-heavy (1024 out, PROMPTS
 #   prompts a run, default twice CONCURRENCY, which defaults to 32): the constraint's cost without
@@ -92,6 +95,17 @@ case $stage in
           dir=$out/copies_c${c}_${copies}_r$round; mkdir -p "$dir"; echo "== c$c JSPEC_GRAMMAR_FORWARD_COPIES=$copies (round $round)"
           JSPEC_GRAMMAR_FORWARD_COPIES=$copies CONCURRENCY=$c PROMPTS=$(( c > 1 ? 32 : 4 )) ROUNDS=1 bash "$0" "$dir" alternate
         done
+      done
+    done
+    exit 0 ;;
+  part-copies)
+    # Which parts run as two loaded copies (JSPEC_GRAMMAR_PART_COPIES): each setting of SETS
+    # (default: forward, draft+forward, all three) in turn, `alternate` at concurrency 1 (4 prompts),
+    # ROUNDS_EACH rounds (default 2); one engine per run, in OUT/parts_<setting>_r<round>.
+    for round in $(seq ${ROUNDS_EACH:-2}); do
+      for set in ${SETS:-forward draft,forward draft,forward,verify}; do
+        dir=$out/parts_${set//,/+}_r$round; mkdir -p "$dir"; echo "== c1 JSPEC_GRAMMAR_PART_COPIES=$set (round $round)"
+        JSPEC_GRAMMAR_PART_COPIES=$set CONCURRENCY=1 PROMPTS=4 ROUNDS=1 bash "$0" "$dir" alternate
       done
     done
     exit 0 ;;

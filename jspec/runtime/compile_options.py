@@ -36,7 +36,7 @@ split step with any captured part therefore hands its carry over in static buffe
 (`uses_static_carry`, `jspec.runtime.static_carry`).
 Temporaries move too: each part's scratch buffer is allocated afresh at every launch. The
 forward part's alternates between two addresses from step to step, so it runs as two loaded copies
-taken in turn (`forward_copies`, `jspec.runtime.part_copies`), each of which keeps its graph.
+taken in turn (`copied_parts`, `jspec.runtime.part_copies`), each of which keeps its graph.
 `JSPEC_GRAMMAR_UPDATE_MODE=SKIP_TEMP` (any of XLA's `CommandBufferUpdateMode` names; jaxlib 0.11
 or later for SKIP_TEMP) compiles the captured parts of constrained speculative split steps with
 that command-buffer update mode, which keeps their temporaries at stable virtual addresses, so
@@ -51,8 +51,10 @@ not, onto that allocator, under which a grammar engine's unconstrained steps mea
 concurrency 1 and its constrained steps at 32 (bench/README.md, "the grammar engine choosing the
 update mode itself"); TP is not measured under it. A user who names the mode in
 XLA_FLAGS keeps that.
-`JSPEC_GRAMMAR_FORWARD_COPIES=0` or `1` decides the forward's second copy for every pipelined
-bucket on a GPU.
+`JSPEC_GRAMMAR_PART_COPIES=draft,forward,verify` (any of them, or `none`) names exactly the parts of
+every constrained split step that run as two copies on a GPU (a plain engine's split step: draft
+is its forward, verify its sampling half); `JSPEC_GRAMMAR_FORWARD_COPIES=0` or `1` decides only
+the forward's second copy, for every pipelined bucket on a GPU.
 `JSPEC_GRAMMAR_UNCAPTURED_PARTS=draft,forward,verify` (any of the three, or `none`) names exactly
 the parts of every constrained speculative split step, pipelined or not, that compile uncaptured,
 in place of that choice (measured by `bench/grammar_cost.sh OUT graph-parts`). A user who names
@@ -82,6 +84,7 @@ GRAPH_COLLECTIVES_ENV = "JSPEC_TP_GRAPH_COLLECTIVES_FROM_ROWS"
 UNCAPTURED_PARTS_ENV = "JSPEC_GRAMMAR_UNCAPTURED_PARTS"
 STATIC_CARRY_ENV = "JSPEC_GRAMMAR_STATIC_CARRY"
 FORWARD_COPIES_ENV = "JSPEC_GRAMMAR_FORWARD_COPIES"
+PART_COPIES_ENV = "JSPEC_GRAMMAR_PART_COPIES"
 SPLIT_PARTS = ("draft", "forward", "verify")
 
 
@@ -137,13 +140,19 @@ def graph_collectives_from_rows() -> int | None:
 def uncaptured_parts() -> frozenset[str] | None:
     """The split-step parts `JSPEC_GRAMMAR_UNCAPTURED_PARTS` names (empty for `none`), or None when
     unset; a name outside SPLIT_PARTS is a ConfigError naming the variable."""
-    value = os.environ.get(UNCAPTURED_PARTS_ENV, "").strip()
+    return _part_names(UNCAPTURED_PARTS_ENV)
+
+
+def _part_names(env: str) -> frozenset[str] | None:
+    """The split-step parts the environment variable `env` names, comma separated (empty for
+    `none`), or None when unset; a name outside SPLIT_PARTS is a ConfigError naming `env`."""
+    value = os.environ.get(env, "").strip()
     if not value:
         return None
     names = frozenset(n.strip() for n in value.split(",") if n.strip()) - {"none"}
     unknown = sorted(names - set(SPLIT_PARTS))
     if unknown:
-        raise ConfigError(f"{UNCAPTURED_PARTS_ENV}: unknown part(s) {unknown}; give any of {list(SPLIT_PARTS)} "
+        raise ConfigError(f"{env}: unknown part(s) {unknown}; give any of {list(SPLIT_PARTS)} "
                           f"or none, comma separated, got {value!r}")
     return names
 
@@ -224,15 +233,22 @@ def uses_static_carry(bucket: Bucket, drafting) -> bool:
     return not set(split_parts(bucket)) <= chosen_uncaptured_parts(bucket) if chosen is None else chosen
 
 
-def forward_copies(platform: str, bucket: Bucket) -> bool:
-    """Whether a pipelined constrained step's forward part runs as two loaded copies in turn
-    (`jspec.runtime.part_copies`), on a GPU only (where graphs are captured and re-recorded): by
-    default where the forward is captured (not named uncaptured). `JSPEC_GRAMMAR_FORWARD_COPIES=0`
-    or `1` decides it for every pipelined bucket on a GPU."""
-    if platform != "gpu" or not bucket.grammar_pipeline:
-        return False
+def copied_parts(platform: str, bucket: Bucket) -> frozenset[str]:
+    """The parts of a constrained split step (`split_parts` names) that run as two loaded copies
+    taken in turn (`jspec.runtime.part_copies`), on a GPU only (where graphs are captured and
+    re-recorded): by default a pipelined step's forward where it is captured (not named
+    uncaptured). `JSPEC_GRAMMAR_PART_COPIES` names them for every split bucket on a GPU;
+    else `JSPEC_GRAMMAR_FORWARD_COPIES=0` or `1` decides the forward's for every pipelined one."""
+    if platform != "gpu" or not bucket.grammar_split:
+        return frozenset()
+    named = _part_names(PART_COPIES_ENV)
+    if named is not None:
+        return named & frozenset(split_parts(bucket))
+    if not bucket.grammar_pipeline:
+        return frozenset()
     chosen = _switch(FORWARD_COPIES_ENV)
-    return "forward" not in chosen_uncaptured_parts(bucket) if chosen is None else chosen
+    on = "forward" not in chosen_uncaptured_parts(bucket) if chosen is None else chosen
+    return frozenset({"forward"}) if on else frozenset()
 
 
 def _switch(name: str) -> bool | None:

@@ -286,11 +286,9 @@ class ModelRunner:
                 after.result()
             t = time.perf_counter()
             parts = self._compiled_parts(b, self.state, lowered)
-            second = part_copies.load_copy(parts[1], self.mesh.devices.flat) \
-                if compile_options.forward_copies(self.mesh.devices.flat[0].platform, b) else None
             exe = parts[0] if not b.grammar_split else SplitExecutable(
                 parts, b, self._replicated, plain=self.drafting is None, guard=self.transfer_guard,
-                arenas=self.arenas, second_copy=second)
+                arenas=self.arenas, copies=part_copies.for_split(parts, b, list(self.mesh.devices.flat)))
             return b, exe, time.perf_counter() - t
 
         # Tracing holds the GIL and runs here, one bucket after another; XLA's compilation releases

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from jax.experimental import serialize_executable
 
+from jspec.runtime import compile_options
 from jspec.runtime.slim_part import SlimPart
+
+ATTRIBUTES = {"draft": "first", "forward": "forward", "verify": "second"}  # SplitExecutable's names
 
 
 def load_copy(part: SlimPart, devices) -> SlimPart:
@@ -28,6 +31,15 @@ def load_copy(part: SlimPart, devices) -> SlimPart:
     exe = serialize_executable.deserialize_and_load(*serialize_executable.serialize(part.compiled),
                                                     execution_devices=list(devices))
     return SlimPart(exe, part.plan)
+
+
+def for_split(parts: list, bucket, devices) -> dict[str, SlimPart]:
+    """The second copies a split step's compiled parts (`split_step.lower`'s order, the fused twin
+    last) get on devices: {SplitExecutable attribute: copy} for the parts
+    `compile_options.copied_parts` names."""
+    names = compile_options.split_parts(bucket)
+    chosen = compile_options.copied_parts(devices[0].platform, bucket)
+    return {ATTRIBUTES[n]: load_copy(parts[i], devices) for i, n in enumerate(names) if n in chosen}
 
 
 class Alternating:

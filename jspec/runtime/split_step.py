@@ -80,20 +80,20 @@ class SplitExecutable:
     """The compiled parts of one bucket's split step (first, [forward,] second) and its fused twin."""
 
     def __init__(self, parts: list, bucket: Bucket, sharding, *, plain: bool, guard: str | None = None,
-                 arenas: static_carry.ArenaKeeper | None = None, second_copy=None):
+                 arenas: static_carry.ArenaKeeper | None = None, copies: dict | None = None):
         """parts: as `lower` returns them, compiled (a draft part that takes a fourth argument was
         lowered with `static=True`: the carry in an arena, kept by `arenas` between steps, shared
         by the runner's executables so that one arena lives at a time); plain: a plain
         engine's step (a SplitSample: the carry is the state and the logits); else a speculative
         engine's (`step_common.SplitStep`, its plain steps included); guard: the loop's transfer
-        guard level, which launches on the launcher thread run under too; second_copy: a second
-        compiled copy of a pipelined step's forward part (`part_copies`), launched in turn with the
-        first so that neither copy's graph is re-recorded before each launch
-        (`compile_options.forward_copies`)."""
+        guard level, which launches on the launcher thread run under too; copies: {"first" |
+        "forward" | "second": a second loaded copy of that part} (`part_copies`), each launched in
+        turn with the part so that neither copy's graph is re-recorded before each launch
+        (`compile_options.copied_parts`)."""
         self.first, *forward, self.second, self.fused = parts
         self.forward = forward[0] if forward else None
-        if second_copy is not None:
-            self.forward = part_copies.Alternating(self.forward, second_copy)
+        for name, copy in (copies or {}).items():
+            setattr(self, name, part_copies.Alternating(getattr(self, name), copy))
         self.bucket, self.sharding = bucket, sharding
         self.plain, self.guard = plain, guard
         self._replace = False  # pipelined: the next step's forward waits for the walk (a forced run)
@@ -176,17 +176,24 @@ class SplitExecutable:
         return jax.device_put(masks, self.sharding)
 
     def warm_up(self, params, state, packed):
-        """Run every part once on `packed` (padding rows: start-up), every node walkable and every
-        token allowed -> (state, out): as a constrained step would, without a plan to walk."""
+        """Run every part on `packed` (padding rows: start-up), every node walkable and every
+        token allowed -> (state, out): as a constrained step would, without a plan to walk; the
+        whole step once per copy of a part run as two (`part_copies`), so that each copy records
+        its graph now, in launch order."""
+        parts = (self.first, self.forward, self.second)
+        for _ in range(max(len(getattr(p, "copies", ())) or 1 for p in parts if p is not None)):
+            state, out = self._run_once(params, state, packed)
+        return state, out
+
+    def _run_once(self, params, state, packed):
         masks = self._put(None)
         if self.plain:
             state, logits = self.first(params, state, packed)
             return self.second(params, state, packed, logits, masks)
         buffers, rest, _ = self.first(params, state, packed, *([self._take_arena()] if self.static else []))
         decisions = self._walkable()
-        # Every copy of a forward run as two copies once, in launch order: each records its graph now.
-        for forward in getattr(self.forward, "copies", [self.forward] if self.forward is not None else []):
-            buffers, rest = forward(params, buffers, rest, decisions)
+        if self.forward is not None:
+            buffers, rest = self.forward(params, buffers, rest, decisions)
         if self.static:
             self._arenas.keep(self._shapes, rest)
         return self.second(params, buffers, rest, decisions, masks)

@@ -226,22 +226,60 @@ def test_a_captured_pipelined_forward_runs_as_two_copies_on_a_gpu(monkeypatch):
     its graph can be re-recorded: on a GPU, unless it is named uncaptured; never on a CPU or for a
     split step without a forward part of its own; JSPEC_GRAMMAR_FORWARD_COPIES=0 / 1 decides for
     every pipelined step on a GPU, anything else is a ConfigError naming it."""
-    from jspec.runtime.compile_options import FORWARD_COPIES_ENV, UNCAPTURED_PARTS_ENV, forward_copies
+    from jspec.runtime.compile_options import (FORWARD_COPIES_ENV, PART_COPIES_ENV, UNCAPTURED_PARTS_ENV,
+                                               copied_parts)
 
-    monkeypatch.delenv(FORWARD_COPIES_ENV, raising=False)
-    monkeypatch.delenv(UNCAPTURED_PARTS_ENV, raising=False)
+    for env in (FORWARD_COPIES_ENV, UNCAPTURED_PARTS_ENV, PART_COPIES_ENV):
+        monkeypatch.delenv(env, raising=False)
     split = lambda b, **kw: decode(b, grammar_split=True, grammar_nodes=4, mask_words=8, **kw)  # noqa: E731
     piped = split(1, grammar_pipeline=True)
-    assert forward_copies("gpu", piped) and forward_copies("gpu", split(64, grammar_pipeline=True))
-    assert not forward_copies("cpu", piped)
-    assert not forward_copies("gpu", split(1)) and not forward_copies("gpu", decode(1))
+    forward = frozenset({"forward"})
+    assert copied_parts("gpu", piped) == forward == copied_parts("gpu", split(64, grammar_pipeline=True))
+    assert not copied_parts("cpu", piped)
+    assert not copied_parts("gpu", split(1)) and not copied_parts("gpu", decode(1))
     monkeypatch.setenv(UNCAPTURED_PARTS_ENV, "forward")
-    assert not forward_copies("gpu", piped)
+    assert not copied_parts("gpu", piped)
     monkeypatch.setenv(FORWARD_COPIES_ENV, "1")
-    assert forward_copies("gpu", piped) and not forward_copies("cpu", piped) and not forward_copies("gpu", split(1))
+    assert copied_parts("gpu", piped) == forward
+    assert not copied_parts("cpu", piped) and not copied_parts("gpu", split(1))
     monkeypatch.setenv(UNCAPTURED_PARTS_ENV, "draft,verify")
     monkeypatch.setenv(FORWARD_COPIES_ENV, "0")
-    assert not forward_copies("gpu", piped)
+    assert not copied_parts("gpu", piped)
     monkeypatch.setenv(FORWARD_COPIES_ENV, "2")
     with pytest.raises(ConfigError, match=FORWARD_COPIES_ENV):
-        forward_copies("gpu", piped)
+        copied_parts("gpu", piped)
+
+
+def test_part_copies_names_the_copied_parts_of_every_split_step(monkeypatch):
+    """JSPEC_GRAMMAR_PART_COPIES names the parts run as two copies, over the forward's own knob, for
+    every split step on a GPU (those of its parts a step has: a non-pipelined one has no forward);
+    `none` names none; an unknown part is a ConfigError naming the variable. `part_copies.for_split`
+    loads a copy of each named part and hands it to the executable's attribute for it."""
+    from jspec.runtime import part_copies
+    from jspec.runtime.compile_options import FORWARD_COPIES_ENV, PART_COPIES_ENV, copied_parts
+
+    split = lambda b, **kw: decode(b, grammar_split=True, grammar_nodes=4, mask_words=8, **kw)  # noqa: E731
+    piped, plain_split = split(1, grammar_pipeline=True), split(1)
+    monkeypatch.setenv(FORWARD_COPIES_ENV, "0")
+    monkeypatch.setenv(PART_COPIES_ENV, "draft, forward,verify")
+    assert copied_parts("gpu", piped) == {"draft", "forward", "verify"}
+    assert copied_parts("gpu", plain_split) == {"draft", "verify"} and not copied_parts("cpu", piped)
+    assert not copied_parts("gpu", decode(1))
+    monkeypatch.setenv(PART_COPIES_ENV, "none")
+    assert not copied_parts("gpu", piped)
+    monkeypatch.setenv(PART_COPIES_ENV, "draft,sample")
+    with pytest.raises(ConfigError, match=rf"{PART_COPIES_ENV}: unknown part\(s\) \['sample'\]"):
+        copied_parts("gpu", piped)
+
+    class Gpu:
+        platform = "gpu"
+
+    monkeypatch.setattr(part_copies, "load_copy", lambda part, devices: ("copy of", part))
+    monkeypatch.setenv(PART_COPIES_ENV, "draft,verify")
+    parts = ["first", "forward", "second", "fused"]
+    assert part_copies.for_split(parts, piped, [Gpu()]) == {"first": ("copy of", "first"),
+                                                           "second": ("copy of", "second")}
+    assert part_copies.for_split(["first", "second", "fused"], plain_split, [Gpu()]) == \
+        {"first": ("copy of", "first"), "second": ("copy of", "second")}
+    monkeypatch.setenv(PART_COPIES_ENV, "forward")
+    assert part_copies.for_split(parts, piped, [Gpu()]) == {"forward": ("copy of", "forward")}

@@ -419,12 +419,14 @@ def test_the_start_up_warm_up_runs_every_split_part_and_changes_no_answer(engine
         check_no_leaks(eng)
 
 
-def test_a_forward_run_as_two_copies_launches_them_in_turn_and_changes_no_answer(engine, ngram_engine):
+def test_parts_run_as_two_copies_launch_them_in_turn_and_change_no_answer(engine, ngram_engine):
     """On a GPU a pipelined step's forward part runs as two loaded copies taken in turn
-    (`part_copies`), so that each copy's graph keeps the scratch address it sees. Built here as a
-    GPU engine builds them (a CPU engine does not: nothing is captured there): the copies are two
-    executables of one program, launched alternately on the launcher thread; the constrained greedy
-    text equals the plain engine's; the start-up warm-up runs each copy once, in order."""
+    (`part_copies`), so that each copy's graph keeps the scratch address it sees; any part may
+    (`JSPEC_GRAMMAR_PART_COPIES`). Built here as a GPU engine builds them, for all three parts (a
+    CPU engine does not: nothing is captured there): each part's copies are two executables of one
+    program, launched alternately, the forward's on the launcher thread and the others on the
+    loop's; the constrained greedy text equals the plain engine's; the start-up warm-up runs the
+    step once per copy, each copy once, in order."""
     from jspec.runtime import part_copies
 
     sp = {"max_new_tokens": 24, "temperature": 0, "regex": REGEX}
@@ -432,29 +434,38 @@ def test_a_forward_run_as_two_copies_launches_them_in_turn_and_changes_no_answer
     eng = ngram_engine
     eng.policy.choose = lambda b, n: eng.policy.max_drafts  # the full chain: its buckets get the copies
     runner, kept, launched = eng.runner, {}, []
+    names = ("first", "forward", "second")
     for b, exe in list(runner.compiled.items()):
         if isinstance(exe, SplitExecutable) and exe.forward is not None and not b.draft_steps:
-            second = part_copies.load_copy(exe.forward, runner.mesh.devices.flat)
+            copies = {n: part_copies.load_copy(getattr(exe, n), runner.mesh.devices.flat) for n in names}
             doubled = SplitExecutable([exe.first, exe.forward, exe.second, exe.fused], b, exe.sharding, plain=False,
-                                      guard=exe.guard, arenas=runner.arenas, second_copy=second)
-            copies = doubled.forward.copies
-            assert copies == (exe.forward, second) and doubled.forward.plan is exe.forward.plan
-            assert second.compiled is not exe.forward.compiled
-            doubled.forward.copies = tuple(
-                lambda *a, _c=c, _i=i, _b=b: (launched.append((_b, _i, threading.current_thread().name)), _c(*a))[1]
-                for i, c in enumerate(copies))
+                                      guard=exe.guard, arenas=runner.arenas, copies=copies)
+            for n in names:
+                alt = getattr(doubled, n)
+                assert alt.copies == (getattr(exe, n), copies[n]) and alt.plan is getattr(exe, n).plan
+                assert copies[n].compiled is not getattr(exe, n).compiled
+                alt.copies = tuple(
+                    lambda *a, _c=c, _i=i, _b=b, _n=n: (launched.append((_b, _n, _i, threading.current_thread().name)),
+                                                        _c(*a))[1]
+                    for i, c in enumerate(alt.copies))
             kept[b], runner.compiled[b] = exe, doubled
     assert len(kept) == 2  # the full chain at both widths
     try:
         out = eng.generate(input_ids=_ids("go"), sampling_params=sp)
-        steps = [i for _, i, _ in launched]
-        assert {thread for *_, thread in launched} == {"jspec-launch_0"}, launched
-        assert len(steps) >= 4 and steps == [k % 2 for k in range(len(steps))], steps
+        for n in names:
+            steps = [i for _, m, i, _ in launched if m == n]
+            threads = {t for _, m, _, t in launched if m == n}
+            assert len(threads) == 1 and ("jspec-launch_0" in threads) == (n == "forward"), (n, threads)
+            assert len(steps) >= 4 and steps == [k % 2 for k in range(len(steps))], (n, steps)
         assert eng.wait_idle(30)
         launched.clear()
         startup_runs.warm_up(runner)
         warmed = list(dict.fromkeys(b for b, *_ in launched))  # the buckets in their warm-up order
-        assert set(warmed) == set(kept) and [(b, i) for b, i, _ in launched] == [(b, i) for b in warmed for i in (0, 1)]
+        assert set(warmed) == set(kept)
+        for b in warmed:  # the whole step twice; each part's copies once each (from where serving left them)
+            runs = [(n, i) for c, n, i, _ in launched if c == b]
+            assert [n for n, _ in runs] == list(names) * 2, runs
+            assert all(sorted(i for m, i in runs if m == n) == [0, 1] for n in names), runs
     finally:
         runner.compiled.update(kept)
     check_no_leaks(eng)
