@@ -181,10 +181,10 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
         packed_out = _rows(tokens, so.logprobs, so.top_ids, so.top_logprobs)
         if bucket.input_logprobs:  # T more rows: each token's next token and its logprob there
             valid_tok = f["valid_tok"]
-            temperature = x["temperature"][jnp.minimum(f["req_of_tok"], bucket.batch_size - 1)]
+            row = jnp.minimum(f["req_of_tok"], bucket.batch_size - 1)
             nxt = jnp.where(valid_tok, x["next_ids"], -1)
-            lp, top_ids, top_lp = input_logprobs(f["target"], f["out"].final_hidden, nxt, temperature,
-                                                 num_top_logprobs)
+            lp, top_ids, top_lp = input_logprobs(f["target"], f["out"].final_hidden, nxt, x["temperature"][row],
+                                                 num_top_logprobs, top_rows=x["top_logprobs_num"][row] > 0)
             packed_out = jnp.concatenate([packed_out, _rows(nxt, lp, top_ids, top_lp)], axis=0)
         return new, packed_out
 
@@ -239,24 +239,25 @@ def input_logprob_block(vocab_size: int) -> int:
     return 1 << (rows.bit_length() - 1)
 
 
-def input_logprobs(target, hidden, next_ids, temperature, num_top: int, block: int | None = None):
+def input_logprobs(target, hidden, next_ids, temperature, num_top: int, block: int | None = None, top_rows=None):
     """SGLang's input_token_logprobs: for each of the T tokens, log_softmax(logits / T) (T = 1 for
     greedy rows; no penalties, as SGLang) of the token after it (next_ids `[T]`, -1: none) and the
     top num_top, from the final hidden states `[T, E]`, `block` tokens at a time
     (`input_logprob_block` by default) so a long chunk never holds `[T, V]` logits. The loop stops
     after the last token that has a next token: the blocks after it (a chunk's padding) cost
-    nothing, and their rows are zeros."""
+    nothing, and their rows are zeros. top_rows (`[T]` bool, None: all): the tokens whose top
+    logprobs are returned; the others' top rows are zeros and the top-k kernel skips them."""
     t = hidden.shape[0]
     vocab = jax.eval_shape(target.compute_logits, hidden[:1]).shape[-1]
     rows = min(block or input_logprob_block(vocab), t)
     blocks = -(-t // rows)
     pad = blocks * rows - t
 
-    def one(h, nxt, tb):
+    def one(h, nxt, tb, want):
         lp = sampling.logprobs_at_temperature(target.compute_logits(h), tb)
         chosen = ops.vocab_take(lp, jnp.maximum(nxt, 0)[:, None], tp=target.tp_size)[:, 0]
         if num_top > 0:
-            top_lp, top_ids = ops.vocab_top_k(lp, num_top, tp=target.tp_size)
+            top_lp, top_ids = ops.vocab_top_k(lp, num_top, tp=target.tp_size, rows=want)
         else:
             top_lp, top_ids = jnp.zeros((h.shape[0], 0), jnp.float32), jnp.zeros((h.shape[0], 0), jnp.int32)
         return chosen, top_ids.astype(jnp.int32), top_lp
@@ -264,11 +265,13 @@ def input_logprobs(target, hidden, next_ids, temperature, num_top: int, block: i
     split = lambda v: jnp.pad(v, ((0, pad),) + ((0, 0),) * (v.ndim - 1)).reshape(  # noqa: E731
         (blocks, rows) + v.shape[1:])
     hs, nxts, tbs = split(hidden), split(next_ids), split(temperature)
+    wants = None if top_rows is None else split(top_rows & (next_ids >= 0))
     last = jnp.max(jnp.where(next_ids >= 0, jnp.arange(t), -1))
     todo = (last + rows) // rows  # blocks up to the one holding `last` (none when it is -1)
 
     def body(i, acc):
-        return tuple(a.at[i].set(o) for a, o in zip(acc, one(hs[i], nxts[i], tbs[i])))
+        out = one(hs[i], nxts[i], tbs[i], None if wants is None else wants[i])
+        return tuple(a.at[i].set(o) for a, o in zip(acc, out))
 
     init = (jnp.zeros((blocks, rows), jnp.float32), jnp.zeros((blocks, rows, num_top), jnp.int32),
             jnp.zeros((blocks, rows, num_top), jnp.float32))

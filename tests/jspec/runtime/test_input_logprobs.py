@@ -141,7 +141,7 @@ def test_max_new_tokens_zero_scores_the_prompt(setup):
 def test_input_logprobs_in_blocks_stop_after_the_last_token_with_a_next_token():
     """The blocked loop against one log_softmax over every row: rows up to the last token with a
     next token equal it whatever the block (blocks of 4 over 11 rows: one padded); the blocks after
-    that row are not computed (zeros)."""
+    that row are not computed (zeros); top logprobs only where asked."""
     import jax
     import jax.numpy as jnp
 
@@ -171,5 +171,12 @@ def test_input_logprobs_in_blocks_stop_after_the_last_token_with_a_next_token():
         assert not lp[done:].any() and not top_ids[done:].any()
     none = input_logprobs(Head(), hidden, jnp.full((11,), -1, jnp.int32), temp, TOP, block=4)
     assert not np.asarray(none[0]).any()  # no next token at all: no block runs
+    # Top logprobs only for the rows asked (the kernel's row mask): zeros elsewhere, the logprobs kept.
+    asked = jnp.asarray([True, False] * 5 + [True])
+    lp, top_ids, top_lp = map(np.asarray, input_logprobs(Head(), hidden, nxt, temp, TOP, block=4, top_rows=asked))
+    keep = np.asarray(asked)[:8] & (np.asarray(nxt)[:8] >= 0)
+    np.testing.assert_array_equal(top_ids[:8][keep], want_top[:8][keep])
+    assert not top_ids[:8][~keep].any() and not top_lp[:8][~keep].any()
+    np.testing.assert_allclose(lp[:8], lsm[np.arange(8), np.maximum(np.asarray(nxt), 0)[:8]], rtol=1e-5, atol=1e-5)
     assert input_logprob_block(151_936) == 512 and input_logprob_block(512) == 1024
     assert input_logprob_block(10_000_000) == 16
