@@ -184,7 +184,7 @@ def make_step(graphdef, bucket: Bucket, *, page_size: int, num_top_logprobs: int
             row = jnp.minimum(f["req_of_tok"], bucket.batch_size - 1)
             nxt = jnp.where(valid_tok, x["next_ids"], -1)
             lp, top_ids, top_lp = input_logprobs(f["target"], f["out"].final_hidden, nxt, x["temperature"][row],
-                                                 num_top_logprobs, top_rows=x["top_logprobs_num"][row] > 0)
+                                                 num_top_logprobs, top_wanted=x["top_logprobs_num"][row] > 0)
             packed_out = jnp.concatenate([packed_out, _rows(nxt, lp, top_ids, top_lp)], axis=0)
         return new, packed_out
 
@@ -239,13 +239,13 @@ def input_logprob_block(vocab_size: int) -> int:
     return 1 << (rows.bit_length() - 1)
 
 
-def input_logprobs(target, hidden, next_ids, temperature, num_top: int, block: int | None = None, top_rows=None):
+def input_logprobs(target, hidden, next_ids, temperature, num_top: int, block: int | None = None, top_wanted=None):
     """SGLang's input_token_logprobs: for each of the T tokens, log_softmax(logits / T) (T = 1 for
     greedy rows; no penalties, as SGLang) of the token after it (next_ids `[T]`, -1: none) and the
     top num_top, from the final hidden states `[T, E]`, `block` tokens at a time
     (`input_logprob_block` by default) so a long chunk never holds `[T, V]` logits. The loop stops
     after the last token that has a next token: the blocks after it (a chunk's padding) cost
-    nothing, and their rows are zeros. top_rows (`[T]` bool, None: all): the tokens whose top
+    nothing, and their rows are zeros. top_wanted (`[T]` bool, None: all): the tokens whose top
     logprobs are returned; the others' top rows are zeros and the top-k kernel skips them."""
     t = hidden.shape[0]
     vocab = jax.eval_shape(target.compute_logits, hidden[:1]).shape[-1]
@@ -265,7 +265,7 @@ def input_logprobs(target, hidden, next_ids, temperature, num_top: int, block: i
     split = lambda v: jnp.pad(v, ((0, pad),) + ((0, 0),) * (v.ndim - 1)).reshape(  # noqa: E731
         (blocks, rows) + v.shape[1:])
     hs, nxts, tbs = split(hidden), split(next_ids), split(temperature)
-    wants = None if top_rows is None else split(top_rows & (next_ids >= 0))
+    wants = None if top_wanted is None else split(top_wanted & (next_ids >= 0))
     last = jnp.max(jnp.where(next_ids >= 0, jnp.arange(t), -1))
     todo = (last + rows) // rows  # blocks up to the one holding `last` (none when it is -1)
 

@@ -173,7 +173,7 @@ def test_input_logprobs_in_blocks_stop_after_the_last_token_with_a_next_token():
     assert not np.asarray(none[0]).any()  # no next token at all: no block runs
     # Top logprobs only for the rows asked (the kernel's row mask): zeros elsewhere, the logprobs kept.
     asked = jnp.asarray([True, False] * 5 + [True])
-    lp, top_ids, top_lp = map(np.asarray, input_logprobs(Head(), hidden, nxt, temp, TOP, block=4, top_rows=asked))
+    lp, top_ids, top_lp = map(np.asarray, input_logprobs(Head(), hidden, nxt, temp, TOP, block=4, top_wanted=asked))
     keep = np.asarray(asked)[:8] & (np.asarray(nxt)[:8] >= 0)
     np.testing.assert_array_equal(top_ids[:8][keep], want_top[:8][keep])
     assert not top_ids[:8][~keep].any() and not top_lp[:8][~keep].any()
