@@ -243,39 +243,34 @@ def input_logprobs(target, hidden, next_ids, temperature, num_top: int, block: i
     """SGLang's input_token_logprobs: for each of the T tokens, log_softmax(logits / T) (T = 1 for
     greedy rows; no penalties, as SGLang) of the token after it (next_ids `[T]`, -1: none) and the
     top num_top, from the final hidden states `[T, E]`, `block` tokens at a time
-    (`input_logprob_block` by default) so a long chunk never holds `[T, V]` logits. The loop stops
-    after the last token that has a next token: the blocks after it (a chunk's padding) cost
-    nothing, and their rows are zeros. top_wanted (`[T]` bool, None: all): the tokens whose top
-    logprobs are returned; the others' top rows are zeros and the top-k kernel skips them."""
+    (`input_logprob_block` by default) so a long chunk never holds `[T, V]` logits. Every block
+    runs, a chunk's padding too: a loop that stopped after the last token with a next token would
+    need its trip count on the host, a sync in the middle of the step on a GPU (XLA's while loop
+    reads its condition back each iteration unless the trip count is static). top_wanted (`[T]`
+    bool, None: all): the tokens whose top logprobs are returned; the others' top rows are zeros
+    and the top-k kernel skips them."""
     t = hidden.shape[0]
     vocab = jax.eval_shape(target.compute_logits, hidden[:1]).shape[-1]
     rows = min(block or input_logprob_block(vocab), t)
     blocks = -(-t // rows)
     pad = blocks * rows - t
 
-    def one(h, nxt, tb, want):
+    def one(args):
+        h, nxt, tb, *want = args
         lp = sampling.logprobs_at_temperature(target.compute_logits(h), tb)
         chosen = ops.vocab_take(lp, jnp.maximum(nxt, 0)[:, None], tp=target.tp_size)[:, 0]
         if num_top > 0:
-            top_lp, top_ids = ops.vocab_top_k(lp, num_top, tp=target.tp_size, rows=want)
+            top_lp, top_ids = ops.vocab_top_k(lp, num_top, tp=target.tp_size, rows=want[0] if want else None)
         else:
             top_lp, top_ids = jnp.zeros((h.shape[0], 0), jnp.float32), jnp.zeros((h.shape[0], 0), jnp.int32)
         return chosen, top_ids.astype(jnp.int32), top_lp
 
     split = lambda v: jnp.pad(v, ((0, pad),) + ((0, 0),) * (v.ndim - 1)).reshape(  # noqa: E731
         (blocks, rows) + v.shape[1:])
-    hs, nxts, tbs = split(hidden), split(next_ids), split(temperature)
-    wants = None if top_wanted is None else split(top_wanted & (next_ids >= 0))
-    last = jnp.max(jnp.where(next_ids >= 0, jnp.arange(t), -1))
-    todo = (last + rows) // rows  # blocks up to the one holding `last` (none when it is -1)
-
-    def body(i, acc):
-        out = one(hs[i], nxts[i], tbs[i], None if wants is None else wants[i])
-        return tuple(a.at[i].set(o) for a, o in zip(acc, out))
-
-    init = (jnp.zeros((blocks, rows), jnp.float32), jnp.zeros((blocks, rows, num_top), jnp.int32),
-            jnp.zeros((blocks, rows, num_top), jnp.float32))
-    lp, top_ids, top_lp = jax.lax.fori_loop(0, todo, body, init)
+    xs = (split(hidden), split(next_ids), split(temperature))
+    if top_wanted is not None:
+        xs += (split(top_wanted & (next_ids >= 0)),)
+    lp, top_ids, top_lp = jax.lax.map(one, xs)
     merge = lambda v: v.reshape((blocks * rows,) + v.shape[2:])[:t]  # noqa: E731
     return merge(lp), merge(top_ids), merge(top_lp)
 

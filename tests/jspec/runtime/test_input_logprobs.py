@@ -138,10 +138,10 @@ def test_max_new_tokens_zero_scores_the_prompt(setup):
     check_no_leaks(eng)
 
 
-def test_input_logprobs_in_blocks_stop_after_the_last_token_with_a_next_token():
-    """The blocked loop against one log_softmax over every row: rows up to the last token with a
-    next token equal it whatever the block (blocks of 4 over 11 rows: one padded); the blocks after
-    that row are not computed (zeros); top logprobs only where asked."""
+def test_input_logprobs_in_blocks_equal_one_log_softmax():
+    """The blocked loop against one log_softmax over every row: the rows with a next token equal it
+    whatever the block (blocks of 4 over 11 rows: one padded; 16: one block); top logprobs only
+    where asked (zeros elsewhere)."""
     import jax
     import jax.numpy as jnp
 
@@ -156,27 +156,22 @@ def test_input_logprobs_in_blocks_stop_after_the_last_token_with_a_next_token():
 
     rng = np.random.default_rng(0)
     hidden = jnp.asarray(rng.standard_normal((11, 8)), jnp.float32)
-    nxt = jnp.asarray([3, 7, -1, 1, 0, 39, 5, 2, -1, -1, -1], jnp.int32)  # last next token at row 7
+    nxt = jnp.asarray([3, 7, -1, 1, 0, 39, 5, 2, -1, 6, -1], jnp.int32)
     temp = jnp.asarray([0.0] * 5 + [0.7] * 6, jnp.float32)
     lsm = np.asarray(jax.nn.log_softmax(hidden @ Head.w / jnp.where(temp < 1e-5, 1.0, temp)[:, None], axis=-1))
     want_top = np.argsort(-lsm, axis=-1, kind="stable")[:, :TOP]
+    has = np.asarray(nxt) >= 0
     for block in (4, 16):
         lp, top_ids, top_lp = map(np.asarray, jax.jit(lambda h, n, t, b=block: input_logprobs(
             Head(), h, n, t, TOP, block=b))(hidden, nxt, temp))
-        done = 8 if block == 4 else 11  # blocks of 4: rows 8-10 form a block after row 7
-        rows = np.arange(done)
-        np.testing.assert_allclose(lp[rows], lsm[rows, np.maximum(np.asarray(nxt), 0)[:done]], rtol=1e-5, atol=1e-5)
-        np.testing.assert_array_equal(top_ids[:done], want_top[:done])
-        np.testing.assert_allclose(top_lp[:done], np.take_along_axis(lsm, want_top, -1)[:done], rtol=1e-5, atol=1e-5)
-        assert not lp[done:].any() and not top_ids[done:].any()
-    none = input_logprobs(Head(), hidden, jnp.full((11,), -1, jnp.int32), temp, TOP, block=4)
-    assert not np.asarray(none[0]).any()  # no next token at all: no block runs
-    # Top logprobs only for the rows asked (the kernel's row mask): zeros elsewhere, the logprobs kept.
+        np.testing.assert_allclose(lp[has], lsm[has, np.asarray(nxt)[has]], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(top_ids, want_top)  # every row's, asked for all
+        np.testing.assert_allclose(top_lp, np.take_along_axis(lsm, want_top, -1), rtol=1e-5, atol=1e-5)
     asked = jnp.asarray([True, False] * 5 + [True])
     lp, top_ids, top_lp = map(np.asarray, input_logprobs(Head(), hidden, nxt, temp, TOP, block=4, top_wanted=asked))
-    keep = np.asarray(asked)[:8] & (np.asarray(nxt)[:8] >= 0)
-    np.testing.assert_array_equal(top_ids[:8][keep], want_top[:8][keep])
-    assert not top_ids[:8][~keep].any() and not top_lp[:8][~keep].any()
-    np.testing.assert_allclose(lp[:8], lsm[np.arange(8), np.maximum(np.asarray(nxt), 0)[:8]], rtol=1e-5, atol=1e-5)
+    keep = np.asarray(asked) & has
+    np.testing.assert_array_equal(top_ids[keep], want_top[keep])
+    assert not top_ids[~keep].any() and not top_lp[~keep].any()
+    np.testing.assert_allclose(lp[has], lsm[has, np.asarray(nxt)[has]], rtol=1e-5, atol=1e-5)
     assert input_logprob_block(151_936) == 512 and input_logprob_block(512) == 1024
     assert input_logprob_block(10_000_000) == 16
