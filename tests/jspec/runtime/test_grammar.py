@@ -472,6 +472,38 @@ def test_parts_run_as_two_copies_launch_them_in_turn_and_change_no_answer(engine
     assert out["output_ids"] == want and re.fullmatch(REGEX, out["text"])
 
 
+def test_a_plain_engines_split_parts_run_as_two_copies(engine):
+    """A plain grammar engine's split decode step (the forward on the launcher thread, then sampling
+    with the masks) with both parts as two copies (`JSPEC_GRAMMAR_PART_COPIES=draft,verify` on a
+    GPU): each part's copies taken in turn, the constrained greedy text unchanged."""
+    from jspec.runtime import part_copies
+
+    sp = {"max_new_tokens": 24, "temperature": 0, "regex": REGEX}
+    want = engine.generate(input_ids=_ids("so"), sampling_params=sp)["output_ids"]
+    assert engine.wait_idle(30)
+    runner, kept, launched = engine.runner, {}, []
+    for b, exe in list(runner.compiled.items()):
+        if isinstance(exe, SplitExecutable) and not b.sort:  # greedy rows; XLA:CPU cannot serialize a sort
+            copies = {n: part_copies.load_copy(getattr(exe, n), runner.mesh.devices.flat) for n in ("first", "second")}
+            doubled = SplitExecutable([exe.first, exe.second, exe.fused], b, exe.sharding, plain=True, guard=exe.guard,
+                                      copies=copies)
+            for n in copies:
+                alt = getattr(doubled, n)
+                alt.copies = tuple(lambda *a, _c=c, _i=i, _n=n: (launched.append((_n, _i)), _c(*a))[1]
+                                   for i, c in enumerate(alt.copies))
+            kept[b], runner.compiled[b] = exe, doubled
+    assert kept
+    try:
+        out = engine.generate(input_ids=_ids("so"), sampling_params=sp)
+    finally:
+        runner.compiled.update(kept)
+    for n in ("first", "second"):
+        steps = [i for m, i in launched if m == n]
+        assert len(steps) >= 4 and steps == [k % 2 for k in range(len(steps))], (n, steps)
+    check_no_leaks(engine)
+    assert out["output_ids"] == want and re.fullmatch(REGEX, out["text"])
+
+
 def test_split_parts_take_only_the_arrays_they_read(ngram_engine):
     """Each part of a speculative split step is compiled on the arrays it reads (`slim_part`): the
     draft part takes none of the target's KV pools (it hands them back as they came, neither
