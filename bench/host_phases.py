@@ -120,9 +120,8 @@ def summarize(events: list) -> list[dict]:
     over the phase's calls in the step; the run's seconds, of which between the starts of its
     decode steps and their next steps; its garbage collections per generation (count, total and
     longest ms)."""
-    runs = sorted((e for e in events if e[0] == "run"), key=lambda e: e[1]) or [("run", -np.inf, np.inf, 0)]
     out = []
-    for run in runs:
+    for run in _runs(events):
         inside = sorted((e for e in events if run[1] <= e[1] < run[2] and e[0] != "run"), key=lambda e: e[1])
         steps = [e for e in inside if e[0] == "step"]
         starts = [e[1] for e in inside]
@@ -171,9 +170,8 @@ def totals(events: list) -> list[dict]:
     """One dict per run window: every span's calls, wall ms and CPU ms summed over the whole run
     (prompt steps and streamed chunks included, which `summarize` leaves out), and the run's
     seconds; to compare two runs of one workload that differ in what a request asks for."""
-    runs = sorted((e for e in events if e[0] == "run"), key=lambda e: e[1]) or [("run", -np.inf, np.inf, 0)]
     out = []
-    for run in runs:
+    for run in _runs(events):
         spans: dict[str, list] = {}
         for name, start, end, _, *cpu in events:
             if name != "run" and run[1] <= start < run[2]:
@@ -183,6 +181,11 @@ def totals(events: list) -> list[dict]:
         out.append({"run_s": float(run[2] - run[1]) if np.isfinite(run[1]) else None,
                     "spans": {k: {"calls": v[0], "wall_ms": v[1], "cpu_ms": v[2]} for k, v in sorted(spans.items())}})
     return out
+
+
+def _runs(events: list) -> list:
+    """The `run` spans in time order (the whole trace as one window when there is none)."""
+    return sorted((e for e in events if e[0] == "run"), key=lambda e: e[1]) or [("run", -np.inf, np.inf, 0)]
 
 
 def _median_ms(seconds: list) -> float | None:

@@ -29,15 +29,14 @@ class _LogprobRows:
 
     def __init__(self):
         self.tokens: list = []
-        self.top: list = []
         self.input_tokens: list = []
         self.input_top: list = []
 
     def update(self, req: Request) -> tuple[list, list]:
         n = len(self.tokens)
         self.tokens += [(lp, t, None) for lp, t in zip(req.output_logprobs[n:], req.output_ids[n:])]
-        self.top += req.output_top_logprobs[len(self.top):]  # built by the engine in this format
-        return list(self.tokens), list(self.top)
+        # The top rows are built by the engine in this format: a copy of as many as there are tokens.
+        return list(self.tokens), req.output_top_logprobs[:len(self.tokens)]
 
     def update_input(self, req: Request) -> tuple[list, list]:
         """The prompt's rows from logprob_start_len on. They grow while the prompt is prefilled in
