@@ -1,6 +1,6 @@
 """Top-k over a vocabulary on the device: `lax.top_k` (XLA on GPU gives each row one thread block,
 and sorts every row when k > 16) against the Pallas kernel `pallas_kernels.top_k` at each block
-size and warp count asked, and `ops.top_k` (what the engine runs), per row count (bench/README.md,
+size and warp count asked (with and without its threshold pass), and `ops.top_k` (what the engine runs), per row count (bench/README.md,
 "top-k"). Every implementation's values and ids are checked equal to `lax.top_k`'s first.
 
     PYTHONPATH=. python3 bench/top_k.py --rows 1,2,4,8,16,32,64,128 --k 20 --out OUT.jsonl
@@ -41,6 +41,7 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--blocks", default="1024,2048,4096,8192", help="the Pallas kernel's block sizes")
     ap.add_argument("--warps", default="4,8", help="the Pallas kernel's warp counts")
+    ap.add_argument("--thresholds", default="0", help="the Pallas kernel without (0) / with (1) its threshold pass")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     cpu = jax.default_backend() == "cpu"  # the kernel in interpret mode there (a smoke test, not a timing)
@@ -48,7 +49,9 @@ def main(argv=None) -> None:
              "ops_top_k": lambda x: ops.top_k(x, args.k)}
     for b in (int(v) for v in args.blocks.split(",")):
         for w in (int(v) for v in args.warps.split(",")):
-            impls[f"pallas_b{b}_w{w}"] = lambda x, b=b, w=w: pallas_top_k(x, args.k, block=b, num_warps=w, interpret=cpu)
+            for t in (v == "1" for v in args.thresholds.split(",")):
+                impls[f"pallas_b{b}_w{w}" + "_thr" * t] = lambda x, b=b, w=w, t=t: pallas_top_k(
+                    x, args.k, block=b, num_warps=w, interpret=cpu, threshold=t)
     records = []
     for r in (int(v) for v in args.rows.split(",")):
         x = jax.nn.log_softmax(jax.random.normal(jax.random.PRNGKey(r), (r, args.vocab), jnp.float32) * 3)

@@ -13,7 +13,7 @@ import time
 from collections import deque
 
 from jspec.models.batch import ForwardMode
-from jspec.runtime import outputs
+from jspec.runtime import gc_heap, outputs
 from jspec.runtime.adaptive import SpecPolicy
 from jspec.runtime.detokenizer import DetokState, Detokenizer, first_stop
 from jspec.runtime.model_runner import ModelRunner, StepHandle
@@ -165,6 +165,7 @@ class EngineCore:
             return "spec"
         return handle.bucket.mode.value
 
+    @gc_heap.paused()  # a step's logprob rows are built in bulk: one young collection after them
     def _process(self, handle: StepHandle) -> None:
         if handle.bucket.mode is ForwardMode.DECODE and self.runner.speculative:
             return self._process_spec(handle)

@@ -8,12 +8,21 @@ scans, so later collections see only what serving allocates. Every `Engine` does
 of its construction, after one full collection (so start-up's garbage is freed, not frozen), and
 undoes it at shutdown, so that the engine's own objects can be collected once it is dropped.
 `JSPEC_GC_FREEZE=0` turns it off.
+
+Serving then builds logprob rows in bulk: a 1024-token prompt's input logprobs with 5 top each are
+about 6,000 tracked lists and tuples that live as long as their request. Every 700 such allocations
+start a young collection, every tenth of those an older one, and the full collections that follow
+scan every row still alive (each prompt's), so the collector's work grows with the live rows times
+the rate they are built. `paused()` holds the collector off while a batch of rows is built; the
+next allocation after it runs one young collection over them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import threading
 
 
 def enabled() -> bool:
@@ -34,3 +43,28 @@ def unfreeze() -> None:
     """Hand the frozen objects back to the collector (an engine shutting down: its objects become
     garbage once dropped; another engine alive in this process stays correct, only unfrozen)."""
     gc.unfreeze()
+
+
+_pause_lock = threading.Lock()
+_pausers = 0  # threads inside paused() now
+_resume = False  # whether the collector was on when the first of them entered
+
+
+@contextlib.contextmanager
+def paused():
+    """No automatic collection inside the block (any thread's). Blocks may nest and overlap across
+    threads: the collector comes back when the last one leaves, and only if it was on when the
+    first one entered (a caller that turned it off keeps it off)."""
+    global _pausers, _resume
+    with _pause_lock:
+        if _pausers == 0:
+            _resume = gc.isenabled()
+            gc.disable()
+        _pausers += 1
+    try:
+        yield
+    finally:
+        with _pause_lock:
+            _pausers -= 1
+            if _pausers == 0 and _resume:
+                gc.enable()

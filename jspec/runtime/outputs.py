@@ -8,6 +8,7 @@ import contextlib
 import threading
 import time
 
+from jspec.runtime import gc_heap
 from jspec.runtime.detokenizer import DetokState, Detokenizer, safe_prefix
 from jspec.runtime.request import Request
 
@@ -32,12 +33,14 @@ class _LogprobRows:
         self.input_tokens: list = []
         self.input_top: list = []
 
+    @gc_heap.paused()  # rows built in bulk (gc_heap: why)
     def update(self, req: Request) -> tuple[list, list]:
         n = len(self.tokens)
         self.tokens += [(lp, t, None) for lp, t in zip(req.output_logprobs[n:], req.output_ids[n:])]
         # The top rows are built by the engine in this format: a copy of as many as there are tokens.
         return list(self.tokens), req.output_top_logprobs[:len(self.tokens)]
 
+    @gc_heap.paused()
     def update_input(self, req: Request) -> tuple[list, list]:
         """The prompt's rows from logprob_start_len on. They grow while the prompt is prefilled in
         chunks and then stay, so every chunk after the prompt gets the same two lists, not copies

@@ -14,6 +14,11 @@ Entries compare as lax.top_k compares them, in the floats' total order (-NaN < -
 0.0 < ... < inf < NaN), through an int32 key with that order (`total_order_key`). Values are read
 back from x by id, so they are x's own.
 
+With `threshold`, a pass before the first round takes each block's maximum, and each row's k-th
+largest of those is a bound every one of its k best reaches; a first-round program whose block's
+maximum falls below it writes EMPTY after one reduction instead of k rounds of two. Most blocks of
+a vocabulary row are such blocks, so many rows (a prompt's input logprobs) gain the most.
+
 `rows` (optional, `[R]` bool) names the rows whose top k is wanted: the programs of the other rows
 write no candidates but EMPTY and return, and those rows come back as zeros (ids 0). A sampler
 asks for top logprobs only for the requests that return them, so a batch that wants none pays a
@@ -25,6 +30,7 @@ mode). The measurements behind the block size and against XLA's top-k: NOTES.md.
 
 from __future__ import annotations
 
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -47,33 +53,49 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _select_kernel(want_ref, key_ref, id_ref, key_out, id_out, *, k, kpad, block, width):
+def _select_kernel(want_ref, tau_ref, key_ref, id_ref, key_out, id_out, *, k, kpad, block, width):
     r, c = pl.program_id(0), pl.program_id(1)  # (read outside the branches: interpret mode needs it)
-    select = lambda: _select(r, c, key_ref, id_ref, key_out, id_out, k=k, kpad=kpad, block=block,  # noqa: E731
-                             width=width)
+    select = lambda: _select(r, c, tau_ref, key_ref, id_ref, key_out, id_out, k=k, kpad=kpad,  # noqa: E731
+                             block=block, width=width)
     if want_ref is None:
         select()
         return
     want = want_ref[r] != 0
     pl.when(want)(select)
-
-    @pl.when(jnp.logical_not(want))
-    def _():
-        key_out[r, c, :] = jnp.full((kpad,), LOWEST, jnp.int32)
-        id_out[r, c, :] = jnp.full((kpad,), EMPTY, jnp.int32)
+    pl.when(jnp.logical_not(want))(lambda: _write_empty(r, c, key_out, id_out, kpad))
 
 
-def _select(r, c, key_ref, id_ref, key_out, id_out, *, k, kpad, block, width):
+def _write_empty(r, c, key_out, id_out, kpad):
+    key_out[r, c, :] = jnp.full((kpad,), LOWEST, jnp.int32)
+    id_out[r, c, :] = jnp.full((kpad,), EMPTY, jnp.int32)
+
+
+def _load(r, c, key_ref, id_ref, *, block, width):
+    """A block's keys and ids; entries past the row's end are dead (id EMPTY)."""
     cols = pl.ds(c * block, block)
     pos = c * block + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
     inside = pos < width
     if id_ref is None:  # first round: x itself; an entry's id is its column
         key = total_order_key(plt.load(key_ref.at[r, cols], mask=inside, other=0.0).astype(jnp.float32))
-        ids = jnp.where(inside, pos, EMPTY)
-    else:
-        key = plt.load(key_ref.at[r, cols], mask=inside, other=LOWEST)
-        ids = plt.load(id_ref.at[r, cols], mask=inside, other=EMPTY)
+        return key, jnp.where(inside, pos, EMPTY)
+    return (plt.load(key_ref.at[r, cols], mask=inside, other=LOWEST),
+            plt.load(id_ref.at[r, cols], mask=inside, other=EMPTY))
+
+
+def _select(r, c, tau_ref, key_ref, id_ref, key_out, id_out, *, k, kpad, block, width):
+    key, ids = _load(r, c, key_ref, id_ref, block=block, width=width)
     live = ids != EMPTY
+    if tau_ref is None:
+        _best(r, c, key, ids, live, key_out, id_out, k=k, kpad=kpad)
+        return
+    # Only a block holding an entry >= the row's threshold can hold one of its k best.
+    keep = jnp.max(jnp.where(live, key, LOWEST)) >= tau_ref[r]
+    pl.when(keep)(lambda: _best(r, c, key, ids, live, key_out, id_out, k=k, kpad=kpad))
+    pl.when(jnp.logical_not(keep))(lambda: _write_empty(r, c, key_out, id_out, kpad))
+
+
+def _best(r, c, key, ids, live, key_out, id_out, *, k, kpad):
+    """The k best live entries, one at a time: the max, then the lowest id holding it."""
     slot = jax.lax.broadcasted_iota(jnp.int32, (kpad,), 0)
     best_keys = jnp.full((kpad,), LOWEST, jnp.int32)
     best_ids = jnp.full((kpad,), EMPTY, jnp.int32)
@@ -87,20 +109,47 @@ def _select(r, c, key_ref, id_ref, key_out, id_out, *, k, kpad, block, width):
     id_out[r, c, :] = best_ids
 
 
-def _round(keys, ids, k: int, block: int, want, *, interpret: bool, num_warps: int):
+def _block_max_kernel(x_ref, out_ref, *, block, width):
+    r, c = pl.program_id(0), pl.program_id(1)
+    key, ids = _load(r, c, x_ref, None, block=block, width=width)
+    out_ref[r, c] = jnp.max(jnp.where(ids != EMPTY, key, LOWEST))
+
+
+def _threshold(x, k: int, block: int, *, interpret: bool, num_warps: int):
+    """Each row's k-th largest block maximum (as a key), `[R]`: the k blocks holding those maxima
+    hold k entries at least that large, so the row's k best are all >= it, and a block whose
+    maximum is below it holds none of them."""
+    rows, width = x.shape
+    chunks = -(-width // block)
+    maxima = pl.pallas_call(
+        functools.partial(_block_max_kernel, block=block, width=width),
+        out_shape=jax.ShapeDtypeStruct((rows, chunks), jnp.int32),
+        grid=(rows, chunks),
+        in_specs=[ANY],
+        out_specs=ANY,
+        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="top_k_block_max",
+    )(x)
+    return jax.lax.top_k(maxima, k)[0][:, k - 1]
+
+
+def _round(keys, ids, k: int, block: int, want, tau=None, *, interpret: bool, num_warps: int):
     """One round: the k best of every `block` entries of each row, as `[R, C * kpad]` candidates
-    (of the rows `want` `[R]` int32 names, when given)."""
+    (of the rows `want` `[R]` int32 names, when given; of the blocks reaching `tau` `[R]`, when
+    given)."""
     rows, width = keys.shape
     kpad = _pow2(k)
     chunks = -(-width // block)
-    args = tuple(a for a in (want, keys, ids) if a is not None)
+    args = tuple(a for a in (want, tau, keys, ids) if a is not None)
 
     def kernel(*refs):
         refs = list(refs)
         want_ref = refs.pop(0) if want is not None else None
+        tau_ref = refs.pop(0) if tau is not None else None
         key_ref = refs.pop(0)
         id_ref = refs.pop(0) if ids is not None else None
-        _select_kernel(want_ref, key_ref, id_ref, *refs, k=k, kpad=kpad, block=block, width=width)
+        _select_kernel(want_ref, tau_ref, key_ref, id_ref, *refs, k=k, kpad=kpad, block=block, width=width)
 
     out_keys, out_ids = pl.pallas_call(
         kernel,
@@ -116,9 +165,13 @@ def _round(keys, ids, k: int, block: int, want, *, interpret: bool, num_warps: i
     return out_keys.reshape(rows, chunks * kpad), out_ids.reshape(rows, chunks * kpad)
 
 
-def top_k(x, k: int, rows=None, *, block: int = 1024, interpret: bool = False, num_warps: int = 4):
+def top_k(x, k: int, rows=None, *, block: int = 1024, interpret: bool = False, num_warps: int = 4,
+          threshold: bool = False):
     """`lax.top_k(x, k)` of x `[R, N]` (k <= N): values `[R, k]` in x's dtype, ids `[R, k]` int32;
-    with `rows` (`[R]` bool) zeros for the rows it leaves out."""
+    with `rows` (`[R]` bool) zeros for the rows it leaves out. threshold: a first pass takes each
+    block's maximum (`_threshold`), and the first round selects only in the blocks that can hold
+    one of the k best: two more launches and a second read of x, against k reductions saved in
+    almost every block."""
     n_rows, width = x.shape
     if not 0 < k <= width:
         raise ValueError(f"top_k: k={k} must be in [1, {width}] (the row length of x {x.shape})")
@@ -127,7 +180,10 @@ def top_k(x, k: int, rows=None, *, block: int = 1024, interpret: bool = False, n
     want = None if rows is None else rows.astype(jnp.int32)
     # At least two candidate slots per kept one, so every round shrinks the rows (no endless loop).
     block = max(_pow2(min(block, width)), 2 * _pow2(k))
-    keys, ids = _round(x, None, k, block, want, interpret=interpret, num_warps=num_warps)
+    tau = None
+    if threshold and -(-width // block) > k:  # (with k blocks or fewer, every block may hold some)
+        tau = _threshold(x, k, block, interpret=interpret, num_warps=num_warps)
+    keys, ids = _round(x, None, k, block, want, tau, interpret=interpret, num_warps=num_warps)
     while keys.shape[1] > _pow2(k):  # more than one block's candidates left: another round
         keys, ids = _round(keys, ids, k, min(block, _pow2(keys.shape[1])), want, interpret=interpret,
                            num_warps=num_warps)

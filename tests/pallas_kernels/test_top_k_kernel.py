@@ -15,12 +15,12 @@ from pallas_kernels.top_k import top_k
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(k, block):
-    return jax.jit(lambda x: top_k(x, k, block=block, interpret=True))
+def kernel(k, block, threshold=False):
+    return jax.jit(lambda x: top_k(x, k, block=block, interpret=True, threshold=threshold))
 
 
-def check(x, k, block):
-    got_vals, got_ids = kernel(k, block)(jnp.asarray(x))
+def check(x, k, block, threshold=False):
+    got_vals, got_ids = kernel(k, block, threshold)(jnp.asarray(x))
     want_vals, want_ids = jax.lax.top_k(jnp.asarray(x), k)
     np.testing.assert_array_equal(np.asarray(got_ids), np.asarray(want_ids))
     np.testing.assert_array_equal(np.asarray(got_vals), np.asarray(want_vals))  # NaN == NaN here
@@ -34,19 +34,31 @@ def check(x, k, block):
     (5, 3000, 1, 256),
     (2, 300, 300, 64),  # k = N
     (2, 1500, 20, 32),  # a block no wider than k's slots: widened, so the rounds shrink
+    (3, 20000, 5, 256),  # 79 blocks: most below the threshold
 ])
-def test_top_k_equals_lax_with_ties_and_minus_inf(rows, n, k, block):
+@pytest.mark.parametrize("threshold", [False, True])  # (only where there are more blocks than k)
+def test_top_k_equals_lax_with_ties_and_minus_inf(rows, n, k, block, threshold):
     rng = np.random.default_rng(n + k)
     x = rng.integers(-4, 4, size=(rows, n)).astype(np.float32)  # few distinct values: many ties
     x[rng.random((rows, n)) < 0.3] = -np.inf
     x[0] = -np.inf  # fewer finite entries than k: the rest is -inf, ranked by id
     x[0, rng.integers(0, n, 3)] = 1.0
-    check(x, k, block)
+    check(x, k, block, threshold)
 
 
 def test_top_k_orders_nan_and_signed_zeros_as_lax():
     x = np.array([[1.0, np.nan, 3.0, np.inf, -np.inf, np.nan, -0.0, 0.0, -np.nan, -np.inf, -0.0, 0.0]], np.float32)
     check(np.tile(x, (2, 40)), 30, 64)
+    check(np.tile(x, (2, 40)), 3, 64, threshold=True)  # NaN blocks set the threshold
+
+
+def test_the_threshold_keeps_the_k_best_of_one_crowded_block():
+    """A row whose k best all sit in one block (and whose other blocks' maxima tie the threshold):
+    the threshold skips every other block and still returns lax.top_k's."""
+    x = np.full((2, 4096), -3.0, np.float32)
+    x[:, 700:720] = np.arange(20, dtype=np.float32)  # the 20 best, all in block 2 of 16
+    x[1, ::256] = 19.0  # row 1: every block's first entry ties the best value
+    check(x, 8, 256, threshold=True)
 
 
 def test_top_k_of_bfloat16_rows():
@@ -67,8 +79,9 @@ def test_top_k_of_chosen_rows_only():
     x = jax.random.normal(jax.random.PRNGKey(1), (5, 9000), jnp.float32)
     rows = jnp.asarray([True, False, True, False, False])
     want_vals, want_ids = jax.lax.top_k(x, 20)
-    for block in (1024, 256):
-        vals, ids = jax.jit(lambda x, r, b=block: top_k(x, 20, r, block=b, interpret=True))(x, rows)
+    for block, threshold in ((1024, False), (256, False), (256, True)):
+        vals, ids = jax.jit(lambda x, r, b=block, t=threshold: top_k(x, 20, r, block=b, interpret=True,
+                                                                      threshold=t))(x, rows)
         ref_vals, ref_ids = reference.top_k(x, 20, rows)
         for got_v, got_i in ((vals, ids), (ref_vals, ref_ids)):
             np.testing.assert_array_equal(np.asarray(got_i)[[0, 2]], np.asarray(want_ids)[[0, 2]])
