@@ -41,7 +41,7 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--blocks", default="1024,2048,4096,8192", help="the Pallas kernel's block sizes")
     ap.add_argument("--warps", default="4,8", help="the Pallas kernel's warp counts")
-    ap.add_argument("--thresholds", default="0", help="the Pallas kernel without (0) / with (1) its threshold pass")
+    ap.add_argument("--thresholds", default="0,1", help="the Pallas kernel without (0) / with (1) its threshold pass")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     cpu = jax.default_backend() == "cpu"  # the kernel in interpret mode there (a smoke test, not a timing)

@@ -249,17 +249,11 @@ def vocab_argmax(x, *, tp: int = 1):
     return per_device(local, tp, (TOK2,), R)(_vocab_split(x, tp))
 
 
-TOP_K_THRESHOLD_MIN_ROWS = 64  # from here the kernel's threshold pass pays (bench/README.md, "top-k")
-
-
 def top_k(x, k: int, rows=None):
     """`lax.top_k(x, k)` over the last axis of x `[R, N]`; on GPU the Pallas kernel: XLA's gives each
     row one thread block and sorts whole rows when k > 16 (bench/README.md, "top-k"). `rows` (`[R]`
-    bool): only those rows are wanted; the others come back as zeros, and the kernel skips them.
-    From TOP_K_THRESHOLD_MIN_ROWS rows the kernel first bounds each row's k best (its `threshold`)."""
+    bool): only those rows are wanted; the others come back as zeros, and the kernel skips them."""
     fn, kw = pick("top_k", "top_k", topk_ref.top_k)
-    if fn is not topk_ref.top_k and x.shape[0] >= TOP_K_THRESHOLD_MIN_ROWS:
-        kw = {**kw, "threshold": True}
     return fn(x, k=k, rows=rows, **kw)
 
 

@@ -17,7 +17,7 @@ back from x by id, so they are x's own.
 With `threshold`, a pass before the first round takes each block's maximum, and each row's k-th
 largest of those is a bound every one of its k best reaches; a first-round program whose block's
 maximum falls below it writes EMPTY after one reduction instead of k rounds of two. Most blocks of
-a vocabulary row are such blocks, so many rows (a prompt's input logprobs) gain the most.
+a vocabulary row are such blocks. On by default (`threshold=False`: the rounds alone).
 
 `rows` (optional, `[R]` bool) names the rows whose top k is wanted: the programs of the other rows
 write no candidates but EMPTY and return, and those rows come back as zeros (ids 0). A sampler
@@ -109,28 +109,42 @@ def _best(r, c, key, ids, live, key_out, id_out, *, k, kpad):
     id_out[r, c, :] = best_ids
 
 
-def _block_max_kernel(x_ref, out_ref, *, block, width):
+def _block_max_kernel(*refs, block, width):
+    *want_ref, x_ref, out_ref = refs
     r, c = pl.program_id(0), pl.program_id(1)
-    key, ids = _load(r, c, x_ref, None, block=block, width=width)
-    out_ref[r, c] = jnp.max(jnp.where(ids != EMPTY, key, LOWEST))
+
+    def block_max():
+        key, ids = _load(r, c, x_ref, None, block=block, width=width)
+        out_ref[r, c] = jnp.max(jnp.where(ids != EMPTY, key, LOWEST))
+
+    if not want_ref:
+        block_max()
+        return
+    want = want_ref[0][r] != 0
+    pl.when(want)(block_max)
+
+    @pl.when(jnp.logical_not(want))
+    def _():  # a row left out: its blocks are not read (the first round skips them anyway)
+        out_ref[r, c] = LOWEST
 
 
-def _threshold(x, k: int, block: int, *, interpret: bool, num_warps: int):
+def _threshold(x, k: int, block: int, want, *, interpret: bool, num_warps: int):
     """Each row's k-th largest block maximum (as a key), `[R]`: the k blocks holding those maxima
     hold k entries at least that large, so the row's k best are all >= it, and a block whose
-    maximum is below it holds none of them."""
+    maximum is below it holds none of them. Rows `want` `[R]` int32 leaves out are not read."""
     rows, width = x.shape
     chunks = -(-width // block)
+    args = (x,) if want is None else (want, x)
     maxima = pl.pallas_call(
         functools.partial(_block_max_kernel, block=block, width=width),
         out_shape=jax.ShapeDtypeStruct((rows, chunks), jnp.int32),
         grid=(rows, chunks),
-        in_specs=[ANY],
+        in_specs=[ANY] * len(args),
         out_specs=ANY,
         compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
         name="top_k_block_max",
-    )(x)
+    )(*args)
     return jax.lax.top_k(maxima, k)[0][:, k - 1]
 
 
@@ -166,12 +180,12 @@ def _round(keys, ids, k: int, block: int, want, tau=None, *, interpret: bool, nu
 
 
 def top_k(x, k: int, rows=None, *, block: int = 1024, interpret: bool = False, num_warps: int = 4,
-          threshold: bool = False):
+          threshold: bool = True):
     """`lax.top_k(x, k)` of x `[R, N]` (k <= N): values `[R, k]` in x's dtype, ids `[R, k]` int32;
     with `rows` (`[R]` bool) zeros for the rows it leaves out. threshold: a first pass takes each
     block's maximum (`_threshold`), and the first round selects only in the blocks that can hold
     one of the k best: two more launches and a second read of x, against k reductions saved in
-    almost every block."""
+    almost every block (faster at every row count measured, NOTES.md)."""
     n_rows, width = x.shape
     if not 0 < k <= width:
         raise ValueError(f"top_k: k={k} must be in [1, {width}] (the row length of x {x.shape})")
@@ -182,7 +196,7 @@ def top_k(x, k: int, rows=None, *, block: int = 1024, interpret: bool = False, n
     block = max(_pow2(min(block, width)), 2 * _pow2(k))
     tau = None
     if threshold and -(-width // block) > k:  # (with k blocks or fewer, every block may hold some)
-        tau = _threshold(x, k, block, interpret=interpret, num_warps=num_warps)
+        tau = _threshold(x, k, block, want, interpret=interpret, num_warps=num_warps)
     keys, ids = _round(x, None, k, block, want, tau, interpret=interpret, num_warps=num_warps)
     while keys.shape[1] > _pow2(k):  # more than one block's candidates left: another round
         keys, ids = _round(keys, ids, k, min(block, _pow2(keys.shape[1])), want, interpret=interpret,
