@@ -5,6 +5,7 @@
 #   bench/logprob_cost.sh OUT off | logprobs | input | penalties | before
 # input: every request also asks for its prompt's logprobs from position 0 (SGLang's
 #   input_token_logprobs; the engine compiles its input-logprob prompt steps for it).
+# EXTRA: more options for the sweep, after the others (e.g. "--max-concurrency-list 32 --skip-baseline").
 # before: the same run on an older tree (CODE=DIR holding its jspec/, pallas_kernels/, checkpoints/),
 #   e.g. the commit before speculative steps computed penalties and logprobs.
 set -euo pipefail
@@ -24,5 +25,5 @@ case $stage in
   before) extra=(); code=${CODE:?set CODE to the older tree} ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
-PYTHONPATH=$code python3 -m jspec.cli bench sweep "${common[@]}" "${extra[@]}" \
+PYTHONPATH=$code python3 -m jspec.cli bench sweep "${common[@]}" "${extra[@]}" ${EXTRA:-} \
     --output-file "$out/serve_logprob_cost_$stage.jsonl" 2>&1 | tee "$out/serve_logprob_cost_$stage.log"
