@@ -209,7 +209,8 @@ class EngineCore:
                 end = min(len(req.input_ids), s.start + s.num_tokens + 1)  # prompt tokens this chunk predicts
                 i, j, n = t + k - 1 - s.start, t + end - 1 - s.start, req.top_logprobs_num
                 req.input_logprobs += logprobs[i:j].tolist()  # one conversion per chunk, not per token
-                req.input_top_logprobs += top_rows(top_lps[i:j, :n].tolist(), top_ids[i:j, :n].tolist())
+                if n:  # rows built by the reader (`Request.input_top_rows`), not between two steps here
+                    req.input_top_pending.append((top_lps[i:j, :n].copy(), top_ids[i:j, :n].copy()))
             t += s.num_tokens
 
     def _process_spec(self, handle: StepHandle) -> None:

@@ -46,11 +46,12 @@ class _LogprobRows:
         chunks and then stay, so every chunk after the prompt gets the same two lists, not copies
         (a copy per chunk of a long prompt's rows is host time in every decode step)."""
         n = len(self.input_tokens)
-        if n == len(req.input_logprobs) and len(self.input_top) == len(req.input_top_logprobs):
+        top = req.input_top_rows()
+        if n == len(req.input_logprobs) and len(self.input_top) == len(top):
             return self.input_tokens, self.input_top
         ids = req.input_ids[req.logprob_start_len + n:]
         self.input_tokens = self.input_tokens + [(lp, t, None) for lp, t in zip(req.input_logprobs[n:], ids)]
-        self.input_top = self.input_top + req.input_top_logprobs[len(self.input_top):]
+        self.input_top = self.input_top + top[len(self.input_top):]
         return self.input_tokens, self.input_top
 
 

@@ -20,6 +20,7 @@ from jspec.runtime.grammar import GRAMMAR_KEYS, Grammar, GrammarBackend
 from jspec.runtime.sampling_params import SEED_LIMIT, SamplingParams
 from jspec.runtime.step_inputs import MAX_HELD_STOPS
 
+_INPUT_TOP_LOCK = threading.Lock()  # readers building a request's pending input top rows, one at a time
 
 class Status(enum.Enum):
     WAITING = "waiting"
@@ -42,8 +43,12 @@ class Request:
     # per prompt token, (None for the first token of all, which nothing predicts).
     logprob_start_len: int = -1
     # Top logprob rows are built once, in meta_info's format (`top_rows`), and handed out as they are.
+    # A prompt step's input top rows arrive as arrays (`input_top_pending`, appended by the engine
+    # loop) and are built by the reader (`input_top_rows`): thousands of tuples per prompt chunk,
+    # off the loop's path between one step's results and the next launch.
     input_logprobs: list = dataclasses.field(default_factory=list)
     input_top_logprobs: list = dataclasses.field(default_factory=list)
+    input_top_pending: list = dataclasses.field(default_factory=list)  # (top logprobs, ids) `[n, k]` arrays
 
     output_ids: list[int] = dataclasses.field(default_factory=list)
     output_logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -85,6 +90,17 @@ class Request:
         if self.logprob_start_len < 0:
             return len(self.input_ids)
         return self.logprob_start_len + len(self.input_logprobs)
+
+    def input_top_rows(self) -> list:
+        """input_top_logprobs with every pending chunk built in (in meta_info's format). Any thread:
+        the loop only appends to input_top_pending; readers take its chunks in order under a lock."""
+        if self.input_top_pending:
+            with _INPUT_TOP_LOCK:
+                while self.input_top_pending:
+                    lps, ids = self.input_top_pending[0]
+                    self.input_top_logprobs += top_rows(lps.tolist(), ids.tolist())
+                    del self.input_top_pending[0]
+        return self.input_top_logprobs
 
     def wants_input_logprobs(self, start: int, n: int) -> bool:
         """Whether a prompt chunk at KV indices start .. start + n - 1 computes logprobs this request
@@ -230,5 +246,5 @@ def parallel_samples(req: Request, next_seed) -> list[Request]:
                                grammar=None if req.grammar is None else req.grammar.copy(),
                                held_stops=req.held_stops, logprob_start_len=req.logprob_start_len,
                                input_logprobs=list(req.input_logprobs),
-                               input_top_logprobs=list(req.input_top_logprobs)))
+                               input_top_logprobs=list(req.input_top_rows())))
     return samples

@@ -175,3 +175,36 @@ def test_input_logprobs_in_blocks_equal_one_log_softmax():
     np.testing.assert_allclose(lp[has], lsm[has, np.asarray(nxt)[has]], rtol=1e-5, atol=1e-5)
     assert input_logprob_block(151_936) == 512 and input_logprob_block(512) == 1024
     assert input_logprob_block(10_000_000) == 16
+
+
+def test_the_loop_leaves_a_chunks_top_rows_to_the_reader():
+    """A prompt step's input top logprobs reach the request as arrays (`input_top_pending`), and the
+    reader builds their rows (`input_top_rows`), in order and once: the loop spends nothing on
+    thousands of tuples between one step's results and the next launch."""
+    from types import SimpleNamespace
+
+    from jspec.runtime.engine_core import EngineCore
+    from jspec.runtime.request import Request
+    from jspec.runtime.sampling_params import SamplingParams
+
+    num_top, ids = 4, list(range(10, 22))  # a 12-token prompt, its logprobs from position 0
+    req = Request(rid="r", input_ids=ids, sampling=SamplingParams(max_new_tokens=1), seed=0, return_logprob=True,
+                  top_logprobs_num=2, logprob_start_len=0)
+    req.input_logprobs.append(None)
+    req.input_top_logprobs.append(None)
+    core = EngineCore.__new__(EngineCore)
+    core.runner = SimpleNamespace(num_top=num_top)
+    for start in (0, 8):  # two chunks: 8 tokens, then 4
+        n = min(8, len(ids) - start)
+        rows = np.zeros((n, 2 + 2 * num_top), np.int32)
+        rows[:, 1] = np.arange(start, start + n, dtype=np.float32).view(np.int32)  # logprob = position
+        rows[:, 2:2 + num_top] = np.arange(start, start + n)[:, None] * 10 + np.arange(num_top)  # ids
+        rows[:, 2 + num_top:] = (-np.arange(start, start + n, dtype=np.float32)[:, None]
+                                 - np.arange(num_top, dtype=np.float32)).view(np.int32)
+        step = SimpleNamespace(req=req, token_ids=ids[start:start + n], start=start, num_tokens=n)
+        core._input_logprobs(SimpleNamespace(plan=SimpleNamespace(reqs=[step])), rows)
+    assert req.input_top_logprobs == [None] and len(req.input_top_pending) == 2  # nothing built by the loop
+    assert req.input_logprobs == [None] + [float(p) for p in range(11)]  # position p predicts token p + 1
+    top = req.input_top_rows()
+    assert top[1:] == [[(-float(p), p * 10, None), (-float(p) - 1, p * 10 + 1, None)] for p in range(11)]
+    assert not req.input_top_pending and req.input_top_rows() is top
