@@ -12,8 +12,8 @@ common=(--model-path random:qwen3-8b --speculative-algorithm EAGLE3 --speculativ
         --prefill-token-buckets 2048 --disable-top-k-top-p --quiet --dataset-name random --random-input-len 1024
         --random-output-len 512 --random-range-ratio 1 --num-prompts 64 --max-concurrency 32
         --return-logprob --top-logprobs-num 5)
-for stage in off input; do
-  left=$((205 - SECONDS)); (( left > 40 )) || break
+for stage in ${STAGES:-off input}; do
+  left=$((${LIMIT:-205} - SECONDS)); (( left > 30 )) || break
   extra=(); [[ $stage == input ]] && extra=(--logprob-start-len 0)
   echo "== phases $stage ($SECONDS s)"
   PYTHONPATH=. timeout $left python3 bench/host_phases.py record /tmp/res/phases_$stage.json -- bench serve "${common[@]}" \
