@@ -22,6 +22,7 @@ from jspec.runtime.step_inputs import MAX_HELD_STOPS
 
 _INPUT_TOP_LOCK = threading.Lock()  # readers building a request's pending input top rows, one at a time
 
+
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
