@@ -30,8 +30,6 @@ mode). The measurements behind the block size and against XLA's top-k: NOTES.md.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
@@ -109,18 +107,17 @@ def _best(r, c, key, ids, live, key_out, id_out, *, k, kpad):
     id_out[r, c, :] = best_ids
 
 
-def _block_max_kernel(*refs, block, width):
-    *want_ref, x_ref, out_ref = refs
+def _block_max_kernel(want_ref, x_ref, out_ref, *, block, width):
     r, c = pl.program_id(0), pl.program_id(1)
 
     def block_max():
         key, ids = _load(r, c, x_ref, None, block=block, width=width)
         out_ref[r, c] = jnp.max(jnp.where(ids != EMPTY, key, LOWEST))
 
-    if not want_ref:
+    if want_ref is None:
         block_max()
         return
-    want = want_ref[0][r] != 0
+    want = want_ref[r] != 0
     pl.when(want)(block_max)
 
     @pl.when(jnp.logical_not(want))
@@ -135,8 +132,13 @@ def _threshold(x, k: int, block: int, want, *, interpret: bool, num_warps: int):
     rows, width = x.shape
     chunks = -(-width // block)
     args = (x,) if want is None else (want, x)
+
+    def kernel(*refs):
+        want_ref = refs[0] if want is not None else None
+        _block_max_kernel(want_ref, *refs[len(args) - 1:], block=block, width=width)
+
     maxima = pl.pallas_call(
-        functools.partial(_block_max_kernel, block=block, width=width),
+        kernel,
         out_shape=jax.ShapeDtypeStruct((rows, chunks), jnp.int32),
         grid=(rows, chunks),
         in_specs=[ANY] * len(args),
