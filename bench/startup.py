@@ -7,8 +7,13 @@ engine keywords say otherwise; `"speculative_draft_model_path": "random"` builds
   warm:        jspec's compiled-step cache as well: load every bucket, no tracing.
 Each run reports the engine's construction time (pool sizing, compile, warm-up), the runner's
 compile seconds, the bucket count and the cache's hits, then one short request's latency.
+`--profile-dir DIR` also runs each engine's construction under cProfile, which sees the main
+thread only: the tracing and lowering that every bucket waits for (the compiles run on a pool). It
+writes DIR/<run>.prof and DIR/<run>.txt (the functions by own time and by cumulative time); the
+profiler slows Python down, so take that run's seconds for attribution, not as start-up figures.
 
   python3 bench/startup.py --preset qwen3-8b --out $OUT/startup.jsonl [--engine-json '{...}'] [--runs cold]
+      [--profile-dir $OUT/startup_prof]
 """
 from __future__ import annotations
 
@@ -24,7 +29,28 @@ import time
 RUNS = (("cold", {}), ("warm_xla", {"JSPEC_EXECUTABLE_CACHE": "0"}), ("warm", {}))
 
 
-def child(preset: str, cache_dir: str, engine_kw: dict) -> dict:
+def profiled(fn, path: str | None):
+    """fn() -> its result; with a path, under cProfile, the stats in path.prof and the top
+    functions by own and by cumulative time in path.txt."""
+    if path is None:
+        return fn()
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(fn)
+    finally:
+        prof.dump_stats(path + ".prof")
+        text = io.StringIO()
+        for order in ("tottime", "cumulative"):
+            pstats.Stats(prof, stream=text).sort_stats(order).print_stats(40)
+        with open(path + ".txt", "w") as f:
+            f.write(text.getvalue())
+
+
+def child(preset: str, cache_dir: str, engine_kw: dict, profile: str | None = None) -> dict:
     t_start = time.perf_counter()
     import jax
 
@@ -44,7 +70,7 @@ def child(preset: str, cache_dir: str, engine_kw: dict) -> dict:
 
         engine_kw = with_draft(engine_kw, model, SimpleNamespace(seed=0))
     t_model = time.perf_counter()
-    eng = Engine(model, compilation_cache_dir=cache_dir, show_progress=False, **engine_kw)
+    eng = profiled(lambda: Engine(model, compilation_cache_dir=cache_dir, show_progress=False, **engine_kw), profile)
     t_engine = time.perf_counter()
     try:
         v = model.config.vocab_size
@@ -72,25 +98,31 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", default=None, help="shared cache folder (default: a new empty one)")
     ap.add_argument("--runs", default=",".join(n for n, _ in RUNS),
                     help="which of cold,warm_xla,warm to run, in that order (a warm run needs the cold one's folder)")
+    ap.add_argument("--profile-dir", default=None, help="profile each engine's construction into this folder")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     kw = json.loads(args.engine_json)
     if args.child:
-        print("RESULT " + json.dumps(child(args.preset, args.cache_dir, kw)), flush=True)
+        print("RESULT " + json.dumps(child(args.preset, args.cache_dir, kw, args.profile)), flush=True)
         return 0
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="jspec-startup-")
     wanted = set(args.runs.split(","))
+    if args.profile_dir:
+        os.makedirs(args.profile_dir, exist_ok=True)
     for name, env in RUNS:
         if name not in wanted:
             continue
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, __file__, "--child", "--preset", args.preset, "--cache-dir",
-                               cache_dir, "--engine-json", args.engine_json, "--out", "-"],
+                               cache_dir, "--engine-json", args.engine_json, "--out", "-",
+                               *(["--profile", os.path.join(args.profile_dir, name)] if args.profile_dir else [])],
                               env={**os.environ, **env}, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         # Device, versions and commit come from the child (the parent leaves the GPU to the children).
-        rec = {"run": name, "preset": args.preset, "engine": kw, "process_wall_s": wall, "command": " ".join(sys.argv)}
+        rec = {"run": name, "preset": args.preset, "engine": kw, "process_wall_s": wall, "command": " ".join(sys.argv),
+               "profiled": bool(args.profile_dir)}
         rec["stored_entries"] = len(glob.glob(os.path.join(cache_dir, "executables", "*.jexe")))
         warnings = [x for x in proc.stderr.splitlines() if "executable cache" in x]
         if warnings:
