@@ -87,6 +87,8 @@ def child(preset: str, cache_dir: str, engine_kw: dict, profile: str | None = No
             "executable_cache": info.get("executable_cache"), "first_request_s": t_first - t_engine,
             "first_request_tokens": out["meta_info"]["completion_tokens"], "num_total_pages": info["num_total_pages"],
             "memory": info.get("memory"), "compile_seconds_per_bucket": info["compile_seconds_per_bucket"],
+            "lower_seconds_per_bucket": info.get("lower_seconds_per_bucket"),
+            "lower_s": sum((info.get("lower_seconds_per_bucket") or {}).values()),
             **environment()}
 
 
@@ -135,7 +137,8 @@ def main(argv=None) -> int:
             f.write(json.dumps(rec) + "\n")
         print(f"{name:9s} process {wall:6.1f} s  engine {rec.get('engine_init_s', float('nan')):6.1f} s  "
               f"compile {rec.get('compile_s', float('nan')):6.1f} s  "
-              f"workspace {rec.get('workspace_compile_s', float('nan')):5.1f} s  buckets {rec.get('num_buckets')}  "
+              f"workspace {rec.get('workspace_compile_s', float('nan')):5.1f} s  lowering {rec.get('lower_s', float('nan')):5.1f} s  "
+              f"buckets {rec.get('num_buckets')}  "
               f"exe cache {rec.get('executable_cache')}  first request {rec.get('first_request_s', float('nan')):.2f} s"
               + f"  entries {rec['stored_entries']}" + (f"  WARNINGS {rec['cache_warnings']}" if "cache_warnings" in rec else "")
               + (f"  ERROR {rec['error'][-300:]}" if "error" in rec else ""), flush=True)

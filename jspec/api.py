@@ -314,6 +314,7 @@ class Engine:
             "compile_seconds": self.runner.compile_seconds,
             "workspace_compile_seconds": self.runner.workspace_seconds,
             "compile_seconds_per_bucket": dict(self.runner.compile_times),
+            "lower_seconds_per_bucket": dict(self.runner.lower_times),
             "executable_cache": None if self.runner.executables is None else
             {"hits": self.runner.executables.hits, "misses": self.runner.executables.misses},
             **self._spec_info(),

@@ -93,6 +93,7 @@ class ModelRunner:
         self.compile_seconds = 0.0
         self.workspace_seconds = 0.0  # the memory plan's compiles (`workspace_bytes`)
         self.compile_times: dict[str, float] = {}  # bucket label -> seconds its compile took
+        self.lower_times: dict[str, float] = {}  # bucket label -> seconds tracing + lowering took (serial)
         self.executables = executables
         self._lower_lock = threading.Lock()  # tracing sets the module-wide mesh (dispatch.tensor_parallel)
         self.state: DeviceState | None = None
@@ -307,7 +308,9 @@ class ModelRunner:
             started = {}
             for bucket in sorted(todo, key=lambda b: b in twins):  # stable: the twins' order kept
                 bar.set_postfix_str(f"tracing {bucket.label}", refresh=False)
+                t = time.perf_counter()
                 lowered = self._lower(bucket, self.state)
+                self.lower_times[bucket.label] = time.perf_counter() - t
                 started[bucket] = pool.submit(compile_one, bucket, lowered, started.get(twins.get(bucket)))
             futures += started.values()
             for done in as_completed(futures):

@@ -308,6 +308,12 @@ def test_zero_recompilation_after_warmup(engine):
     assert sorted(per_bucket) == sorted(b.label for b in engine.runner.buckets) and all(
         s > 0 for s in per_bucket.values())
     assert "decode B4 sort" in per_bucket and any(k.startswith("extend T") for k in per_bucket)
+    # ... and what each traced bucket's tracing and lowering took on the main thread (a bucket
+    # loaded from the compiled-step cache is not traced).
+    lowered = engine.get_server_info()["lower_seconds_per_bucket"]
+    hits = engine.runner.executables.hits if engine.runner.executables is not None else 0
+    assert set(lowered) <= set(per_bucket) and all(s > 0 for s in lowered.values())
+    assert len(lowered) == len(per_bucket) - hits
 
 
 # --------------------------------------------------------------------------- stress
