@@ -45,9 +45,18 @@ def unfreeze() -> None:
     gc.unfreeze()
 
 
-_pause_lock = threading.Lock()
-_pausers = 0  # threads inside paused() now
-_resume = False  # whether the collector was on when the first of them entered
+class _Pause:
+    """Who holds the collector off now. Kept in an object, not in module-level scalars: those feed
+    the compiled-step cache's code digest (`executable_cache.code_digest`), and a flag that flips
+    while serving would change every key computed after it."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.holders = 0  # threads inside paused() now
+        self.resume = False  # whether the collector was on when the first of them entered
+
+
+_pause = _Pause()
 
 
 @contextlib.contextmanager
@@ -55,16 +64,15 @@ def paused():
     """No automatic collection inside the block (any thread's). Blocks may nest and overlap across
     threads: the collector comes back when the last one leaves, and only if it was on when the
     first one entered (a caller that turned it off keeps it off)."""
-    global _pausers, _resume
-    with _pause_lock:
-        if _pausers == 0:
-            _resume = gc.isenabled()
+    with _pause.lock:
+        if _pause.holders == 0:
+            _pause.resume = gc.isenabled()
             gc.disable()
-        _pausers += 1
+        _pause.holders += 1
     try:
         yield
     finally:
-        with _pause_lock:
-            _pausers -= 1
-            if _pausers == 0 and _resume:
+        with _pause.lock:
+            _pause.holders -= 1
+            if _pause.holders == 0 and _pause.resume:
                 gc.enable()

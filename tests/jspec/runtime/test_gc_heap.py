@@ -91,3 +91,20 @@ def test_the_engine_builds_a_steps_rows_with_the_collector_held_off(monkeypatch)
     assert gc.isenabled()
     core._process(handle)
     assert seen == [False] and gc.isenabled()
+
+
+def test_pausing_leaves_the_compiled_step_cache_keys_alone():
+    """What paused() remembers must not feed the code digest of the compiled-step cache's keys, or
+    the first logprob batch of a process would make every later start-up miss."""
+    from jspec.runtime.executable_cache import code_digest
+
+    before = code_digest()
+    was = gc.isenabled()
+    try:
+        for on in (True, False):
+            (gc.enable if on else gc.disable)()
+            with gc_heap.paused():
+                assert code_digest() == before
+            assert code_digest() == before
+    finally:
+        (gc.enable if was else gc.disable)()
