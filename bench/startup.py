@@ -87,8 +87,8 @@ def child(preset: str, cache_dir: str, engine_kw: dict, profile: str | None = No
             "executable_cache": info.get("executable_cache"), "first_request_s": t_first - t_engine,
             "first_request_tokens": out["meta_info"]["completion_tokens"], "num_total_pages": info["num_total_pages"],
             "memory": info.get("memory"), "compile_seconds_per_bucket": info["compile_seconds_per_bucket"],
-            "lower_seconds_per_bucket": info.get("lower_seconds_per_bucket"),
-            "lower_s": sum((info.get("lower_seconds_per_bucket") or {}).values()),
+            "lower_seconds_per_bucket": info["lower_seconds_per_bucket"],
+            "lower_s": sum(info["lower_seconds_per_bucket"].values()),
             **environment()}
 
 

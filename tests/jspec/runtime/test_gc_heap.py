@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from jspec.runtime import engine_core, gc_heap, outputs
+from jspec.runtime.executable_cache import code_digest
 from jspec.runtime.request import Request, top_rows
 from jspec.runtime.sampling_params import SamplingParams
 
@@ -96,8 +97,6 @@ def test_the_engine_builds_a_steps_rows_with_the_collector_held_off(monkeypatch)
 def test_pausing_leaves_the_compiled_step_cache_keys_alone():
     """What paused() remembers must not feed the code digest of the compiled-step cache's keys, or
     the first logprob batch of a process would make every later start-up miss."""
-    from jspec.runtime.executable_cache import code_digest
-
     before = code_digest()
     was = gc.isenabled()
     try:
