@@ -12,8 +12,11 @@ algorithms that look fast alone but cost the captured step more (a memset before
 split-K reduce kernel after it); the heuristic's choice has fewer kernels and a faster step, and
 the compile skips the timing (bench/README.md, "wide decode steps with XLA's autotuning off").
 
-Prompt-chunk steps keep XLA's default. A user who names `xla_gpu_enable_triton_gemm` in XLA_FLAGS
-keeps that choice for every step.
+Prompt-chunk steps keep XLA's default unless `JSPEC_PROMPT_MATMULS=cublas`, which gives those of
+at least `CUBLAS_FROM_ROWS` tokens the same cuBLAS heuristic (`autotune`, the default: XLA's
+autotuned Triton GEMM fusions); their matmuls are compute-bound, where cuBLAS's heuristic is near
+the device's peak, and their Triton autotuning is most of a cold start's compile time. A user who
+names `xla_gpu_enable_triton_gemm` in XLA_FLAGS keeps that choice for every step.
 
 XLA records a step's kernels into a CUDA graph (a command buffer) and launches the graph whole: the
 host queues it in one call, which on the GPU machines measured takes milliseconds of host time for
@@ -85,6 +88,8 @@ UNCAPTURED_PARTS_ENV = "JSPEC_GRAMMAR_UNCAPTURED_PARTS"
 STATIC_CARRY_ENV = "JSPEC_GRAMMAR_STATIC_CARRY"
 FORWARD_COPIES_ENV = "JSPEC_GRAMMAR_FORWARD_COPIES"
 PART_COPIES_ENV = "JSPEC_GRAMMAR_PART_COPIES"
+PROMPT_MATMULS_ENV = "JSPEC_PROMPT_MATMULS"
+PROMPT_MATMULS = ("autotune", "cublas")
 SPLIT_PARTS = ("draft", "forward", "verify")
 
 
@@ -135,6 +140,15 @@ def graph_collectives_from_rows() -> int | None:
     if not value.isdigit():
         raise ConfigError(f"{GRAPH_COLLECTIVES_ENV} must be a row count, got {value!r}")
     return int(value)
+
+
+def prompt_matmuls() -> str:
+    """How prompt-chunk steps' matmuls compile on a GPU (`JSPEC_PROMPT_MATMULS`, one of
+    PROMPT_MATMULS; default autotune); another value is a ConfigError naming the variable."""
+    value = os.environ.get(PROMPT_MATMULS_ENV, "").strip() or PROMPT_MATMULS[0]
+    if value not in PROMPT_MATMULS:
+        raise ConfigError(f"{PROMPT_MATMULS_ENV}: give one of {list(PROMPT_MATMULS)}, got {value!r}")
+    return value
 
 
 def uncaptured_parts() -> frozenset[str] | None:
@@ -202,7 +216,8 @@ def step_compiler_options(platform: str, bucket: Bucket, drafting, part: int = 0
         return {}
     flags = os.environ.get("XLA_FLAGS", "")
     options = {}
-    if (bucket.mode is ForwardMode.DECODE and target_rows(bucket, drafting) >= CUBLAS_FROM_ROWS
+    heuristic = bucket.mode is ForwardMode.DECODE or prompt_matmuls() == "cublas"
+    if (heuristic and target_rows(bucket, drafting) >= CUBLAS_FROM_ROWS
             and "xla_gpu_enable_triton_gemm" not in flags):
         options["xla_gpu_enable_triton_gemm"] = False
         if "xla_gpu_autotune_level" not in flags:

@@ -47,7 +47,8 @@ import jaxlib
 from jax.experimental import serialize_executable
 
 from jspec.models import dispatch
-from jspec.runtime.compile_options import GRAPH_COLLECTIVES_ENV, STATIC_CARRY_ENV, UNCAPTURED_PARTS_ENV, UPDATE_MODE_ENV
+from jspec.runtime.compile_options import (GRAPH_COLLECTIVES_ENV, PROMPT_MATMULS_ENV, STATIC_CARRY_ENV,
+                                           UNCAPTURED_PARTS_ENV, UPDATE_MODE_ENV)
 from jspec.runtime.slim_part import SlimPart
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ def environment() -> str:
     return repr((jax.__version__, jaxlib.__version__, devices, os.environ.get("XLA_FLAGS", ""),
                  os.environ.get(GRAPH_COLLECTIVES_ENV, ""), os.environ.get(UNCAPTURED_PARTS_ENV, ""),
                  os.environ.get(STATIC_CARRY_ENV, ""), os.environ.get(UPDATE_MODE_ENV, ""),
-                 dispatch.backend(), sorted(settings.items())))
+                 os.environ.get(PROMPT_MATMULS_ENV, ""), dispatch.backend(), sorted(settings.items())))
 
 
 def abstract_signature(tree) -> str:
