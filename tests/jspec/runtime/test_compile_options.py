@@ -8,7 +8,7 @@ import pytest
 
 from jspec.errors import ConfigError
 from jspec.models.batch import ForwardMode
-from jspec.runtime.compile_options import CUBLAS_FROM_ROWS, step_compiler_options, target_rows
+from jspec.runtime.compile_options import CUBLAS_FROM_ROWS, PROMPT_MATMULS_ENV, step_compiler_options, target_rows
 from jspec.runtime.step_inputs import Bucket
 
 OFF = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}
@@ -50,6 +50,26 @@ def test_triton_gemm_is_off_only_for_wide_gpu_decode_steps(monkeypatch):
     assert step_compiler_options("gpu", decode(128), None) == {}
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=4")  # and so does an autotuning level
     assert step_compiler_options("gpu", decode(128), None) == {"xla_gpu_enable_triton_gemm": False}
+
+
+def test_prompt_steps_take_cublas_heuristic_when_asked(monkeypatch):
+    """JSPEC_PROMPT_MATMULS=cublas: prompt steps of at least CUBLAS_FROM_ROWS tokens compile as the
+    wide decode steps do, shorter ones keep XLA's default, a user's XLA_FLAGS stand; an unknown
+    value is a ConfigError naming the variable."""
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    prompt = Bucket(ForwardMode.EXTEND, 8192, 64, 600)
+    monkeypatch.setenv(PROMPT_MATMULS_ENV, "autotune")
+    assert step_compiler_options("gpu", prompt, None) == {}
+    monkeypatch.setenv(PROMPT_MATMULS_ENV, "cublas")
+    assert step_compiler_options("gpu", prompt, None) == OFF
+    assert step_compiler_options("gpu", prompt, Chain(3)) == OFF
+    assert step_compiler_options("gpu", Bucket(ForwardMode.EXTEND, CUBLAS_FROM_ROWS - 8, 16, 2), None) == {}
+    assert step_compiler_options("cpu", prompt, None) == {}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=true")
+    assert step_compiler_options("gpu", prompt, None) == {}
+    monkeypatch.setenv(PROMPT_MATMULS_ENV, "cuBLAS-ish")
+    with pytest.raises(ConfigError, match=PROMPT_MATMULS_ENV + r".*'cuBLAS-ish'"):
+        step_compiler_options("gpu", prompt, None)
 
 
 def test_the_verify_part_of_a_constrained_speculative_step_runs_without_command_buffers(monkeypatch):
