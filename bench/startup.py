@@ -89,6 +89,7 @@ def child(preset: str, cache_dir: str, engine_kw: dict, profile: str | None = No
             "memory": info.get("memory"), "compile_seconds_per_bucket": info["compile_seconds_per_bucket"],
             "lower_seconds_per_bucket": info["lower_seconds_per_bucket"],
             "lower_s": sum(info["lower_seconds_per_bucket"].values()),
+            "kernel_lowerings": info["kernel_lowerings"],
             **environment()}
 
 

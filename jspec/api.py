@@ -315,6 +315,7 @@ class Engine:
             "workspace_compile_seconds": self.runner.workspace_seconds,
             "compile_seconds_per_bucket": dict(self.runner.compile_times),
             "lower_seconds_per_bucket": dict(self.runner.lower_times),
+            "kernel_lowerings": dict(self.runner.kernel_lowerings),
             "executable_cache": None if self.runner.executables is None else
             {"hits": self.runner.executables.hits, "misses": self.runner.executables.misses},
             **self._spec_info(),

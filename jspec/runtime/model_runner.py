@@ -39,6 +39,7 @@ from jspec.runtime.split_step import SplitExecutable
 from jspec.runtime.step import Drafting, make_step, with_flat_params
 from jspec.runtime.step_inputs import MAX_LOGIT_BIAS, Bucket, DeviceState, pack
 from jspec.sharding import make_mesh
+from pallas_kernels import lowering_cache
 
 
 @dataclasses.dataclass
@@ -94,6 +95,10 @@ class ModelRunner:
         self.workspace_seconds = 0.0  # the memory plan's compiles (`workspace_bytes`)
         self.compile_times: dict[str, float] = {}  # bucket label -> seconds its compile took
         self.lower_times: dict[str, float] = {}  # bucket label -> seconds tracing + lowering took (serial)
+        # Kernels repeat across buckets (sampler twins, the memory plan's compiles): each distinct
+        # one is lowered to Triton once (`lowering_cache`); the counters of the last compile.
+        self.kernel_lowerings: dict[str, int] = {}
+        lowering_cache.install()
         self.executables = executables
         self._lower_lock = threading.Lock()  # tracing sets the module-wide mesh (dispatch.tensor_parallel)
         self.state: DeviceState | None = None
@@ -320,6 +325,7 @@ class ModelRunner:
                 bar.set_postfix_str(f"{b.label} {sec:.1f} s", refresh=False)
                 bar.update()
         self.compile_seconds = time.perf_counter() - t0
+        self.kernel_lowerings = lowering_cache.take()
 
     def decode_batch_size(self, num_requests: int) -> int:
         """The batch bucket a decode step of num_requests requests is padded to."""
