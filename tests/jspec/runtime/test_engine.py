@@ -314,6 +314,8 @@ def test_zero_recompilation_after_warmup(engine):
     hits = engine.runner.executables.hits if engine.runner.executables is not None else 0
     assert set(lowered) <= set(per_bucket) and all(s > 0 for s in lowered.values())
     assert len(lowered) == len(per_bucket) - hits
+    # The Triton lowering memo's counters of the start-up (a CPU engine lowers no Triton kernel).
+    assert set(engine.get_server_info()["kernel_lowerings"]) == {"hits", "misses", "uncached"}
 
 
 # --------------------------------------------------------------------------- stress
