@@ -2,7 +2,7 @@
 for CUDA with the Pallas kernels, measured on any machine (JAX lowers for a platform it does not
 run on). A warm start with XLA's persistent cache alone pays exactly this (bench/README.md,
 "Start-up"); the number of kernel custom calls in a bucket's module shows whether layers share
-their kernels.
+their kernels. `JSPEC_PALLAS_LOWERING_CACHE=0` measures it without the Triton lowering memo.
 
   PYTHONPATH=. python3 bench/lowering_cost.py --preset tiny-qwen3 --layers 36 --out $OUT/lowering.jsonl
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -23,6 +24,7 @@ from jspec.config import parse_hf_config
 from jspec.models import dispatch
 from jspec.models.loader import random_model
 from jspec.models.presets import preset_config
+from pallas_kernels import lowering_cache
 
 
 def main(argv=None) -> int:
@@ -42,6 +44,7 @@ def main(argv=None) -> int:
     kw = {"chunked_prefill_size": 64, "context_length": 256, "max_total_tokens": 2048, **json.loads(args.engine_json)}
     eng = Engine(model, dtype="bfloat16", show_progress=False, compilation_cache_dir="none", **kw)
     runner, rows = eng.runner, []
+    lowering_cache.take()  # the counters of this loop's lowerings alone
     with dispatch.use_backend("pallas"):
         for b in runner.buckets:
             if b.grammar_split:
@@ -58,7 +61,8 @@ def main(argv=None) -> int:
                   f"custom calls {rows[-1]['custom_calls']}", flush=True)
     eng.shutdown()
     rec = {"preset": args.model_path or args.preset, "layers": eng.config.num_hidden_layers, "engine": kw, "buckets": rows,
-           "total_s": sum(r["trace_s"] + r["lower_s"] for r in rows), **environment(),
+           "total_s": sum(r["trace_s"] + r["lower_s"] for r in rows), "kernel_lowerings": lowering_cache.take(),
+           "lowering_memo": os.environ.get(lowering_cache.ENV, "1") != "0", **environment(),
            "command": " ".join(sys.argv)}
     print(f"total {rec['total_s']:.2f} s over {len(rows)} buckets")
     with open(args.out, "a") as f:
