@@ -7,9 +7,10 @@ Triton lowering is plain Python (a new MLIR context, then the kernel's jaxpr op 
 serial main-thread part of a start-up that the compiles on the pool wait for.
 
 `install()` wraps JAX's Triton lowering of a kernel in a memo keyed by everything the lowered
-module is a function of: the kernel's jaxpr as printed (its equations, their parameters and the
-literal values), the grid mapping (block shapes, index maps, grid), the kernel's name and source,
-the platform, the compute capability and the enclosing module's axis context. A kernel whose
+module is a function of, the lowering's arguments as this jax names them: the kernel's jaxpr as
+printed (its equations, their parameters and the literal values) with its name and source, the
+grid mapping (block shapes, index maps, grid), the platform, the compute capability, and of the
+enclosing module its axis context. A kernel whose
 jaxpr closes over constant arrays is not memoized (their values are not in the printed jaxpr), nor
 one whose lowering registers host callbacks or keep-alive objects with the enclosing module (a
 memo hit would leave them out of the next module). The lowered result holds its module in its own
@@ -20,6 +21,7 @@ module that asks. `JSPEC_PALLAS_LOWERING_CACHE=0` leaves JAX's lowering as it is
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import threading
 
@@ -33,13 +35,21 @@ stats = {"hits": 0, "misses": 0, "uncached": 0}
 _UNCACHEABLE = object()
 
 
-def _key(jaxpr, grid_mapping, platform, compute_capability, mlir_ctx) -> tuple | None:
-    if getattr(jaxpr, "consts", None):
-        return None
-    info = getattr(jaxpr, "debug_info", None)
-    return (str(jaxpr), repr(grid_mapping), platform, compute_capability,
-            getattr(info, "func_name", None), getattr(info, "func_src_info", None),
-            repr(getattr(mlir_ctx, "axis_context", None)))
+def _key(arguments: dict) -> tuple | None:
+    """The memo key of one call's bound arguments (whatever this jax's signature names them), or
+    None where a kernel cannot be memoized."""
+    key = []
+    for name, value in sorted(arguments.items()):
+        if name == "jaxpr":
+            if getattr(value, "consts", None):
+                return None
+            info = getattr(value, "debug_info", None)
+            key += [str(value), getattr(info, "func_name", None), getattr(info, "func_src_info", None)]
+        elif name == "mlir_ctx":
+            key.append(repr(getattr(value, "axis_context", None)))
+        else:
+            key.append((name, repr(value)))
+    return tuple(key)
 
 
 def _registered(mlir_ctx) -> int:
@@ -48,20 +58,26 @@ def _registered(mlir_ctx) -> int:
 
 
 def _memoized(lower):
+    signature = inspect.signature(lower)
+
     @functools.wraps(lower)
-    def wrapper(jaxpr, grid_mapping, platform, compute_capability, *args, **kwargs):
-        mlir_ctx = kwargs.get("mlir_ctx", args[0] if args else None)
-        key = _key(jaxpr, grid_mapping, platform, compute_capability, mlir_ctx)
+    def wrapper(*args, **kwargs):
+        try:
+            arguments = signature.bind(*args, **kwargs).arguments
+            key = _key(arguments)
+        except TypeError:  # a call this wrapper does not understand: JAX's own lowering
+            arguments, key = {}, None
         with _lock:
             hit = None if key is None else _memo.get(key)
         if key is None or hit is _UNCACHEABLE:
             stats["uncached"] += 1
-            return lower(jaxpr, grid_mapping, platform, compute_capability, *args, **kwargs)
+            return lower(*args, **kwargs)
         if hit is not None:
             stats["hits"] += 1
             return hit
+        mlir_ctx = arguments.get("mlir_ctx")
         before = _registered(mlir_ctx)
-        result = lower(jaxpr, grid_mapping, platform, compute_capability, *args, **kwargs)
+        result = lower(*args, **kwargs)
         with _lock:
             _memo.setdefault(key, result if _registered(mlir_ctx) == before else _UNCACHEABLE)
         stats["misses"] += 1

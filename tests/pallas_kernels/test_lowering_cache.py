@@ -60,3 +60,23 @@ def test_install_is_idempotent_and_the_environment_turns_it_off(monkeypatch):
     assert lower.jspec_memoized and not getattr(lower.__wrapped__, "jspec_memoized", False)
     monkeypatch.setenv(lowering_cache.ENV, "0")
     assert not lowering_cache.install()
+
+
+def test_the_memo_keys_whatever_arguments_the_lowering_names(monkeypatch):
+    """Older and newer jax name the Triton lowering's arguments differently: the memo binds them to
+    the wrapped function's own signature, and a call it cannot bind goes to JAX unmemoized."""
+    monkeypatch.setattr(lowering_cache, "_memo", {})
+    calls = []
+
+    def lower(jaxpr, grid_mapping, name_and_src_info, platform):
+        calls.append((grid_mapping, platform))
+        return object()
+
+    memo = lowering_cache._memoized(lower)
+    jaxpr = jax.make_jaxpr(lambda x: x + 1)(1.0).jaxpr
+    first = memo(jaxpr, "grid (2,)", "kernel", platform="cuda")
+    assert memo(jaxpr, "grid (2,)", "kernel", "cuda") is first and len(calls) == 1
+    assert memo(jaxpr, "grid (4,)", "kernel", "cuda") is not first and len(calls) == 2
+    with pytest.raises(TypeError):
+        memo(jaxpr, "grid (2,)")  # unbindable: JAX's function itself is called, and refuses
+    assert len(calls) == 2
