@@ -10,12 +10,13 @@ serial main-thread part of a start-up that the compiles on the pool wait for.
 module is a function of, the lowering's arguments as this jax names them: the kernel's jaxpr as
 printed (its equations, their parameters and the literal values) with its name and source, the
 grid mapping (block shapes, index maps, grid), the platform, the compute capability, and of the
-enclosing module its axis context. A kernel whose
-jaxpr closes over constant arrays is not memoized (their values are not in the printed jaxpr), nor
-one whose lowering registers host callbacks or keep-alive objects with the enclosing module (a
-memo hit would leave them out of the next module). The lowered result holds its module in its own
-MLIR context, which the caller only reads (writes it out as bytecode), so one result serves every
-module that asks. `JSPEC_PALLAS_LOWERING_CACHE=0` leaves JAX's lowering as it is.
+enclosing module its axis context; a call whose arguments do not bind to that signature goes to
+JAX unmemoized. A kernel whose jaxpr closes over constant arrays is not memoized (their values are
+not in the printed jaxpr), nor one whose lowering registers host callbacks or keep-alive objects
+with the enclosing module (a memo hit would leave them out of the next module). The lowered
+result holds its module in its own MLIR context, which the caller only reads (writes it out as
+bytecode), so one result serves every module that asks. `JSPEC_PALLAS_LOWERING_CACHE=0` before
+the first engine of a process leaves JAX's lowering as it is.
 """
 
 from __future__ import annotations
@@ -30,9 +31,7 @@ ENV = "JSPEC_PALLAS_LOWERING_CACHE"
 _lock = threading.Lock()
 _memo: dict[tuple, object] = {}
 stats = {"hits": 0, "misses": 0, "uncached": 0}
-
-
-_UNCACHEABLE = object()
+_UNCACHEABLE = object()  # the memo's entry for a kernel that must be lowered every time
 
 
 def _key(arguments: dict) -> tuple | None:
