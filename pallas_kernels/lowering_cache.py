@@ -38,7 +38,7 @@ def _key(arguments: dict) -> tuple | None:
     """The memo key of one call's bound arguments (whatever this jax's signature names them), or
     None where a kernel cannot be memoized."""
     key = []
-    for name, value in sorted(arguments.items()):
+    for name, value in arguments.items():
         if name == "jaxpr":
             if getattr(value, "consts", None):
                 return None
