@@ -16,7 +16,8 @@ Prompt-chunk steps keep XLA's default unless `JSPEC_PROMPT_MATMULS=cublas`, whic
 at least `CUBLAS_FROM_ROWS` tokens the same cuBLAS heuristic (`autotune`, the default: XLA's
 autotuned Triton GEMM fusions): their matmuls are compute-bound, where cuBLAS's heuristic is near
 the device's peak, and skipping their autotuning shortens a cold start (bench/README.md, "prompt
-steps' matmuls"), but the autotuned fusions ran long prompts slightly faster. A user who names `xla_gpu_enable_triton_gemm` in XLA_FLAGS keeps that choice for every step.
+steps' matmuls"), but the autotuned fusions ran long prompts slightly faster. A user who names
+`xla_gpu_enable_triton_gemm` in XLA_FLAGS keeps that choice for every step.
 
 XLA records a step's kernels into a CUDA graph (a command buffer) and launches the graph whole: the
 host queues it in one call, which on the GPU machines measured takes milliseconds of host time for
