@@ -4,8 +4,9 @@ A cold start's critical path is the main thread: it traces and lowers one bucket
 (holding the GIL), and each bucket compiles on this pool as soon as it is lowered. XLA's compiles
 release the GIL but not the cores, so with a worker per core they take CPU time from the main
 thread, and the serial lowering stretches. Workers can run at a lower scheduling priority
-(`JSPEC_COMPILE_NICE`, a nice increment, Linux only): the main thread then keeps a core whenever it
-is runnable, and the compiles use what is left. 0 (the default) leaves priorities alone.
+(`JSPEC_COMPILE_NICE`, a nice increment, Linux only): the main thread, whenever it
+is runnable, is scheduled before them, and the compiles use what is left. 0 (the default) leaves
+priorities alone; bench/README.md ("Start-up") records whether it shortens a GPU cold start.
 
 Threads that a worker starts inherit its priority; XLA's own thread pools, created earlier by the
 main thread, do not.
@@ -36,7 +37,7 @@ def compile_nice() -> int:
 def _lower_own_priority(increment: int) -> None:
     """Raise the calling thread's nice value by `increment` (a thread's own id is a PRIO_PROCESS
     target on Linux). Lowering one's own priority needs no privilege; elsewhere it is skipped."""
-    if increment and hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
+    if increment and hasattr(os, "setpriority"):
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
 
