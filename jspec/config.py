@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from typing import Any
-
-import numpy as np
 
 from jspec.errors import UnsupportedModelError
 
@@ -52,23 +49,6 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
-
-    def inv_freq(self) -> np.ndarray:
-        """Inverse frequencies [rotary_dim // 2] in float64 (cast by the caller)."""
-        dim = self.rotary_dim
-        inv = 1.0 / (self.theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
-        if self.scaling == "llama3":
-            low_wavelen = self.original_max_position_embeddings / self.low_freq_factor
-            high_wavelen = self.original_max_position_embeddings / self.high_freq_factor
-            wavelen = 2 * math.pi / inv
-            scaled = np.where(wavelen > low_wavelen, inv / self.factor, inv)
-            smooth = (self.original_max_position_embeddings / wavelen - self.low_freq_factor) / (
-                self.high_freq_factor - self.low_freq_factor
-            )
-            smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
-            medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-            inv = np.where(medium, smoothed, scaled)
-        return inv
 
 
 @dataclasses.dataclass(frozen=True)

@@ -165,11 +165,12 @@ class Model:
     mesh: object = None  # the jax.sharding.Mesh the parameters live on when tp_size > 1
     expert_parallel: bool = False  # MoE experts split whole over the mesh (ep_size = tp_size)
     replicate_attention: bool = False  # attention / GDN layers and their pools whole on every device
+    # the ways the token mixers and the KV / state pools are split (`jspec.sharding.mixer_tp`); a
+    # field set once at construction
+    mixer_tp_size: int = dataclasses.field(init=False)
 
-    @property
-    def mixer_tp_size(self) -> int:
-        """The ways the token mixers and the KV / state pools are split (`jspec.sharding.mixer_tp`)."""
-        return mixer_tp(self.tp_size, self.replicate_attention)
+    def __post_init__(self):
+        self.mixer_tp_size = mixer_tp(self.tp_size, self.replicate_attention)
 
     def module(self) -> CausalLM:
         """Re-merge into a module (inside a traced function, or for inspection)."""

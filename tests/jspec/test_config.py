@@ -10,6 +10,7 @@ import pytest
 from jspec.config import FULL_ATTENTION, LINEAR_ATTENTION, parse_hf_config
 from jspec.errors import UnsupportedModelError
 from jspec.models.presets import preset_config
+from jspec.models.rope import inv_freq
 
 BASE = dict(architectures=["LlamaForCausalLM"], vocab_size=100, hidden_size=64, intermediate_size=128,
             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
@@ -40,7 +41,7 @@ def test_llama3_rope_scaling_matches_formula():
     new = parse_hf_config(dict(BASE, hidden_size=512, num_attention_heads=4,
                                rope_parameters=dict(scaling, rope_theta=5e5)))
     assert old.rope == new.rope and old.rope.scaling == "llama3"
-    inv = new.rope.inv_freq()
+    inv = inv_freq(new.rope)
     base = 1.0 / (5e5 ** (np.arange(0, 128, 2) / 128))
     wavelen = 2 * math.pi / base
     assert np.allclose(inv[wavelen < 8192 / 4], base[wavelen < 8192 / 4])  # high frequencies untouched
