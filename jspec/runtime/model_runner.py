@@ -40,7 +40,7 @@ from jspec.runtime.split_step import SplitExecutable
 from jspec.runtime.step import Drafting, make_step, with_flat_params
 from jspec.runtime.step_inputs import MAX_LOGIT_BIAS, Bucket, DeviceState, pack
 from jspec.sharding import make_mesh
-from pallas_kernels import lowering_cache
+from pallas_kernels import lowering_cache, mlir_dialects
 
 
 @dataclasses.dataclass
@@ -100,6 +100,7 @@ class ModelRunner:
         # one is lowered to Triton once (`lowering_cache`); the counters of the last compile.
         self.kernel_lowerings: dict[str, int] = {}
         lowering_cache.install()
+        mlir_dialects.install()  # and its operations do not search for a dialect module each
         self.executables = executables
         self._lower_lock = threading.Lock()  # tracing sets the module-wide mesh (dispatch.tensor_parallel)
         self.state: DeviceState | None = None
