@@ -31,7 +31,6 @@ from jspec.models import dispatch
 from jspec.models.batch import ForwardMode
 from jspec.runtime import compile_options, grammar, part_copies, sampler, split_step, startup_runs, static_carry
 from jspec.runtime.bucket_set import sampler_twins, step_buckets
-from jspec.runtime.compile_pool import compile_pool
 from jspec.runtime.executable_cache import (ExecutableCache, abstract_signature, models_signature, stores_served,
                                             xla_cache_hits)
 from jspec.runtime.grammar import mask_words, token_words
@@ -310,7 +309,7 @@ class ModelRunner:
         todo = [b for b in self.buckets if b not in cached]
         twins = sampler_twins(todo) if compile_options.autotunes_matmuls(self.mesh.devices.flat[0].platform) else {}
         with (tqdm(total=len(self.buckets), desc="compile buckets", disable=not progress, unit="bucket") as bar,
-              compile_pool(min(len(self.buckets), os.cpu_count() or 1)) as pool):
+              ThreadPoolExecutor(max_workers=max(1, min(len(self.buckets), os.cpu_count() or 1))) as pool):
             futures = [pool.submit(compile_one, b, None) for b in self.buckets if b in cached]
             started = {}
             for bucket in sorted(todo, key=lambda b: b in twins):  # stable: the twins' order kept
